@@ -1,0 +1,439 @@
+"""The gateway's configuration: one YAML file, validated into frozen dataclasses.
+
+Secrets never live in the file: the admin key comes from ``DPGATE_ADMIN_KEY``.
+``load_config`` reports every problem it finds at once, each with the path of the
+offending field (``tables.patients.columns.age.lower: must be a number``), so that
+``dpgate config check`` can say precisely what is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+ColumnType = Literal["integer", "real", "text", "boolean", "date"]
+COLUMN_TYPES: tuple[str, ...] = ("integer", "real", "text", "boolean", "date")
+MECHANISMS = ("laplace", "gaussian")
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; ``problems`` lists each one with its field path."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("invalid config:\n" + "\n".join(f"  - {p}" for p in problems))
+        self.problems = problems
+
+
+@dataclass(frozen=True)
+class ColumnConfig:
+    """One declared column: its type, and what the admin declared public about it."""
+
+    name: str
+    type: ColumnType
+    lower: float | None = None
+    upper: float | None = None
+    values: tuple[Any, ...] | None = None
+
+    @property
+    def bounded(self) -> bool:
+        return self.lower is not None and self.upper is not None
+
+    @property
+    def numeric(self) -> bool:
+        return self.type in ("integer", "real")
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One protected table. ``privacy_unit`` None means row-level privacy."""
+
+    name: str
+    columns: Mapping[str, ColumnConfig]
+    privacy_unit: str | None = None
+    max_rows_per_unit: int = 1
+    max_groups_per_unit: int | None = None
+    schema: str | None = None
+    source: str | None = None  # the table's real name in the database, if it differs
+
+    @property
+    def sql_name(self) -> str:
+        return self.source or self.name
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    url: str
+    statement_timeout_ms: int = 10_000
+    data_version: str = "1"
+
+
+@dataclass(frozen=True)
+class LedgerConfig:
+    url: str
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    mechanism: Literal["laplace", "gaussian"] = "laplace"
+    epsilon: float = 0.1
+    max_epsilon_per_query: float = 1.0
+    delta: float = 1e-7
+    composition: Literal["zcdp", "pure"] = "zcdp"
+    global_budget: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    mode: Literal["refuse", "flag", "off"] = "refuse"
+    min_group_size: int = 5
+    scope: Literal["analyst", "global"] = "analyst"
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    scope: Literal["analyst", "global"] = "analyst"
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """Requests per minute per analyst and per source address (None: unlimited)."""
+
+    analyst_per_minute: int | None = None
+    address_per_minute: int | None = None
+
+
+@dataclass(frozen=True)
+class AnalystBootstrap:
+    name: str
+    epsilon: float
+    delta: float
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated dpgate configuration."""
+
+    database: DatabaseConfig
+    ledger: LedgerConfig
+    tables: Mapping[str, TableConfig]
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    analysts: tuple[AnalystBootstrap, ...] = ()
+    source: Path | None = None
+
+    @property
+    def admin_key(self) -> str | None:
+        return os.environ.get("DPGATE_ADMIN_KEY") or None
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a YAML config file; relative SQLite paths resolve from its folder."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError([f"{p}: cannot read: {e.strerror}"]) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError([f"{p}: not valid YAML{where}"]) from None
+    return parse_config(raw, base_dir=p.parent.resolve(), source=p)
+
+
+def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None = None) -> Config:
+    """Validate an already parsed config mapping."""
+    v = _Validator()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(["the config must be a mapping at the top level"])
+    v.no_unknown(
+        raw, "", {"database", "ledger", "privacy", "audit", "cache", "limits", "tables", "analysts"}
+    )
+    db = v.section(raw, "database", required=True)
+    database = DatabaseConfig(
+        url=_resolve_url(v.string(db, "database.url", required=True), base_dir),
+        statement_timeout_ms=v.integer(db, "database.statement_timeout_ms", 10_000, low=1),
+        data_version=str(db.get("data_version", "1")),
+    )
+    v.no_unknown(db, "database", {"url", "statement_timeout_ms", "data_version"})
+    lg = v.section(raw, "ledger", required=True)
+    v.no_unknown(lg, "ledger", {"url"})
+    ledger = LedgerConfig(url=_resolve_url(v.string(lg, "ledger.url", required=True), base_dir))
+    privacy = _privacy(v, v.section(raw, "privacy"))
+    au = v.section(raw, "audit")
+    v.no_unknown(au, "audit", {"mode", "min_group_size", "scope"})
+    audit = AuditConfig(
+        mode=v.choice(au, "audit.mode", ("refuse", "flag", "off"), "refuse"),  # type: ignore[arg-type]
+        min_group_size=v.integer(au, "audit.min_group_size", 5, low=1),
+        scope=v.choice(au, "audit.scope", ("analyst", "global"), "analyst"),  # type: ignore[arg-type]
+    )
+    ca = v.section(raw, "cache")
+    v.no_unknown(ca, "cache", {"scope"})
+    cache = CacheConfig(scope=v.choice(ca, "cache.scope", ("analyst", "global"), "analyst"))  # type: ignore[arg-type]
+    li = v.section(raw, "limits")
+    v.no_unknown(li, "limits", {"analyst_per_minute", "address_per_minute"})
+    limits = LimitsConfig(
+        analyst_per_minute=v.integer(li, "limits.analyst_per_minute", None, low=1),
+        address_per_minute=v.integer(li, "limits.address_per_minute", None, low=1),
+    )
+    tables = _tables(v, raw.get("tables"))
+    analysts = _analysts(v, raw.get("analysts"))
+    v.raise_if_any()
+    return Config(
+        database=database,
+        ledger=ledger,
+        tables=tables,
+        privacy=privacy,
+        audit=audit,
+        cache=cache,
+        limits=limits,
+        analysts=analysts,
+        source=source,
+    )
+
+
+def _resolve_url(url: str, base_dir: Path | None) -> str:
+    """Make ``sqlite:///relative.db`` relative to the config file's folder."""
+    prefix = "sqlite:///"
+    if base_dir is None or not url.startswith(prefix):
+        return url
+    rest = url[len(prefix) :]
+    if not rest or rest.startswith("/") or rest.startswith(":memory:") or rest.startswith("file:"):
+        return url
+    return prefix + str((base_dir / rest).resolve())
+
+
+def _privacy(v: _Validator, pr: Mapping[str, Any]) -> PrivacyConfig:
+    v.no_unknown(
+        pr,
+        "privacy",
+        {"mechanism", "epsilon", "max_epsilon_per_query", "delta", "composition", "global_budget"},
+    )
+    gb_raw = pr.get("global_budget")
+    global_budget: tuple[float, float] | None = None
+    if gb_raw is not None:
+        if not isinstance(gb_raw, Mapping):
+            v.problem("privacy.global_budget: must be a mapping {epsilon, delta}")
+        else:
+            global_budget = (
+                v.number(gb_raw, "privacy.global_budget.epsilon", None, positive=True) or 0.0,
+                v.number(gb_raw, "privacy.global_budget.delta", 0.0, unit=True) or 0.0,
+            )
+    mechanism = v.choice(pr, "privacy.mechanism", MECHANISMS, "laplace")
+    composition = v.choice(pr, "privacy.composition", ("zcdp", "pure"), "zcdp")
+    if composition == "pure" and mechanism == "gaussian":
+        v.problem("privacy.mechanism: gaussian needs composition zcdp (pure admits Laplace only)")
+    epsilon = v.number(pr, "privacy.epsilon", 0.1, positive=True) or 0.1
+    max_eps = v.number(pr, "privacy.max_epsilon_per_query", 1.0, positive=True) or 1.0
+    if epsilon > max_eps:
+        v.problem("privacy.epsilon: the default ε exceeds privacy.max_epsilon_per_query")
+    return PrivacyConfig(
+        mechanism=mechanism,  # type: ignore[arg-type]
+        epsilon=epsilon,
+        max_epsilon_per_query=max_eps,
+        delta=v.number(pr, "privacy.delta", 1e-7, unit=True) or 1e-7,
+        composition=composition,  # type: ignore[arg-type]
+        global_budget=global_budget,
+    )
+
+
+def _tables(v: _Validator, raw: Any) -> dict[str, TableConfig]:
+    if not isinstance(raw, Mapping) or not raw:
+        v.problem("tables: declare at least one table")
+        return {}
+    tables: dict[str, TableConfig] = {}
+    for tname, traw in raw.items():
+        path = f"tables.{tname}"
+        if not isinstance(traw, Mapping):
+            v.problem(f"{path}: must be a mapping")
+            continue
+        v.no_unknown(
+            traw,
+            path,
+            {
+                "privacy_unit",
+                "max_rows_per_unit",
+                "max_groups_per_unit",
+                "columns",
+                "schema",
+                "source",
+            },
+        )
+        columns: dict[str, ColumnConfig] = {}
+        craw = traw.get("columns")
+        if not isinstance(craw, Mapping) or not craw:
+            v.problem(f"{path}.columns: declare at least one column")
+            craw = {}
+        for cname, cdef in craw.items():
+            col = _column(v, f"{path}.columns.{cname}", str(cname), cdef)
+            if col is not None:
+                columns[str(cname).lower()] = col
+        unit = traw.get("privacy_unit")
+        if unit is not None and str(unit).lower() not in columns:
+            v.problem(f"{path}.privacy_unit: '{unit}' is not a declared column")
+        tables[str(tname).lower()] = TableConfig(
+            name=str(tname),
+            columns=columns,
+            privacy_unit=str(unit).lower() if unit is not None else None,
+            max_rows_per_unit=v.integer(traw, f"{path}.max_rows_per_unit", 1, low=1) or 1,
+            max_groups_per_unit=v.integer(traw, f"{path}.max_groups_per_unit", None, low=1),
+            schema=str(traw["schema"]) if traw.get("schema") else None,
+            source=str(traw["source"]) if traw.get("source") else None,
+        )
+        if unit is None and traw.get("max_rows_per_unit", 1) != 1:
+            v.problem(
+                f"{path}.max_rows_per_unit: needs a privacy_unit (without one, each row "
+                "is its own unit)"
+            )
+    return tables
+
+
+def _column(v: _Validator, path: str, name: str, raw: Any) -> ColumnConfig | None:
+    if not isinstance(raw, Mapping):
+        v.problem(f"{path}: must be a mapping like {{type: integer, lower: 0, upper: 120}}")
+        return None
+    v.no_unknown(raw, path, {"type", "lower", "upper", "values"})
+    ctype = v.choice(raw, f"{path}.type", COLUMN_TYPES, None)
+    if ctype is None:
+        return None
+    lower = v.number(raw, f"{path}.lower", None)
+    upper = v.number(raw, f"{path}.upper", None)
+    if (lower is None) != (upper is None):
+        v.problem(f"{path}: declare both lower and upper, or neither")
+    elif lower is not None and upper is not None and lower > upper:
+        v.problem(f"{path}: lower ({lower}) is above upper ({upper})")
+    if (lower is not None) and ctype not in ("integer", "real"):
+        v.problem(f"{path}: bounds are only for integer and real columns")
+    values_raw = raw.get("values")
+    values: tuple[Any, ...] | None = None
+    if values_raw is not None:
+        if not isinstance(values_raw, list) or not values_raw:
+            v.problem(f"{path}.values: must be a non-empty list")
+        elif len(set(map(repr, values_raw))) != len(values_raw):
+            v.problem(f"{path}.values: has duplicates")
+        else:
+            values = tuple(values_raw)
+    return ColumnConfig(name=name, type=ctype, lower=lower, upper=upper, values=values)  # type: ignore[arg-type]
+
+
+def _analysts(v: _Validator, raw: Any) -> tuple[AnalystBootstrap, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        v.problem("analysts: must be a list of {name, epsilon, delta}")
+        return ()
+    out = []
+    for i, a in enumerate(raw):
+        path = f"analysts[{i}]"
+        if not isinstance(a, Mapping):
+            v.problem(f"{path}: must be a mapping")
+            continue
+        v.no_unknown(a, path, {"name", "epsilon", "delta"})
+        name = v.string(a, f"{path}.name", required=True)
+        eps = v.number(a, f"{path}.epsilon", None, positive=True)
+        delta = v.number(a, f"{path}.delta", 0.0, unit=True)
+        if name and eps is not None:
+            out.append(AnalystBootstrap(name=name, epsilon=eps, delta=delta or 0.0))
+    return tuple(out)
+
+
+class _Validator:
+    """Collects problems instead of stopping at the first one."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def problem(self, message: str) -> None:
+        self.problems.append(message)
+
+    def raise_if_any(self) -> None:
+        if self.problems:
+            raise ConfigError(self.problems)
+
+    def no_unknown(self, raw: Mapping[str, Any], path: str, allowed: set[str]) -> None:
+        for key in raw:
+            if key not in allowed:
+                where = f"{path}.{key}" if path else str(key)
+                self.problem(f"{where}: unknown setting (allowed: {', '.join(sorted(allowed))})")
+
+    def section(
+        self, raw: Mapping[str, Any], key: str, required: bool = False
+    ) -> Mapping[str, Any]:
+        value = raw.get(key)
+        if value is None:
+            if required:
+                self.problem(f"{key}: missing (required)")
+            return {}
+        if not isinstance(value, Mapping):
+            self.problem(f"{key}: must be a mapping")
+            return {}
+        return value
+
+    def string(self, raw: Mapping[str, Any], path: str, required: bool = False) -> str:
+        value = raw.get(path.rsplit(".", 1)[-1])
+        if value is None:
+            if required:
+                self.problem(f"{path}: missing (required)")
+            return ""
+        if not isinstance(value, str) or not value:
+            self.problem(f"{path}: must be a non-empty string")
+            return ""
+        return value
+
+    def number(
+        self,
+        raw: Mapping[str, Any],
+        path: str,
+        default: float | None,
+        positive: bool = False,
+        unit: bool = False,
+    ) -> float | None:
+        value = raw.get(path.rsplit(".", 1)[-1], default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.problem(f"{path}: must be a number, got {type(value).__name__}")
+            return default
+        value = float(value)
+        if not math.isfinite(value):
+            self.problem(f"{path}: must be finite")
+            return default
+        if positive and value <= 0:
+            self.problem(f"{path}: must be > 0")
+        if unit and not 0 <= value < 1:
+            self.problem(f"{path}: must be in [0, 1)")
+        return value
+
+    def integer(
+        self, raw: Mapping[str, Any], path: str, default: int | None, low: int | None = None
+    ) -> int | None:
+        value = raw.get(path.rsplit(".", 1)[-1], default)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.problem(f"{path}: must be a whole number")
+            return default
+        if low is not None and value < low:
+            self.problem(f"{path}: must be ≥ {low}")
+        return value
+
+    def choice(
+        self, raw: Mapping[str, Any], path: str, options: tuple[str, ...], default: str | None
+    ) -> str | None:
+        value = raw.get(path.rsplit(".", 1)[-1], default)
+        if value is None:
+            self.problem(f"{path}: missing (one of {', '.join(options)})")
+            return None
+        if value not in options:
+            self.problem(f"{path}: '{value}' is not one of {', '.join(options)}")
+            return default
+        return str(value)

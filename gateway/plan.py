@@ -1,0 +1,135 @@
+"""QueryPlan: what an analyst's SQL asks for, in the terms dpgate releases.
+
+A plan is made from the SQL text and the public schema only (never from the data), so
+everything derived from it — the compiled SQL, the auditor's regions, the cache key — is
+a function of public information.
+
+Expressions inside a plan are sqlglot expressions whose column references are resolved
+to canonical lower-case names of the plan's table (``exp.Column`` with no table
+qualifier). They are shared, never mutated: copy one before transforming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Literal
+
+from sqlglot import exp
+
+from mechanisms.types import MechanismName, Sensitivity
+
+MeasureKind = Literal["count_rows", "count_values", "count_units", "sum"]
+OutputKind = Literal["group_key", "count", "sum", "avg", "literal"]
+ValueType = Literal["integer", "real", "text", "boolean", "date"]
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One exact integer aggregate the database computes and dpgate noises.
+
+    - ``count_rows``: COUNT(*) of the bounded rows;
+    - ``count_values``: COUNT(expr) — rows where ``expr`` is not NULL;
+    - ``count_units``: COUNT(DISTINCT privacy unit);
+    - ``sum``: SUM of ``expr`` clamped to [lower, upper], rounded to multiples of
+      ``resolution`` and summed as integers (the released value is noisy sum × resolution).
+    """
+
+    kind: MeasureKind
+    sensitivity: Sensitivity
+    expression: exp.Expression | None = None
+    lower: float | None = None
+    upper: float | None = None
+    resolution: Fraction = Fraction(1)
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    """A GROUP BY key and how its values may be released.
+
+    ``domain`` is the tuple of values declared public (config ``values:``, a CASE whose
+    results are literals, a bounded integer bucket…): every one of them is released,
+    zeros included, in this order. ``domain is None`` means the keys are not public and
+    groups are released only through DP partition selection.
+    """
+
+    expression: exp.Expression
+    name: str
+    type: ValueType
+    domain: tuple[Any, ...] | None
+
+
+@dataclass(frozen=True)
+class OutputColumn:
+    """One column of the released result.
+
+    ``measures`` indexes into ``QueryPlan.measures``: one for count and sum, (sum, count)
+    for avg, none for a group key (``group_index`` says which) or a literal.
+    ``hidden`` columns are computed for HAVING / ORDER BY but not returned.
+    """
+
+    name: str
+    kind: OutputKind
+    type: ValueType
+    measures: tuple[int, ...] = ()
+    group_index: int | None = None
+    value: Any = None
+    hidden: bool = False
+
+
+@dataclass(frozen=True)
+class OrderKey:
+    """ORDER BY one output column (by index into ``QueryPlan.outputs``)."""
+
+    output: int
+    descending: bool = False
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """Everything dpgate needs to answer one supported query.
+
+    ``where`` filters rows before contribution bounding; ``having`` is evaluated on the
+    released (noisy) values and refers to outputs by ``exp.Column`` named after the
+    output column; ``canonical_sql`` is the sqlglot-normalised text used as the cache key
+    and in the ledger.
+    """
+
+    table: str
+    measures: tuple[Measure, ...]
+    outputs: tuple[OutputColumn, ...]
+    where: exp.Expression | None
+    group_keys: tuple[GroupKey, ...]
+    having: exp.Expression | None
+    order_by: tuple[OrderKey, ...]
+    limit: int | None
+    offset: int
+    canonical_sql: str
+
+    @property
+    def needs_partition_selection(self) -> bool:
+        return any(g.domain is None for g in self.group_keys)
+
+    @property
+    def visible_outputs(self) -> tuple[OutputColumn, ...]:
+        return tuple(o for o in self.outputs if not o.hidden)
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """A connection probe from a BI tool (``SELECT 1``, ``SELECT version()``): answered
+    from constants, free, without touching protected data."""
+
+    columns: tuple[tuple[str, ValueType], ...]
+    row: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class QueryRequest:
+    """An analyst's request, validated: the SQL and the privacy parameters it asks for."""
+
+    sql: str
+    epsilon: float
+    delta: float
+    mechanism: MechanismName
+    dry_run: bool = False
