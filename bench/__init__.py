@@ -1,0 +1,1 @@
+"""dpgate benchmarks: `python -m bench` (see bench/README.md)."""

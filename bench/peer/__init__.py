@@ -1,0 +1,1 @@
+"""Peer systems dpgate is compared with (each in its own environment)."""

@@ -1,0 +1,111 @@
+"""SmartNoise SQL on PUMS: its own virtualenv, the runner as a subprocess, statistics here.
+
+The virtualenv lives in ``bench/.data/venv-smartnoise`` (override with
+``DPGATE_BENCH_SN_VENV``) and is created on first use with
+``python3 -m venv`` + ``pip install smartnoise-sql`` (version pinnable with
+``DPGATE_BENCH_SN_SPEC``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from bench import queries as Q
+from bench.common import DATA_DIR, latency_summary, log, mae_summary
+
+RUNNER = Path(__file__).resolve().parent / "smartnoise_runner.py"
+VENV = Path(os.environ.get("DPGATE_BENCH_SN_VENV", DATA_DIR / "venv-smartnoise"))
+SPEC = os.environ.get("DPGATE_BENCH_SN_SPEC", "smartnoise-sql")
+
+
+def venv_python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def ensure_venv() -> Path:
+    """Create the SmartNoise virtualenv if missing (slow the first time: ~1–3 min)."""
+    py = venv_python()
+    stamp = VENV / ".installed"
+    if py.exists() and stamp.exists():
+        return py
+    log(f"creating SmartNoise SQL virtualenv in {VENV} (pip install {SPEC})")
+    VENV.parent.mkdir(parents=True, exist_ok=True)
+    base = os.environ.get("DPGATE_BENCH_SN_PYTHON", "python3")
+    subprocess.run([base, "-m", "venv", str(VENV)], check=True)
+    subprocess.run([str(py), "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True)
+    subprocess.run([str(py), "-m", "pip", "install", "--quiet", SPEC], check=True)
+    stamp.touch()
+    return py
+
+
+def run(reps: int, warmup: int = 5, epsilon: float = 1.0, delta: float = 1e-5) -> dict:
+    """Run every query ``reps`` times at (ε, δ); latency, acceptance and MAE per query."""
+    py = ensure_venv()
+    job = {
+        "csv": str(Q.PUMS_CSV),
+        "yaml": str(Q.PUMS_YAML),
+        "epsilon": epsilon,
+        "delta": delta,
+        "reps": reps,
+        "warmup": warmup,
+        "queries": [{"name": q.name, "sql": q.text("PUMS.PUMS")} for q in Q.QUERIES],
+    }
+    log(f"SmartNoise SQL: {len(Q.QUERIES)} queries × {reps} reps at ε={epsilon}")
+    proc = subprocess.run(
+        [str(py), str(RUNNER)],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise RuntimeError(f"SmartNoise runner failed with exit code {proc.returncode}")
+    raw = json.loads(proc.stdout)
+    return summarise(raw["queries"], system=f"smartnoise-sql {raw['version']}") | {
+        "setup_s": raw["setup_s"],
+        "epsilon": epsilon,
+        "delta": delta,
+    }
+
+
+def summarise(entries: list[dict], system: str) -> dict:
+    """Per-query and pooled statistics, identical for every system compared on PUMS."""
+    exact = Q.exact_answers()
+    by_name = {q.name: q for q in Q.QUERIES}
+    per_query = []
+    all_lat: list[float] = []
+    count_errors: list[float] = []
+    for e in entries:
+        q = by_name[e["name"]]
+        row: dict = {
+            "name": q.name,
+            "kind": q.kind,
+            "accepted": e["accepted"],
+            "error": e.get("error"),
+            "latency": latency_summary(e["latencies_s"]),
+        }
+        if e["answers"]:
+            errs = Q.errors_against_exact(q, exact[q.name], e["answers"])
+            row["mae"] = mae_summary(errs["abs_errors"])  # type: ignore[arg-type]
+            row["missing_groups"] = errs["missing_groups"]
+            row["example_answer"] = e["answers"][0]
+            if q.name in Q.COUNT_QUERIES:
+                count_errors.extend(errs["abs_errors"])  # type: ignore[arg-type]
+        if e["accepted"]:
+            all_lat.extend(e["latencies_s"])
+        per_query.append(row)
+    accepted = [r for r in per_query if r["accepted"]]
+    return {
+        "system": system,
+        "queries": per_query,
+        "accepted": len(accepted),
+        "total": len(per_query),
+        "latency_all": latency_summary(all_lat),
+        "count_mae": mae_summary(count_errors),
+        "exact": exact,
+    }
