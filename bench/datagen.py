@@ -1,0 +1,148 @@
+"""Synthetic PUMS-shaped tables of N rows in SQLite, DuckDB and PostgreSQL.
+
+Rows are a deterministic function of the row number x (multiplicative hashing, integer
+arithmetic only), so the three backends hold identical data and the exact answers agree.
+Generation happens inside each database (recursive CTE / ``range`` / ``generate_series``),
+never row by row from Python, and the result is cached:
+
+- SQLite: ``bench/.data/scale_v1_<N>.sqlite``
+- DuckDB: ``bench/.data/scale_v1_<N>.duckdb``
+- PostgreSQL: table ``dpgate_bench_v1_<N>`` in the database of ``DPGATE_BENCH_PG_URL``
+  (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``)
+
+A database is rebuilt only when its row count is not N.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from bench.common import DATA_DIR, log
+
+VERSION = "v1"
+PG_URL = os.environ.get("DPGATE_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+BACKENDS = ("sqlite", "duckdb", "postgresql")
+
+# Column expressions over the row number x (a 64-bit integer ≥ 1); all products stay
+# below 2^63 for x ≤ 10^9. Domains: age 0–100, sex 0/1, educ 1–16, race 1–6,
+# income 0–500000, married 0/1 — the PUMS columns and bounds.
+EXPRS = {
+    "pid": "x",
+    "age": "(x * 7919) % 101",
+    "sex": "((x * 2654435761) % 1000003) % 2",
+    "educ": "1 + ((x * 40503) % 65537) % 16",
+    "race": "1 + ((x * 69069) % 1000033) % 6",
+    "income": "((x * 1103515245 + 12345) % 2147483648) % 500001",
+    "married": "((x * 22695477 + 1) % 4294967291) % 2",
+}
+SELECT_LIST = ", ".join(f"{e} AS {c}" for c, e in EXPRS.items())
+
+
+@dataclass(frozen=True)
+class ScaleTable:
+    backend: str
+    rows: int
+    url: str  # SQLAlchemy URL the raw timings and dpgate both use
+    table: str
+
+
+def table_name(rows: int) -> str:
+    return f"dpgate_bench_{VERSION}_{rows}"
+
+
+def target(backend: str, rows: int) -> ScaleTable:
+    name = table_name(rows)
+    if backend == "sqlite":
+        path = DATA_DIR / f"scale_{VERSION}_{rows}.sqlite"
+        return ScaleTable(backend, rows, f"sqlite:///{path}", name)
+    if backend == "duckdb":
+        path = DATA_DIR / f"scale_{VERSION}_{rows}.duckdb"
+        return ScaleTable(backend, rows, f"duckdb:///{path}", name)
+    if backend == "postgresql":
+        return ScaleTable(backend, rows, PG_URL, name)
+    raise ValueError(f"unknown backend {backend!r}")
+
+
+def postgres_reachable() -> bool:
+    try:
+        engine = sa.create_engine(PG_URL, connect_args={"connect_timeout": 3})
+        with engine.connect() as c:
+            c.execute(sa.text("SELECT 1"))
+        engine.dispose()
+        return True
+    except Exception:
+        return False
+
+
+def _count(engine: sa.Engine, table: str) -> int | None:
+    try:
+        with engine.connect() as c:
+            return int(c.execute(sa.text(f"SELECT COUNT(*) FROM {table}")).scalar_one())
+    except Exception:
+        return None
+
+
+def ensure(backend: str, rows: int) -> ScaleTable:
+    """Build the table if it is missing or has the wrong size; return where it is."""
+    t = target(backend, rows)
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(t.url)
+    try:
+        if _count(engine, t.table) == rows:
+            return t
+        log(f"generating {rows:,} rows in {backend} ({t.table}) …")
+        started = time.perf_counter()
+        cols = ", ".join(f"{c} BIGINT NOT NULL" for c in EXPRS)
+        with engine.begin() as c:
+            c.execute(sa.text(f"DROP TABLE IF EXISTS {t.table}"))
+            c.execute(sa.text(f"CREATE TABLE {t.table} ({cols})"))
+            if backend == "sqlite":
+                c.execute(
+                    sa.text(
+                        f"INSERT INTO {t.table} "
+                        f"WITH RECURSIVE s(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM s "
+                        f"WHERE x < {rows}) SELECT {SELECT_LIST} FROM s"
+                    )
+                )
+            elif backend == "duckdb":
+                c.execute(
+                    sa.text(
+                        f"INSERT INTO {t.table} SELECT {SELECT_LIST} "
+                        f"FROM (SELECT range AS x FROM range(1, {rows + 1}))"
+                    )
+                )
+            else:
+                c.execute(
+                    sa.text(
+                        f"INSERT INTO {t.table} SELECT {SELECT_LIST} "
+                        f"FROM generate_series(1::bigint, {rows}::bigint) AS g(x)"
+                    )
+                )
+        if backend == "postgresql":
+            # Set hint bits and statistics now, so that the first timed scan does not.
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+                c.execute(sa.text(f"VACUUM ANALYZE {t.table}"))
+        elif backend == "sqlite":
+            with engine.begin() as c:
+                c.execute(sa.text(f"ANALYZE {t.table}"))
+        log(f"  {backend} {rows:,} rows in {time.perf_counter() - started:.1f}s")
+        return t
+    finally:
+        engine.dispose()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sizes = [int(s) for s in sys.argv[2:]] or [100_000]
+    backends = BACKENDS if sys.argv[1:2] in ([], ["all"]) else tuple(sys.argv[1].split(","))
+    for n in sizes:
+        for b in backends:
+            if b == "postgresql" and not postgres_reachable():
+                log("PostgreSQL not reachable: skipped")
+                continue
+            ensure(b, n)
