@@ -1,0 +1,715 @@
+"""The durable ledger: analysts, budgets, charges, outcomes and the request audit log.
+
+Crash safety: ``reserve`` commits the charge before it returns, so an answer can only be
+sent after its cost is durable; a crash between reserve and commit leaves the charge in
+place (spent, outcome ``pending``), which errs on the side of privacy.
+
+Concurrency: every charge runs in one transaction that first takes the write lock that
+serializes charges of that analyst (and, with a global budget, of everyone), then sums
+the ledger, asks the accountant, and appends. SQLite: ``BEGIN IMMEDIATE`` (the database
+write lock, WAL journal, busy timeout); PostgreSQL: ``SELECT … FOR UPDATE`` on the
+analyst row, then on the single global row. Lock order is always analyst → global, so
+charges cannot deadlock. Budgets hold across processes and hosts sharing the database.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import uuid
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import StaticPool
+
+from budget import schema
+from budget.accountants import Accountant, Accounting, CompositionName, accountant, is_pure
+from budget.errors import (
+    AnalystDisabled,
+    AnalystExists,
+    BudgetExhausted,
+    LedgerUnavailable,
+    ReservationSettled,
+    UnknownAnalyst,
+    UnsupportedCost,
+)
+from budget.keys import key_hash, new_api_key
+from budget.records import (
+    Analyst,
+    AuditEntry,
+    BudgetStatus,
+    HistoryEntry,
+    Outcome,
+    ReleaseEntry,
+    Reservation,
+)
+from mechanisms.types import PrivacyCost
+
+GLOBAL_NAME = "(global)"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
+_UNAVAILABLE = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError)
+_hooked_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+t_analysts = schema.analysts
+t_ledger = schema.ledger
+t_audit = schema.audit_log
+
+
+def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int) -> None:
+    """Let dpgate, not pysqlite, emit BEGIN: IMMEDIATE for writes, DEFERRED for reads."""
+    if engine in _hooked_engines:
+        return
+    _hooked_engines.add(engine)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # pysqlite must not BEGIN on its own
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute(f"PRAGMA synchronous = {synchronous}")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        write = conn.get_execution_options().get("dpgate_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED")
+
+
+def _check_budget(epsilon: float, delta: float) -> None:
+    if not (math.isfinite(epsilon) and epsilon >= 0):
+        raise ValueError("epsilon must be a finite number >= 0")
+    if not (math.isfinite(delta) and 0 <= delta < 1):
+        raise ValueError("delta must be a number in [0, 1)")
+
+
+def _check_cost(cost: PrivacyCost) -> None:
+    values = (cost.epsilon, cost.delta, cost.rho, cost.selection_delta)
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        raise UnsupportedCost("every component of a privacy cost must be finite and >= 0")
+
+
+class Ledger:
+    """Budgets and the append-only ledger of charges, outcomes and requests (SQLAlchemy).
+
+    ``composition`` picks the accountant (``zcdp`` or ``pure``); ``global_budget`` =
+    (ε, δ) caps the composition of every analyst's charges together.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        composition: CompositionName = "zcdp",
+        global_budget: tuple[float, float] | None = None,
+        sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        busy_timeout_ms: int = 30_000,
+    ) -> None:
+        self.engine = engine
+        self.accountant: Accountant = accountant(composition)
+        self.composition: CompositionName = composition
+        if global_budget is not None:
+            _check_budget(*global_budget)
+        self.global_budget = global_budget
+        self._sqlite = engine.dialect.name == "sqlite"
+        if self._sqlite:
+            _install_sqlite_hooks(engine, sqlite_synchronous, busy_timeout_ms)
+
+    @classmethod
+    def from_url(cls, url: str, **kw: Any) -> Ledger:
+        """A ledger on a database URL (``sqlite:///path``, ``postgresql+psycopg://…``)."""
+        parsed = sa.make_url(url)
+        engine_kw: dict[str, Any] = {}
+        if parsed.get_backend_name() == "sqlite":
+            if parsed.database in (None, "", ":memory:"):
+                engine_kw["poolclass"] = StaticPool
+                engine_kw["connect_args"] = {"check_same_thread": False}
+        else:
+            engine_kw["pool_pre_ping"] = True
+        return cls(sa.create_engine(parsed, **engine_kw), **kw)
+
+    def close(self) -> None:
+        """Release the engine's pooled connections."""
+        self.engine.dispose()
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    @contextmanager
+    def _transaction(self, *, write: bool) -> Iterator[Connection]:
+        """One transaction; database failures become ``LedgerUnavailable``."""
+        try:
+            with self.engine.connect() as conn:
+                if write:
+                    conn.execution_options(dpgate_write=True)
+                with conn.begin():
+                    yield conn
+        except _UNAVAILABLE as exc:
+            raise LedgerUnavailable(f"the ledger database failed: {type(exc).__name__}") from exc
+
+    def migrate(self) -> int:
+        """Create the schema, or upgrade it to this version; returns the schema version."""
+        with self._transaction(write=True) as conn:
+            return schema.migrate(conn)
+
+    def ping(self) -> None:
+        """Raise ``LedgerUnavailable`` unless the ledger database answers (for /readyz)."""
+        with self._transaction(write=False) as conn:
+            conn.execute(sa.select(schema.schema_version.c.version).limit(1))
+
+    def _analyst_row(self, conn: Connection, name: str, *, lock: bool = False) -> Any:
+        query = sa.select(t_analysts).where(t_analysts.c.name == name)
+        if lock:
+            query = query.with_for_update()
+        row = conn.execute(query).first()
+        if row is None:
+            raise UnknownAnalyst(f"no analyst named {name!r}")
+        return row
+
+    def _spent(self, conn: Connection, analyst_id: int | None) -> tuple[PrivacyCost, int]:
+        """Σ of the charge and refund rows (refunds are stored negated), and their count."""
+        c = t_ledger.c
+        query = sa.select(
+            sa.func.coalesce(sa.func.sum(c.epsilon), 0.0),
+            sa.func.coalesce(sa.func.sum(c.delta), 0.0),
+            sa.func.coalesce(sa.func.sum(c.rho), 0.0),
+            sa.func.coalesce(sa.func.sum(c.selection_delta), 0.0),
+            sa.func.coalesce(sa.func.sum(sa.case((c.kind == "charge", 1), else_=-1)), 0),
+        ).where(c.kind.in_(("charge", "refund")))
+        if analyst_id is not None:
+            query = query.where(c.analyst_id == analyst_id)
+        eps, delta, rho, sel, count = conn.execute(query).one()
+        # Clamp the float residue a refund can leave (Σ charges − Σ refunds of equal values).
+        return (
+            PrivacyCost(max(0.0, eps), max(0.0, delta), max(0.0, rho), max(0.0, sel)),
+            int(count),
+        )
+
+    def _status(
+        self, name: str, disabled: bool, epsilon: float, delta: float, spent: PrivacyCost, n: int
+    ) -> BudgetStatus:
+        acc: Accounting = self.accountant.report(epsilon, delta, spent)
+        return BudgetStatus(
+            name=name,
+            disabled=disabled,
+            composition=acc.composition,
+            epsilon=acc.epsilon,
+            delta=acc.delta,
+            epsilon_spent=acc.epsilon_spent,
+            delta_spent=acc.delta_spent,
+            epsilon_remaining=acc.epsilon_remaining,
+            delta_remaining=acc.delta_remaining,
+            rho_budget=acc.rho_budget,
+            rho_spent=acc.rho_spent,
+            rho_remaining=acc.rho_remaining,
+            max_next_laplace_epsilon=acc.max_next_laplace_epsilon,
+            queries=n,
+        )
+
+    # -- analysts -----------------------------------------------------------------------
+
+    def create_analyst(self, name: str, epsilon: float, delta: float) -> str:
+        """Create an analyst with budget (ε, δ); returns their API key (shown only once)."""
+        if not _NAME.match(name):
+            raise ValueError(
+                "an analyst name is 1-64 letters, digits, '_', '.', '@' or '-', "
+                "starting with a letter or digit"
+            )
+        _check_budget(epsilon, delta)
+        key = new_api_key()
+        now = schema.utcnow()
+        try:
+            with self._transaction(write=True) as conn:
+                exists = conn.execute(
+                    sa.select(t_analysts.c.id).where(t_analysts.c.name == name)
+                ).first()
+                if exists is not None:
+                    raise AnalystExists(f"an analyst named {name!r} already exists")
+                conn.execute(
+                    sa.insert(t_analysts).values(
+                        name=name,
+                        key_hash=key_hash(key),
+                        epsilon=float(epsilon),
+                        delta=float(delta),
+                        disabled=False,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                )
+        except sa.exc.IntegrityError as exc:  # a concurrent create won the race
+            raise AnalystExists(f"an analyst named {name!r} already exists") from exc
+        return key
+
+    def ensure_analyst(self, name: str, epsilon: float, delta: float) -> str | None:
+        """Create the analyst unless one of that name exists (config bootstrap).
+
+        Returns the new key if created, ``None`` if the analyst already existed (the
+        ledger, not the config, is the source of truth: an existing budget is kept).
+        """
+        try:
+            return self.create_analyst(name, epsilon, delta)
+        except AnalystExists:
+            return None
+
+    def authenticate(self, key: str) -> Analyst | None:
+        """The analyst holding this API key (possibly disabled), or ``None``."""
+        if not key or len(key) > 256:
+            return None
+        with self._transaction(write=False) as conn:
+            row = conn.execute(
+                sa.select(t_analysts).where(t_analysts.c.key_hash == key_hash(key))
+            ).first()
+        if row is None:
+            return None
+        return Analyst(row.name, bool(row.disabled), row.epsilon, row.delta)
+
+    def rotate_key(self, name: str) -> str:
+        """Replace the analyst's API key; returns the new key (the old one stops working)."""
+        key = new_api_key()
+        with self._transaction(write=True) as conn:
+            self._analyst_row(conn, name, lock=True)
+            conn.execute(
+                sa.update(t_analysts)
+                .where(t_analysts.c.name == name)
+                .values(key_hash=key_hash(key), updated_at=schema.utcnow())
+            )
+        return key
+
+    def update_analyst(
+        self,
+        name: str,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        disabled: bool | None = None,
+    ) -> BudgetStatus:
+        """Change an analyst's budget totals or disabled flag; returns the new status.
+
+        Lowering a budget below what is spent is allowed: nothing more is admitted.
+        """
+        with self._transaction(write=True) as conn:
+            row = self._analyst_row(conn, name, lock=True)
+            new_eps = row.epsilon if epsilon is None else float(epsilon)
+            new_delta = row.delta if delta is None else float(delta)
+            _check_budget(new_eps, new_delta)
+            new_disabled = bool(row.disabled) if disabled is None else bool(disabled)
+            conn.execute(
+                sa.update(t_analysts)
+                .where(t_analysts.c.id == row.id)
+                .values(
+                    epsilon=new_eps,
+                    delta=new_delta,
+                    disabled=new_disabled,
+                    updated_at=schema.utcnow(),
+                )
+            )
+            spent, n = self._spent(conn, row.id)
+        return self._status(name, new_disabled, new_eps, new_delta, spent, n)
+
+    def budget_status(self, name: str) -> BudgetStatus:
+        """The analyst's budget as the accountant reports it."""
+        with self._transaction(write=False) as conn:
+            row = self._analyst_row(conn, name)
+            spent, n = self._spent(conn, row.id)
+        return self._status(row.name, bool(row.disabled), row.epsilon, row.delta, spent, n)
+
+    def global_status(self) -> BudgetStatus | None:
+        """The dataset-wide budget (named ``(global)``), or ``None`` if none is configured."""
+        if self.global_budget is None:
+            return None
+        with self._transaction(write=False) as conn:
+            spent, n = self._spent(conn, None)
+        return self._status(GLOBAL_NAME, False, *self.global_budget, spent, n)
+
+    def list_analysts(self) -> list[BudgetStatus]:
+        """Every analyst's budget status, by name."""
+        c = t_ledger.c
+        sums = (
+            sa.select(
+                c.analyst_id,
+                sa.func.sum(c.epsilon).label("epsilon"),
+                sa.func.sum(c.delta).label("delta"),
+                sa.func.sum(c.rho).label("rho"),
+                sa.func.sum(c.selection_delta).label("selection_delta"),
+                sa.func.sum(sa.case((c.kind == "charge", 1), else_=-1)).label("n"),
+            )
+            .where(c.kind.in_(("charge", "refund")))
+            .group_by(c.analyst_id)
+            .subquery()
+        )
+        a = t_analysts.c
+        query = (
+            sa.select(
+                a.name,
+                a.disabled,
+                a.epsilon,
+                a.delta,
+                sums.c.epsilon.label("spent_epsilon"),
+                sums.c.delta.label("spent_delta"),
+                sums.c.rho.label("spent_rho"),
+                sums.c.selection_delta.label("spent_selection_delta"),
+                sums.c.n,
+            )
+            .select_from(t_analysts.outerjoin(sums, sums.c.analyst_id == a.id))
+            .order_by(a.name)
+        )
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(query).all()
+        statuses = []
+        for r in rows:
+            spent = PrivacyCost(
+                max(0.0, r.spent_epsilon or 0.0),
+                max(0.0, r.spent_delta or 0.0),
+                max(0.0, r.spent_rho or 0.0),
+                max(0.0, r.spent_selection_delta or 0.0),
+            )
+            statuses.append(
+                self._status(r.name, bool(r.disabled), r.epsilon, r.delta, spent, int(r.n or 0))
+            )
+        return statuses
+
+    # -- charging ----------------------------------------------------------------------
+
+    def reserve(
+        self,
+        analyst: str,
+        cost: PrivacyCost,
+        *,
+        query_key: str,
+        sql: str,
+        mechanism: str,
+        data_version: str,
+    ) -> Reservation:
+        """Charge ``cost`` to the analyst (and the global budget) if the accountant admits it.
+
+        One transaction: lock, sum the ledger, ask the accountant, append the charge. The
+        charge is durable when this returns. Raises ``BudgetExhausted`` (nothing
+        appended), ``UnknownAnalyst``, ``AnalystDisabled``, ``UnsupportedCost`` (e.g. a
+        Gaussian cost under ``pure``), ``LedgerUnavailable``.
+        """
+        _check_cost(cost)
+        if self.composition == "pure" and not is_pure(cost, mechanism):
+            raise UnsupportedCost(
+                "this gateway accounts pure ε-DP only (composition: pure): "
+                "Gaussian releases cannot be charged; use the Laplace mechanism"
+            )
+        reservation_id = uuid.uuid4().hex
+        now = schema.utcnow()
+        with self._transaction(write=True) as conn:
+            row = self._analyst_row(conn, analyst, lock=True)
+            if row.disabled:
+                raise AnalystDisabled(f"analyst {analyst!r} is disabled")
+            if self.global_budget is not None:
+                conn.execute(
+                    sa.select(schema.global_lock.c.id)
+                    .where(schema.global_lock.c.id == 1)
+                    .with_for_update()
+                ).first()
+            spent, n = self._spent(conn, row.id)
+            self._admit("analyst", row.epsilon, row.delta, spent, cost, mechanism)
+            if self.global_budget is not None:
+                global_spent, _ = self._spent(conn, None)
+                self._admit("global", *self.global_budget, global_spent, cost, mechanism)
+            conn.execute(
+                sa.insert(t_ledger).values(
+                    reservation_id=reservation_id,
+                    settles=None,
+                    analyst_id=row.id,
+                    kind="charge",
+                    epsilon=cost.epsilon,
+                    delta=cost.delta,
+                    rho=cost.rho,
+                    selection_delta=cost.selection_delta,
+                    mechanism=mechanism,
+                    query_key=query_key,
+                    sql=sql,
+                    data_version=data_version,
+                    created_at=now,
+                )
+            )
+        status = self._status(row.name, False, row.epsilon, row.delta, spent + cost, n + 1)
+        return Reservation(
+            id=reservation_id,
+            analyst=row.name,
+            cost=cost,
+            mechanism=mechanism,
+            query_key=query_key,
+            data_version=data_version,
+            created_at=schema.as_utc(now),
+            budget=status,
+        )
+
+    def _admit(
+        self,
+        scope: Literal["analyst", "global"],
+        epsilon: float,
+        delta: float,
+        spent: PrivacyCost,
+        cost: PrivacyCost,
+        mechanism: str,
+    ) -> None:
+        reason = self.accountant.refusal(epsilon, delta, spent, cost, mechanism)
+        if reason is None:
+            return
+        left = self.accountant.report(epsilon, delta, spent)
+        whose = "your privacy budget" if scope == "analyst" else "the dataset-wide budget"
+        raise BudgetExhausted(
+            f"{whose} cannot pay for this query ({reason}): it costs ε={cost.epsilon:.4g} "
+            f"(ρ={cost.rho:.4g}, selection δ={cost.selection_delta:.3g}); remaining "
+            f"ε={left.epsilon_remaining:.4g}, δ={left.delta_remaining:.3g} under "
+            f"{self.composition} composition; the largest next Laplace query may use "
+            f"ε={left.max_next_laplace_epsilon:.4g}",
+            scope=scope,
+            remaining_epsilon=left.epsilon_remaining,
+            remaining_delta=left.delta_remaining,
+            max_next_laplace_epsilon=left.max_next_laplace_epsilon,
+        )
+
+    def _settle(
+        self,
+        reservation: Reservation,
+        kind: Literal["answered", "withheld", "refund"],
+        *,
+        release: dict[str, Any] | None,
+        reason: str | None,
+    ) -> None:
+        c = t_ledger.c
+        sign = -1.0 if kind == "refund" else 0.0
+        release_json = None if release is None else json.dumps(release, default=str)
+        charge = sa.select(
+            sa.literal(reservation.id).label("reservation_id"),
+            c.reservation_id.label("settles"),
+            c.analyst_id,
+            sa.literal(kind).label("kind"),
+            (c.epsilon * sign).label("epsilon"),
+            (c.delta * sign).label("delta"),
+            (c.rho * sign).label("rho"),
+            (c.selection_delta * sign).label("selection_delta"),
+            c.mechanism,
+            c.query_key,
+            c.sql,
+            c.data_version,
+            sa.literal(release_json, sa.Text).label("release"),
+            sa.literal(reason, sa.Text).label("reason"),
+            sa.literal(schema.utcnow(), sa.DateTime).label("created_at"),
+        ).where(c.reservation_id == reservation.id, c.kind == "charge")
+        names = [col.name for col in charge.selected_columns]
+        try:
+            with self._transaction(write=True) as conn:
+                result = conn.execute(sa.insert(t_ledger).from_select(names, charge))
+                if result.rowcount == 0:
+                    raise ValueError(f"no reservation {reservation.id!r} in this ledger")
+        except sa.exc.IntegrityError as exc:
+            raise ReservationSettled(
+                f"reservation {reservation.id} already has its outcome"
+            ) from exc
+
+    def commit(self, reservation: Reservation, release: dict[str, Any], outcome: Outcome) -> None:
+        """Record the outcome of a reserved query: ``answered`` (with the released answer)
+        or ``withheld`` by the post-audit (still charged; ``release`` is what the gateway
+        wants recorded, not sent)."""
+        if outcome not in ("answered", "withheld"):
+            raise ValueError("outcome must be 'answered' or 'withheld'")
+        self._settle(reservation, outcome, release=release, reason=None)
+
+    def refund(self, reservation: Reservation, reason: str) -> None:
+        """Append a refund: nothing was released, so the charge no longer counts."""
+        self._settle(reservation, "refund", release=None, reason=reason)
+
+    # -- reading the ledger --------------------------------------------------------------
+
+    def history(self, analyst: str, *, limit: int | None = None) -> list[HistoryEntry]:
+        """The analyst's charged queries with their outcomes, oldest first (last ``limit``)."""
+        charge = t_ledger.alias("charge")
+        outcome = t_ledger.alias("outcome")
+        query = (
+            sa.select(
+                charge.c.id,
+                charge.c.reservation_id,
+                charge.c.sql,
+                charge.c.mechanism,
+                charge.c.epsilon,
+                charge.c.delta,
+                charge.c.rho,
+                charge.c.selection_delta,
+                charge.c.created_at,
+                outcome.c.kind,
+                outcome.c.release,
+                outcome.c.reason,
+                outcome.c.created_at,
+            )
+            .select_from(charge.outerjoin(outcome, outcome.c.settles == charge.c.reservation_id))
+            .where(charge.c.kind == "charge")
+            .order_by(charge.c.id.desc())
+        )
+        if limit is not None:
+            query = query.limit(limit)
+        with self._transaction(write=False) as conn:
+            row = self._analyst_row(conn, analyst)
+            rows = conn.execute(query.where(charge.c.analyst_id == row.id)).all()
+        entries = []
+        for r in reversed(rows):
+            kind = r[9]
+            entries.append(
+                HistoryEntry(
+                    reservation_id=r[1],
+                    sql=r[2],
+                    mechanism=r[3],
+                    cost=PrivacyCost(r[4], r[5], r[6], r[7]),
+                    outcome="pending" if kind is None else "refunded" if kind == "refund" else kind,
+                    release=None if r[10] is None else json.loads(r[10]),
+                    reason=r[11],
+                    created_at=schema.as_utc(r[8]),
+                    settled_at=None if r[12] is None else schema.as_utc(r[12]),
+                )
+            )
+        return entries
+
+    def find_release(
+        self, query_key: str, analyst: str | None, data_version: str
+    ) -> dict[str, Any] | None:
+        """The first released answer of an answered query with this key and data version,
+        for that analyst (or any analyst when ``None``); ``None`` if there is none."""
+        c = t_ledger.c
+        query = (
+            sa.select(c.release)
+            .where(
+                c.kind == "answered",
+                c.query_key == query_key,
+                c.data_version == data_version,
+            )
+            .order_by(c.id)
+            .limit(1)
+        )
+        if analyst is not None:
+            query = query.where(
+                c.analyst_id
+                == sa.select(t_analysts.c.id).where(t_analysts.c.name == analyst).scalar_subquery()
+            )
+        with self._transaction(write=False) as conn:
+            release = conn.execute(query).scalar()
+        return None if release is None else dict(json.loads(release))
+
+    def releases(self, analyst: str | None, data_version: str) -> list[ReleaseEntry]:
+        """Answered and withheld queries (of one analyst, or all), in ledger order."""
+        outcome = t_ledger.alias("outcome")
+        charge = t_ledger.alias("charge")
+        query = (
+            sa.select(
+                outcome.c.settles,
+                t_analysts.c.name,
+                outcome.c.query_key,
+                outcome.c.sql,
+                outcome.c.data_version,
+                outcome.c.kind,
+                outcome.c.release,
+                charge.c.epsilon,
+                charge.c.delta,
+                charge.c.rho,
+                charge.c.selection_delta,
+                outcome.c.created_at,
+            )
+            .select_from(
+                outcome.join(t_analysts, t_analysts.c.id == outcome.c.analyst_id).join(
+                    charge,
+                    sa.and_(
+                        charge.c.reservation_id == outcome.c.settles, charge.c.kind == "charge"
+                    ),
+                )
+            )
+            .where(
+                outcome.c.kind.in_(("answered", "withheld")),
+                outcome.c.data_version == data_version,
+            )
+            .order_by(outcome.c.id)
+        )
+        if analyst is not None:
+            query = query.where(t_analysts.c.name == analyst)
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(query).all()
+        return [
+            ReleaseEntry(
+                reservation_id=r[0],
+                analyst=r[1],
+                query_key=r[2],
+                sql=r[3],
+                data_version=r[4],
+                outcome=r[5],
+                release=None if r[6] is None else json.loads(r[6]),
+                cost=PrivacyCost(r[7], r[8], r[9], r[10]),
+                created_at=schema.as_utc(r[11]),
+            )
+            for r in rows
+        ]
+
+    # -- the request audit log -------------------------------------------------------------
+
+    def log_request(
+        self,
+        *,
+        request_id: str,
+        analyst: str | None,
+        endpoint: str,
+        sql: str | None,
+        outcome: str,
+        error_code: str | None,
+        status: int,
+    ) -> None:
+        """Append one request, answered or not, to the audit log."""
+        with self._transaction(write=True) as conn:
+            conn.execute(
+                sa.insert(t_audit).values(
+                    request_id=request_id[:64],
+                    analyst=None if analyst is None else analyst[:64],
+                    endpoint=endpoint[:200],
+                    sql=sql,
+                    outcome=outcome[:32],
+                    error_code=None if error_code is None else error_code[:64],
+                    status=int(status),
+                    created_at=schema.utcnow(),
+                )
+            )
+
+    def audit_log(
+        self,
+        analyst: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 1000,
+    ) -> list[AuditEntry]:
+        """Logged requests, newest first, optionally of one analyst, in [since, until)."""
+        c = t_audit.c
+        query = sa.select(t_audit).order_by(c.id.desc()).limit(max(0, int(limit)))
+        if analyst is not None:
+            query = query.where(c.analyst == analyst)
+        if since is not None:
+            query = query.where(c.created_at >= _naive_utc(since))
+        if until is not None:
+            query = query.where(c.created_at < _naive_utc(until))
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(query).all()
+        return [
+            AuditEntry(
+                id=r.id,
+                request_id=r.request_id,
+                analyst=r.analyst,
+                endpoint=r.endpoint,
+                sql=r.sql,
+                outcome=r.outcome,
+                error_code=r.error_code,
+                status=r.status,
+                created_at=schema.as_utc(r.created_at),
+            )
+            for r in rows
+        ]
+
+
+def _naive_utc(value: datetime) -> datetime:
+    return schema.as_utc(value).replace(tzinfo=None)

@@ -1,0 +1,147 @@
+"""Frozen values the ledger hands out: analysts, budget statuses, reservations, entries."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+from budget.accountants import CompositionName
+from mechanisms.types import PrivacyCost
+
+Outcome = Literal["answered", "withheld"]
+HistoryOutcome = Literal["pending", "answered", "withheld", "refunded"]
+
+
+@dataclass(frozen=True)
+class Analyst:
+    """An authenticated analyst and their budget (what ``authenticate`` returns)."""
+
+    name: str
+    disabled: bool
+    epsilon: float
+    delta: float
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    """One budget (an analyst's, or the global one) as its accountant reports it.
+
+    ``epsilon``/``delta`` are the totals. Under ``zcdp``, ``epsilon_spent`` is the
+    Canonne–Kamath–Steinke ε of Σρ at the δ budget minus the partition-selection δ, and
+    ``delta_spent`` is the partition-selection δ; under ``pure`` they are Σε and the
+    selection δ. ``max_next_laplace_epsilon`` is the largest ε a next Laplace query
+    could still use. ``queries`` counts charges not refunded. ``epsilon_spent`` is
+    ``math.inf`` only if an admin lowered δ below the selection δ already spent.
+    """
+
+    name: str
+    disabled: bool
+    composition: CompositionName
+    epsilon: float
+    delta: float
+    epsilon_spent: float
+    delta_spent: float
+    epsilon_remaining: float
+    delta_remaining: float
+    rho_budget: float
+    rho_spent: float
+    rho_remaining: float
+    max_next_laplace_epsilon: float
+    queries: int
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict (a non-finite number becomes ``None``)."""
+        return {k: _json_number(v) for k, v in asdict(self).items()}
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A charge appended to the ledger: durably spent until refunded.
+
+    ``budget`` is the analyst's status right after the charge (what the response shows).
+    """
+
+    id: str
+    analyst: str
+    cost: PrivacyCost
+    mechanism: str
+    query_key: str
+    data_version: str
+    created_at: datetime
+    budget: BudgetStatus
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One query an analyst was charged for, with its outcome (``GET /v1/queries``)."""
+
+    reservation_id: str
+    sql: str
+    mechanism: str
+    cost: PrivacyCost
+    outcome: HistoryOutcome
+    release: dict[str, Any] | None
+    reason: str | None
+    created_at: datetime
+    settled_at: datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "query_id": self.reservation_id,
+            "sql": self.sql,
+            "mechanism": self.mechanism,
+            "cost": {k: _json_number(v) for k, v in asdict(self.cost).items()},
+            "outcome": self.outcome,
+            "release": self.release,
+            "reason": self.reason,
+            "created_at": self.created_at.isoformat(),
+            "settled_at": self.settled_at.isoformat() if self.settled_at else None,
+        }
+
+
+@dataclass(frozen=True)
+class ReleaseEntry:
+    """An answered or withheld query, in ledger order (what the auditor rebuilds from).
+
+    ``release`` is ``None`` for a withheld query unless the gateway recorded something.
+    """
+
+    reservation_id: str
+    analyst: str
+    query_key: str
+    sql: str
+    data_version: str
+    outcome: Outcome
+    release: dict[str, Any] | None
+    cost: PrivacyCost
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One request as the audit log recorded it, answered or not."""
+
+    id: int
+    request_id: str
+    analyst: str | None
+    endpoint: str
+    sql: str | None
+    outcome: str
+    error_code: str | None
+    status: int
+    created_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        d = asdict(self)
+        d["created_at"] = self.created_at.isoformat()
+        return d
+
+
+def _json_number(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,140 @@
+"""The ledger's tables and their migrations.
+
+Every table is append-only except ``dpgate_analysts`` (budget totals, key hash, disabled
+flag: configuration, not spending). What was spent is always derived from
+``dpgate_ledger``: a ``charge`` row carries the cost, a ``refund`` row carries the same
+cost negated, ``answered``/``withheld`` rows carry the outcome and cost nothing. The
+unique ``settles`` column holds the reservation id on outcome rows (NULL on charges), so
+a reservation gets at most one outcome.
+
+``dpgate_schema_version`` has one row per applied migration; ``migrate`` applies the
+missing ones in order, inside one transaction that holds the database's write lock
+(SQLite ``BEGIN IMMEDIATE``, a PostgreSQL advisory lock), so concurrent starts are safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+metadata = sa.MetaData()
+
+_BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+
+schema_version = sa.Table(
+    "dpgate_schema_version",
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("applied_at", sa.DateTime, nullable=False),
+)
+
+analysts = sa.Table(
+    "dpgate_analysts",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("name", sa.String(64), nullable=False, unique=True),
+    sa.Column("key_hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("epsilon", sa.Float, nullable=False),
+    sa.Column("delta", sa.Float, nullable=False),
+    sa.Column("disabled", sa.Boolean, nullable=False, default=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("updated_at", sa.DateTime, nullable=False),
+)
+
+# One row (id = 1): what a charge locks when a global budget is configured, so charges of
+# different analysts serialize against the dataset-wide budget.
+global_lock = sa.Table(
+    "dpgate_global",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+)
+
+ledger = sa.Table(
+    "dpgate_ledger",
+    metadata,
+    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+    sa.Column("reservation_id", sa.String(32), nullable=False),
+    sa.Column("settles", sa.String(32), nullable=True, unique=True),
+    sa.Column("analyst_id", sa.Integer, sa.ForeignKey("dpgate_analysts.id"), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("epsilon", sa.Float, nullable=False),
+    sa.Column("delta", sa.Float, nullable=False),
+    sa.Column("rho", sa.Float, nullable=False),
+    sa.Column("selection_delta", sa.Float, nullable=False),
+    sa.Column("mechanism", sa.String(16), nullable=False),
+    sa.Column("query_key", sa.Text, nullable=False),
+    sa.Column("sql", sa.Text, nullable=False),
+    sa.Column("data_version", sa.String(200), nullable=False),
+    sa.Column("release", sa.Text, nullable=True),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.CheckConstraint(
+        "kind IN ('charge', 'answered', 'withheld', 'refund')", name="dpgate_ledger_kind"
+    ),
+    sa.Index("dpgate_ledger_analyst", "analyst_id", "kind"),
+    sa.Index("dpgate_ledger_reservation", "reservation_id"),
+    sa.Index("dpgate_ledger_query", "query_key", "data_version", "kind"),
+)
+
+audit_log = sa.Table(
+    "dpgate_audit_log",
+    metadata,
+    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+    sa.Column("request_id", sa.String(64), nullable=False),
+    sa.Column("analyst", sa.String(64), nullable=True),
+    sa.Column("endpoint", sa.String(200), nullable=False),
+    sa.Column("sql", sa.Text, nullable=True),
+    sa.Column("outcome", sa.String(32), nullable=False),
+    sa.Column("error_code", sa.String(64), nullable=True),
+    sa.Column("status", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Index("dpgate_audit_log_time", "created_at"),
+    sa.Index("dpgate_audit_log_analyst", "analyst", "created_at"),
+)
+
+
+def utcnow() -> datetime:
+    """Now, as the naive UTC datetime every table stores."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def as_utc(value: datetime) -> datetime:
+    """A stored naive-UTC datetime, made timezone-aware."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _v1_initial(conn: Connection) -> None:
+    for table in (analysts, global_lock, ledger, audit_log):
+        table.create(conn, checkfirst=True)
+    conn.execute(sa.insert(global_lock).values(id=1))
+
+
+# Append new migrations here; never edit an applied one.
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1_initial,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_PG_MIGRATION_LOCK = 0x64706761  # "dpga": serializes concurrent migrate() on PostgreSQL
+
+
+class SchemaTooNew(RuntimeError):
+    """The ledger database was migrated by a newer dpgate than this one."""
+
+
+def migrate(conn: Connection) -> int:
+    """Apply the missing migrations inside the caller's write transaction; the new version."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_MIGRATION_LOCK)))
+    schema_version.create(conn, checkfirst=True)
+    current = conn.execute(sa.select(sa.func.max(schema_version.c.version))).scalar() or 0
+    if current > SCHEMA_VERSION:
+        raise SchemaTooNew(
+            f"the ledger schema is at version {current}; this dpgate knows up to "
+            f"{SCHEMA_VERSION}: upgrade dpgate"
+        )
+    for version in range(current + 1, SCHEMA_VERSION + 1):
+        MIGRATIONS[version - 1](conn)
+        conn.execute(sa.insert(schema_version).values(version=version, applied_at=utcnow()))
+    return SCHEMA_VERSION
