@@ -1,0 +1,127 @@
+"""Pass 4: aggregates → measures, with the sensitivity each one has.
+
+Sensitivities are under the add/remove-one-privacy-unit relation, after the compiled SQL
+bounds each unit to ``max_rows_per_unit`` rows (and, with GROUP BY,
+``max_groups_per_unit`` groups). They are in integer units: a SUM over a real column is
+summed as integers on a grid of resolution 2^k, and its sensitivity is counted in grid
+steps.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+from sqlglot import exp
+
+from gateway.analyze.resolve import resolve_row_expression
+from gateway.config import TableConfig
+from gateway.errors import UnsupportedQuery
+from gateway.plan import Measure
+from mechanisms.types import Sensitivity
+
+AGGREGATES = (exp.Count, exp.Sum, exp.Avg)
+
+
+def contribution_bounds(table: TableConfig, grouped: bool) -> tuple[int, int]:
+    """(rows per unit, groups per unit) as enforced by the compiled SQL."""
+    rows = table.max_rows_per_unit if table.privacy_unit else 1
+    groups = rows
+    if grouped and table.max_groups_per_unit is not None:
+        groups = min(rows, table.max_groups_per_unit)
+    return rows, groups
+
+
+def _sqrt_upper(n: int) -> Fraction:
+    """A rational upper bound of √n, exact when n is a perfect square."""
+    r = math.isqrt(n)
+    if r * r == n:
+        return Fraction(r)
+    return Fraction(math.ceil(math.sqrt(n) * 10**9) + 1, 10**9)
+
+
+def measures_for(
+    node: exp.Expression, table: TableConfig, alias: str, grouped: bool
+) -> list[Measure]:
+    """The measures behind one aggregate call: one for COUNT and SUM, (SUM, COUNT) for AVG."""
+    rows, groups = contribution_bounds(table, grouped)
+    name = node.key.upper()
+    if node.args.get("filter") is not None:
+        raise UnsupportedQuery(
+            f"{name}(…) FILTER (WHERE …) is not supported: move the condition to WHERE",
+            construct="FILTER clause",
+        )
+    if isinstance(node, exp.Count):
+        arg = node.this
+        if isinstance(arg, exp.Distinct):
+            return [_count_distinct(arg, table, alias, groups)]
+        if arg is None or isinstance(arg, exp.Star):
+            return [Measure("count_rows", _uniform(rows))]
+        expr = resolve_row_expression(arg, table, alias, where="COUNT")
+        return [Measure("count_values", _uniform(rows), expression=expr)]
+    arg = node.this
+    if isinstance(arg, exp.Distinct):
+        raise UnsupportedQuery(
+            f"{name}(DISTINCT …) is not supported", construct=f"{name}(DISTINCT)"
+        )
+    column = resolve_row_expression(arg, table, alias, where=name)
+    if not isinstance(column, exp.Column):
+        raise UnsupportedQuery(
+            f"{name} takes one declared numeric column with bounds, not an expression",
+            construct=f"{name} of an expression",
+        )
+    col = table.columns[column.name]
+    if not col.numeric or not col.bounded:
+        raise UnsupportedQuery(
+            f"{name}({col.name}) needs a numeric column with declared lower and upper bounds "
+            f"(declare them in the config: columns.{col.name}.lower/upper)",
+            construct=f"{name} of an unbounded column",
+        )
+    lower, upper = float(col.lower or 0.0), float(col.upper or 0.0)
+    resolution = _resolution(col.type, lower, upper)
+    steps = max(abs(round(Fraction(lower) / resolution)), abs(round(Fraction(upper) / resolution)))
+    total = Measure(
+        "sum",
+        _uniform(rows * steps),
+        expression=column,
+        lower=lower,
+        upper=upper,
+        resolution=resolution,
+    )
+    if isinstance(node, exp.Sum):
+        return [total]
+    return [total, Measure("count_values", _uniform(rows), expression=column)]
+
+
+def _resolution(ctype: str, lower: float, upper: float) -> Fraction:
+    if ctype == "integer":
+        return Fraction(1)
+    from mechanisms import grid_resolution
+
+    return grid_resolution(lower, upper)
+
+
+def _count_distinct(arg: exp.Distinct, table: TableConfig, alias: str, groups: int) -> Measure:
+    unit = table.privacy_unit
+    inner = arg.expressions
+    if (
+        unit is not None
+        and len(inner) == 1
+        and isinstance(inner[0], exp.Column)
+        and inner[0].name.lower() == unit
+        and (not inner[0].table or inner[0].table.lower() in (alias, table.name.lower()))
+    ):
+        return Measure(
+            "count_units",
+            Sensitivity(l1=Fraction(groups), l2=_sqrt_upper(groups), linf=Fraction(1)),
+        )
+    what = f"COUNT(DISTINCT {unit})" if unit else "COUNT(*) (each row is one person here)"
+    raise UnsupportedQuery(
+        f"COUNT(DISTINCT …) is supported only over the privacy unit: use {what}",
+        construct="COUNT(DISTINCT) of a non-unit column",
+    )
+
+
+def _uniform(bound: int | Fraction) -> Sensitivity:
+    b = Fraction(bound)
+    return Sensitivity(l1=b, l2=b, linf=b)

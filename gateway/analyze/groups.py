@@ -1,0 +1,111 @@
+"""Pass 3: GROUP BY keys, and which of their values the schema declares public.
+
+A key's values are public when the admin declared them (``values:``), when the key is a
+boolean, a bounded integer column (or a bounded integer column divided by a positive
+constant) with at most ``MAX_PUBLIC_DOMAIN`` values, or a CASE whose results are all
+literals. Otherwise ``domain`` is None and groups go through DP partition selection.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from sqlglot import exp
+
+from gateway.analyze.resolve import infer_type
+from gateway.config import TableConfig
+from gateway.plan import ValueType
+
+MAX_PUBLIC_DOMAIN = 1000
+
+
+def public_domain(node: exp.Expression, table: TableConfig) -> tuple[Any, ...] | None:
+    """The declared public values of a resolved group expression, in a stable order."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Column):
+        col = table.columns[node.name]
+        if col.values is not None:
+            return col.values
+        if col.type == "boolean":
+            return (False, True)
+        if col.type == "integer" and col.bounded:
+            lo, hi = math.ceil(col.lower or 0), math.floor(col.upper or 0)
+            if hi - lo + 1 <= MAX_PUBLIC_DOMAIN:
+                return tuple(range(lo, hi + 1))
+        return None
+    if isinstance(node, exp.Div | exp.IntDiv):
+        inner = node.this
+        while isinstance(inner, exp.Paren):
+            inner = inner.this
+        divisor = node.expression
+        if (
+            isinstance(inner, exp.Column)
+            and isinstance(divisor, exp.Literal)
+            and divisor.is_int
+            and int(divisor.this) > 0
+        ):
+            col = table.columns[inner.name]
+            if col.type == "integer" and col.bounded:
+                d = int(divisor.this)
+                lo, hi = (
+                    _trunc_div(math.ceil(col.lower or 0), d),
+                    _trunc_div(math.floor(col.upper or 0), d),
+                )
+                if hi - lo + 1 <= MAX_PUBLIC_DOMAIN:
+                    return tuple(range(lo, hi + 1))
+        return None
+    if isinstance(node, exp.Case):
+        results = [i.args["true"] for i in node.args.get("ifs") or []]
+        default = node.args.get("default")
+        values: list[Any] = []
+        for r in results + ([default] if default is not None else []):
+            value = literal_value(r)
+            if value is _NOT_LITERAL:
+                return None
+            if value not in values:
+                values.append(value)
+        if default is None and None not in values:
+            values.append(None)
+        return tuple(values)
+    return None
+
+
+def _trunc_div(a: int, d: int) -> int:
+    """Integer division truncating toward zero, as the compiled SQL computes it."""
+    q = abs(a) // d
+    return q if a >= 0 else -q
+
+
+_NOT_LITERAL = object()
+
+
+def literal_value(node: exp.Expression) -> Any:
+    """The Python value of a literal expression, or ``_NOT_LITERAL``."""
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Null):
+        return None
+    if isinstance(node, exp.Boolean):
+        return bool(node.this)
+    if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+        inner = literal_value(node.this)
+        return -inner
+    if isinstance(node, exp.Literal):
+        if node.is_string:
+            return node.this
+        text = node.this
+        try:
+            return int(text)
+        except ValueError:
+            return float(text)
+    return _NOT_LITERAL
+
+
+def is_literal(node: exp.Expression) -> bool:
+    return literal_value(node) is not _NOT_LITERAL
+
+
+def key_type(node: exp.Expression, table: TableConfig) -> ValueType:
+    return infer_type(node, table)

@@ -1,0 +1,393 @@
+"""Pass 6: the select list, GROUP BY, HAVING, ORDER BY and LIMIT → a QueryPlan.
+
+Every output is a group key, an aggregate (backed by measures), or a literal. HAVING and
+ORDER BY are post-processing of the noisy outputs: an aggregate they use that the select
+list does not is computed as a hidden output (and shares the query's ε like any other).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sqlglot import exp
+from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
+
+from gateway.analyze.aggregates import AGGREGATES, measures_for
+from gateway.analyze.groups import is_literal, key_type, literal_value, public_domain
+from gateway.analyze.parse import READ_DIALECT
+from gateway.analyze.resolve import ALLOWED_NODES, resolve_row_expression, resolve_table
+from gateway.analyze.wrapper import OuterQuery, limit_value
+from gateway.config import TableConfig
+from gateway.errors import UnsupportedQuery
+from gateway.plan import GroupKey, Measure, OrderKey, OutputColumn, QueryPlan
+
+ROWS_HINT = (
+    "dpgate releases aggregates, not rows: ask e.g. SELECT COUNT(*) FROM t, or "
+    "SELECT col, COUNT(*) FROM t GROUP BY col"
+)
+
+
+@dataclass
+class _Builder:
+    table: TableConfig
+    alias: str
+    grouped: bool
+    group_keys: list[GroupKey] = field(default_factory=list)
+    measures: list[Measure] = field(default_factory=list)
+    outputs: list[OutputColumn] = field(default_factory=list)
+    measure_keys: list[str] = field(default_factory=list)
+    aggregate_outputs: dict[str, int] = field(default_factory=dict)
+
+    def measure(self, m: Measure) -> int:
+        key = f"{m.kind}:{m.expression.sql() if m.expression is not None else ''}"
+        if key in self.measure_keys:
+            return self.measure_keys.index(key)
+        self.measure_keys.append(key)
+        self.measures.append(m)
+        return len(self.measures) - 1
+
+    def aggregate_output(self, node: exp.Expression, name: str, hidden: bool) -> int:
+        """The output for aggregate call ``node``, created if new."""
+        key = _canonical(node)
+        if key in self.aggregate_outputs:
+            index = self.aggregate_outputs[key]
+            if not hidden and self.outputs[index].hidden:
+                self.outputs[index] = _replace(self.outputs[index], name=name, hidden=False)
+            return index
+        ms = measures_for(node, self.table, self.alias, self.grouped)
+        indices = tuple(self.measure(m) for m in ms)
+        if isinstance(node, exp.Avg):
+            kind, vtype = "avg", "real"
+        elif isinstance(node, exp.Sum):
+            kind = "sum"
+            vtype = "integer" if ms[0].resolution == 1 else "real"
+        else:
+            kind, vtype = "count", "integer"
+        self.outputs.append(
+            OutputColumn(name=name, kind=kind, type=vtype, measures=indices, hidden=hidden)  # type: ignore[arg-type]
+        )
+        self.aggregate_outputs[key] = len(self.outputs) - 1
+        return len(self.outputs) - 1
+
+    def group_output(self, index: int, name: str | None, hidden: bool) -> int:
+        for i, out in enumerate(self.outputs):
+            if out.kind == "group_key" and out.group_index == index:
+                return i
+        key = self.group_keys[index]
+        self.outputs.append(
+            OutputColumn(
+                name=name or key.name,
+                kind="group_key",
+                type=key.type,
+                group_index=index,
+                hidden=hidden,
+            )
+        )
+        return len(self.outputs) - 1
+
+    def find_group(self, resolved: exp.Expression) -> int | None:
+        key = _canonical(resolved)
+        for i, g in enumerate(self.group_keys):
+            if _canonical(g.expression) == key:
+                return i
+        return None
+
+
+def _replace(out: OutputColumn, **changes: object) -> OutputColumn:
+    from dataclasses import replace
+
+    return replace(out, **changes)  # type: ignore[arg-type]
+
+
+def _canonical(node: exp.Expression) -> str:
+    return node.sql(dialect=READ_DIALECT, normalize=True)
+
+
+def canonical_sql(select: exp.Expression) -> str:
+    """The normalised text of a statement: the cache key and the ledger's record of it."""
+    return _canonical(normalize_identifiers(select.copy(), dialect=READ_DIALECT))
+
+
+def _contains_aggregate(node: exp.Expression) -> bool:
+    return any(isinstance(n, AGGREGATES) for n in node.walk())
+
+
+def build_plan(
+    select: exp.Select, tables: Mapping[str, TableConfig], outer: OuterQuery | None = None
+) -> QueryPlan:
+    """Turn one SELECT into a QueryPlan against the declared ``tables``."""
+    table, alias = resolve_table(select, tables)
+    if select.args.get("distinct"):
+        raise UnsupportedQuery(
+            "SELECT DISTINCT returns rows: use GROUP BY with COUNT(*)",
+            construct="SELECT DISTINCT",
+        )
+    for clause in ("qualify", "windows", "connect", "prewhere", "sample", "locks", "into"):
+        if select.args.get(clause):
+            raise UnsupportedQuery(f"{clause.upper()} is not supported", construct=clause.upper())
+    where_node = select.args.get("where")
+    where = (
+        resolve_row_expression(where_node.this, table, alias, where="WHERE")
+        if where_node is not None
+        else None
+    )
+    group_node = select.args.get("group")
+    grouped = group_node is not None and bool(group_node.expressions)
+    b = _Builder(table=table, alias=alias, grouped=grouped)
+    items = list(select.expressions)
+    aliases = {i.alias.lower(): i.unalias() for i in items if isinstance(i, exp.Alias)}
+    if grouped:
+        for g in group_node.expressions:
+            _add_group_key(b, g, items, aliases)
+    for item in items:
+        _add_select_item(b, item)
+    if not b.measures:
+        raise UnsupportedQuery(
+            "the query computes no aggregate: add COUNT(*), SUM(col) or AVG(col)",
+            construct="no aggregate",
+        )
+    having = _having(b, select, aliases)
+    order_by = _order_by(
+        b, list(select.args["order"].expressions) if select.args.get("order") else [], aliases
+    )
+    limit = limit_value(select, "limit")
+    offset = limit_value(select, "offset") or 0
+    outputs = b.outputs
+    if outer is not None:
+        outputs, order_by, limit, offset = _apply_outer(b, outer, order_by, limit, offset)
+    canonical = canonical_sql(select)
+    return QueryPlan(
+        table=table.name.lower(),
+        measures=tuple(b.measures),
+        outputs=tuple(outputs),
+        where=where,
+        group_keys=tuple(b.group_keys),
+        having=having,
+        order_by=tuple(order_by),
+        limit=limit,
+        offset=offset,
+        canonical_sql=canonical,
+    )
+
+
+def _add_group_key(
+    b: _Builder,
+    node: exp.Expression,
+    items: list[exp.Expression],
+    aliases: Mapping[str, exp.Expression],
+) -> None:
+    name: str | None = None
+    if isinstance(node, exp.Literal) and node.is_int:
+        position = int(node.this)
+        if not 1 <= position <= len(items):
+            raise UnsupportedQuery(
+                f"GROUP BY {position}: there is no select item at that position",
+                construct="GROUP BY position",
+            )
+        item = items[position - 1]
+        name = item.alias_or_name if isinstance(item, exp.Alias) else None
+        node = item.unalias()
+    elif (
+        isinstance(node, exp.Column)
+        and not node.table
+        and node.name.lower() in aliases
+        and node.name.lower() not in b.table.columns
+    ):
+        name = node.name
+        node = aliases[node.name.lower()]
+    if _contains_aggregate(node):
+        raise UnsupportedQuery("aggregates cannot be grouped by", construct="GROUP BY aggregate")
+    resolved = resolve_row_expression(node, b.table, b.alias, where="GROUP BY")
+    if b.find_group(resolved) is not None:
+        return
+    b.group_keys.append(
+        GroupKey(
+            expression=resolved,
+            name=name or (resolved.name if isinstance(resolved, exp.Column) else resolved.sql()),
+            type=key_type(resolved, b.table),
+            domain=public_domain(resolved, b.table),
+        )
+    )
+
+
+def _add_select_item(b: _Builder, item: exp.Expression) -> None:
+    node = item.unalias()
+    alias = item.alias if isinstance(item, exp.Alias) else None
+    if isinstance(node, exp.Star) or (
+        isinstance(node, exp.Column) and isinstance(node.this, exp.Star)
+    ):
+        raise UnsupportedQuery(f"SELECT * returns rows. {ROWS_HINT}", construct="SELECT *")
+    if isinstance(node, AGGREGATES):
+        b.aggregate_output(node, alias or node.sql(dialect=READ_DIALECT), hidden=False)
+        return
+    if _contains_aggregate(node):
+        raise UnsupportedQuery(
+            "arithmetic on aggregates is not supported: select the aggregates and combine "
+            "them yourself (the noisy values are yours to post-process)",
+            construct="expression of aggregates",
+        )
+    if is_literal(node):
+        value = literal_value(node)
+        b.outputs.append(
+            OutputColumn(
+                name=alias or node.sql(),
+                kind="literal",
+                type="text"
+                if isinstance(value, str)
+                else "integer"
+                if isinstance(value, int)
+                else "real",
+                value=value,
+            )
+        )
+        return
+    resolved = resolve_row_expression(node, b.table, b.alias, where="SELECT")
+    index = b.find_group(resolved)
+    if index is None:
+        shown = node.sql(dialect=READ_DIALECT)
+        raise UnsupportedQuery(
+            f"'{shown}' is neither aggregated nor in GROUP BY. {ROWS_HINT}",
+            construct="non-aggregated column",
+        )
+    name = alias or b.group_keys[index].name
+    b.group_output(index, name, hidden=False)
+    out_index = next(
+        i for i, o in enumerate(b.outputs) if o.kind == "group_key" and o.group_index == index
+    )
+    if b.outputs[out_index].hidden or b.outputs[out_index].name != name:
+        b.outputs[out_index] = _replace(b.outputs[out_index], name=name, hidden=False)
+
+
+def _output_ref(
+    b: _Builder, node: exp.Expression, aliases: Mapping[str, exp.Expression], clause: str
+) -> int:
+    """The output index that ``node`` (in HAVING or ORDER BY) refers to."""
+    if isinstance(node, exp.Column) and not node.table:
+        lowered = node.name.lower()
+        for i, out in enumerate(b.outputs):
+            if out.name.lower() == lowered and not out.hidden:
+                return i
+        if lowered in aliases and lowered not in b.table.columns:
+            node = aliases[lowered]
+    if isinstance(node, AGGREGATES):
+        return b.aggregate_output(node, f"__{clause.lower()}_{len(b.outputs)}", hidden=True)
+    if _contains_aggregate(node):
+        raise UnsupportedQuery(
+            f"{clause} may use aggregates and group keys, not expressions of aggregates",
+            construct=f"expression of aggregates in {clause}",
+        )
+    resolved = resolve_row_expression(node, b.table, b.alias, where=clause)
+    index = b.find_group(resolved)
+    if index is None:
+        raise UnsupportedQuery(
+            f"{clause} refers to '{node.sql()}', which is neither an aggregate nor a group key",
+            construct=f"non-aggregated column in {clause}",
+        )
+    return b.group_output(index, None, hidden=True)
+
+
+def _having(
+    b: _Builder, select: exp.Select, aliases: Mapping[str, exp.Expression]
+) -> exp.Expression | None:
+    node = select.args.get("having")
+    if node is None:
+        return None
+    condition = node.this.copy()
+
+    def to_output(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, AGGREGATES) or (
+            isinstance(n, exp.Column) and not isinstance(n.parent, AGGREGATES)
+        ):
+            index = _output_ref(b, n, aliases, "HAVING")
+            return exp.column(f"__out{index}")
+        return n
+
+    rewritten = condition.transform(to_output)
+    for sub in rewritten.walk():
+        if not isinstance(sub, ALLOWED_NODES):
+            raise UnsupportedQuery(
+                f"{sub.key.upper()} is not supported in HAVING", construct="HAVING"
+            )
+    return rewritten
+
+
+def _order_by(
+    b: _Builder, ordered: list[exp.Expression], aliases: Mapping[str, exp.Expression]
+) -> list[OrderKey]:
+    keys: list[OrderKey] = []
+    visible = [i for i, o in enumerate(b.outputs) if not o.hidden]
+    for o in ordered:
+        node = o.this if isinstance(o, exp.Ordered) else o
+        desc = bool(o.args.get("desc")) if isinstance(o, exp.Ordered) else False
+        if isinstance(node, exp.Literal) and node.is_int:
+            position = int(node.this)
+            if not 1 <= position <= len(visible):
+                raise UnsupportedQuery(
+                    f"ORDER BY {position}: there is no select item at that position",
+                    construct="ORDER BY position",
+                )
+            keys.append(OrderKey(visible[position - 1], desc))
+            continue
+        keys.append(OrderKey(_output_ref(b, node, aliases, "ORDER BY"), desc))
+    return keys
+
+
+def _apply_outer(
+    b: _Builder, outer: OuterQuery, order_by: list[OrderKey], limit: int | None, offset: int
+) -> tuple[list[OutputColumn], list[OrderKey], int | None, int]:
+    outputs = list(b.outputs)
+    if outer.columns is not None:
+        by_name = {o.name.lower(): i for i, o in enumerate(outputs) if not o.hidden}
+        chosen: list[int] = []
+        for inner_name, outer_name in outer.columns:
+            index = by_name.get(inner_name.lower())
+            if index is None:
+                raise UnsupportedQuery(
+                    f"the outer query names '{inner_name}', which the inner query does not return",
+                    construct="unknown column of a subquery",
+                )
+            chosen.append(index)
+            outputs[index] = _replace(outputs[index], name=outer_name)
+        for i, o in enumerate(outputs):
+            if not o.hidden and i not in chosen:
+                outputs[i] = _replace(o, hidden=True)
+        # The released columns come in the outer query's order.
+        order = chosen + [i for i in range(len(outputs)) if i not in chosen]
+        remap = {old: new for new, old in enumerate(order)}
+        outputs = [outputs[i] for i in order]
+        order_by = [OrderKey(remap[k.output], k.descending) for k in order_by]
+    if outer.order_by:
+        if limit is not None or offset:
+            raise UnsupportedQuery(
+                "ORDER BY outside a subquery that has its own LIMIT is not supported",
+                construct="ORDER BY over a limited subquery",
+            )
+        names = {o.name.lower(): i for i, o in enumerate(outputs) if not o.hidden}
+        visible = [i for i, o in enumerate(outputs) if not o.hidden]
+        order_by = []
+        for o in outer.order_by:
+            node = o.this
+            desc = bool(o.args.get("desc"))
+            if (
+                isinstance(node, exp.Literal)
+                and node.is_int
+                and 1 <= int(node.this) <= len(visible)
+            ):
+                order_by.append(OrderKey(visible[int(node.this) - 1], desc))
+            elif isinstance(node, exp.Column) and node.name.lower() in names:
+                order_by.append(OrderKey(names[node.name.lower()], desc))
+            else:
+                raise UnsupportedQuery(
+                    "the outer query may order only by the inner query's columns",
+                    construct="ORDER BY outside a subquery",
+                )
+    if outer.limit is not None or outer.offset:
+        start = offset + outer.offset
+        inner_end = None if limit is None else offset + limit
+        outer_end = None if outer.limit is None else start + outer.limit
+        ends = [e for e in (inner_end, outer_end) if e is not None]
+        end = min(ends) if ends else None
+        offset = start
+        limit = None if end is None else max(0, end - start)
+    return outputs, order_by, limit, offset
