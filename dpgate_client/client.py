@@ -1,0 +1,90 @@
+"""The Python client: ask the gateway for differentially private answers.
+
+>>> from dpgate_client import Client
+>>> client = Client("http://127.0.0.1:8000", key="…")
+>>> answer = client.query("SELECT disease, COUNT(*) AS n FROM patients GROUP BY disease",
+...                       epsilon=0.5)
+>>> answer.rows, answer.accuracy["n"].ci95_halfwidth, answer.privacy.epsilon
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from dpgate_client.results import Budget, QueryResult, Schema
+from dpgate_client.transport import DEFAULT_TIMEOUT, Transport
+
+__all__ = ["Client", "Mechanism"]
+
+Mechanism = Literal["laplace", "gaussian"]
+
+
+class Client:
+    """One analyst's handle on one gateway.
+
+    ``url`` is the gateway's base URL (``http://host:port`` or ``https://host/prefix``);
+    ``key`` is the analyst's API key (default: the ``DPGATE_API_KEY`` environment
+    variable). Safe to share between threads: it keeps no connection open.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        key: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        verify: bool = True,
+        ca_file: str | None = None,
+    ) -> None:
+        self._transport = Transport(url, key, timeout=timeout, verify=verify, ca_file=ca_file)
+
+    @property
+    def url(self) -> str:
+        return self._transport.base_url
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"
+
+    def query(
+        self,
+        sql: str,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        mechanism: Mechanism | str | None = None,
+        dry_run: bool = False,
+    ) -> QueryResult:
+        """Run one counting query; the answer is charged to the analyst's budget.
+
+        Parameters left as ``None`` take the gateway's configured defaults. With
+        ``dry_run=True`` nothing is read or spent: the result carries the plan, the
+        cost and the expected accuracy, and no rows.
+        """
+        body: dict[str, Any] = {"sql": sql}
+        if epsilon is not None:
+            body["epsilon"] = epsilon
+        if delta is not None:
+            body["delta"] = delta
+        if mechanism is not None:
+            body["mechanism"] = mechanism
+        if dry_run:
+            body["dry_run"] = True
+        payload = self._transport.request("POST", "/v1/query", body)
+        return QueryResult.from_json(payload, dry_run=dry_run)
+
+    def budget(self) -> Budget:
+        """The analyst's budget: total, spent, remaining and the composition rule."""
+        payload = self._transport.request("GET", "/v1/budget")
+        budget = Budget.from_json(payload)
+        assert budget is not None  # payload is a mapping: the transport checked
+        return budget
+
+    def schema(self) -> Schema:
+        """The public metadata of the tables the analyst may query."""
+        return Schema.from_json(self._transport.request("GET", "/v1/schema"))
+
+    def queries(self) -> list[dict[str, Any]]:
+        """The analyst's own history (as the gateway reports it)."""
+        payload = self._transport.request("GET", "/v1/queries")
+        items = payload.get("queries", payload.get("items", []))
+        return [dict(item) for item in items] if isinstance(items, list) else []

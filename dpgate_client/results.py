@@ -1,0 +1,349 @@
+"""What the gateway answers, as frozen values: released answers, budgets, the public schema.
+
+Parsing is lenient about fields it does not know (they stay in ``raw``) and strict
+about the ones it needs, so a newer gateway does not break an older client.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from dpgate_client.errors import InterfaceError
+
+__all__ = [
+    "Accuracy",
+    "Budget",
+    "ColumnSchema",
+    "Privacy",
+    "QueryResult",
+    "ResultColumn",
+    "Schema",
+    "TableSchema",
+]
+
+
+def _frozen(mapping: Any) -> Mapping[str, Any]:
+    return MappingProxyType(dict(mapping)) if isinstance(mapping, Mapping) else MappingProxyType({})
+
+
+def _float(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _convert(value: Any, type_name: str) -> Any:
+    """Turn a JSON value into the Python value its gateway type promises."""
+    if value is None:
+        return None
+    if type_name == "date" and isinstance(value, str):
+        try:
+            return dt.date.fromisoformat(value[:10]) if len(value) >= 10 else value
+        except ValueError:
+            return value
+    if type_name in ("timestamp", "datetime") and isinstance(value, str):
+        try:
+            return dt.datetime.fromisoformat(value)
+        except ValueError:
+            return value
+    if type_name == "boolean" and isinstance(value, int) and not isinstance(value, bool):
+        return bool(value)
+    if type_name == "real" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+@dataclass(frozen=True)
+class ResultColumn:
+    """One column of a released answer; ``type`` is the gateway's type name."""
+
+    name: str
+    type: str
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """How far a released value may be from the exact one, from the noise alone."""
+
+    ci95_halfwidth: float | None
+    stddev: float | None
+
+    @classmethod
+    def from_json(cls, data: Any) -> Accuracy:
+        data = data if isinstance(data, Mapping) else {}
+        return cls(_float(data.get("ci95_halfwidth")), _float(data.get("stddev")))
+
+
+@dataclass(frozen=True)
+class Privacy:
+    """What one answer cost: the mechanism and its (ε, δ) and zCDP ρ."""
+
+    mechanism: str
+    epsilon: float
+    delta: float
+    rho: float | None = None
+
+    @classmethod
+    def from_json(cls, data: Any) -> Privacy | None:
+        if not isinstance(data, Mapping):
+            return None
+        return cls(
+            mechanism=str(data.get("mechanism") or "none"),
+            epsilon=_float(data.get("epsilon")) or 0.0,
+            delta=_float(data.get("delta")) or 0.0,
+            rho=_float(data.get("rho")),
+        )
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The analyst's privacy budget as the gateway reports it (missing fields are None)."""
+
+    epsilon_total: float | None = None
+    epsilon_spent: float | None = None
+    epsilon_remaining: float | None = None
+    delta_total: float | None = None
+    delta_spent: float | None = None
+    delta_remaining: float | None = None
+    composition: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), compare=False)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Budget | None:
+        if not isinstance(data, Mapping):
+            return None
+        if isinstance(data.get("budget"), Mapping):
+            merged = {**data["budget"], **{k: v for k, v in data.items() if k != "budget"}}
+            data = merged
+
+        def pick(*names: str) -> float | None:
+            for name in names:
+                value = data.get(name)
+                if isinstance(value, Mapping):
+                    continue
+                if value is not None:
+                    return _float(value)
+            return None
+
+        def nested(group: str, key: str) -> float | None:
+            inner = data.get(group)
+            return _float(inner.get(key)) if isinstance(inner, Mapping) else None
+
+        composition = data.get("composition")
+        return cls(
+            epsilon_total=pick("epsilon_total", "epsilon") or nested("total", "epsilon"),
+            epsilon_spent=pick("epsilon_spent") or nested("spent", "epsilon"),
+            epsilon_remaining=pick("epsilon_remaining") or nested("remaining", "epsilon"),
+            delta_total=pick("delta_total", "delta") or nested("total", "delta"),
+            delta_spent=pick("delta_spent") or nested("spent", "delta"),
+            delta_remaining=pick("delta_remaining") or nested("remaining", "delta"),
+            composition=str(composition) if isinstance(composition, str) else None,
+            raw=_frozen({k: v for k, v in data.items() if k != "ok"}),
+        )
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """One released answer: rows and columns plus what it cost and how accurate it is.
+
+    ``accuracy`` maps a noisy column's name to its ``Accuracy``; exact columns (group
+    keys released from a declared domain) have none. ``privacy`` is the cost of this
+    answer (``epsilon == 0`` for cached answers and free probes), ``budget`` the
+    analyst's budget after it. A dry run has no rows; its plan is in ``plan``.
+    """
+
+    columns: tuple[ResultColumn, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    accuracy: Mapping[str, Accuracy]
+    privacy: Privacy | None
+    budget: Budget | None
+    query_id: str | None = None
+    cached: bool = False
+    dry_run: bool = False
+    plan: Mapping[str, Any] | None = None
+    raw: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], *, dry_run: bool = False) -> QueryResult:
+        columns_json = data.get("columns") or []
+        rows_json = data.get("rows") or []
+        if not isinstance(columns_json, Sequence) or not isinstance(rows_json, Sequence):
+            raise InterfaceError("the gateway's answer has malformed columns or rows")
+        columns = tuple(
+            ResultColumn(str(c.get("name")), str(c.get("type") or "text"))
+            if isinstance(c, Mapping)
+            else ResultColumn(str(c), "text")
+            for c in columns_json
+        )
+        types = [c.type for c in columns]
+        rows = []
+        for row in rows_json:
+            if not isinstance(row, Sequence) or isinstance(row, str) or len(row) != len(types):
+                raise InterfaceError("the gateway's answer has a row that does not fit its columns")
+            rows.append(tuple(_convert(v, t) for v, t in zip(row, types, strict=True)))
+        accuracy_json = data.get("accuracy")
+        accuracy = {
+            str(name): Accuracy.from_json(value)
+            for name, value in (accuracy_json.items() if isinstance(accuracy_json, Mapping) else ())
+        }
+        plan = data.get("plan")
+        return cls(
+            columns=columns,
+            rows=tuple(rows),
+            accuracy=MappingProxyType(accuracy),
+            privacy=Privacy.from_json(data.get("privacy") or data.get("cost")),
+            budget=Budget.from_json(data.get("budget")),
+            query_id=str(data["query_id"]) if data.get("query_id") is not None else None,
+            cached=bool(data.get("cached", False)),
+            dry_run=bool(data.get("dry_run", dry_run)),
+            plan=_frozen(plan) if isinstance(plan, Mapping) else None,
+            raw=_frozen({k: v for k, v in data.items() if k != "ok"}),
+        )
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def cost(self) -> Privacy | None:
+        """The privacy this answer cost (alias of ``privacy``)."""
+        return self.privacy
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self.rows)
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        names = self.column_names
+        return [dict(zip(names, row, strict=True)) for row in self.rows]
+
+    def to_pandas(self) -> Any:
+        """The rows as a ``pandas.DataFrame``; cost and accuracy in ``df.attrs``.
+
+        ``df.attrs["accuracy"]`` maps column → ``{"ci95_halfwidth", "stddev"}``;
+        ``df.attrs["privacy"]`` and ``df.attrs["budget"]`` are plain dicts.
+        """
+        try:
+            import pandas as pd
+        except ImportError as exc:  # pragma: no cover - exercised only without pandas
+            raise ImportError("to_pandas() needs pandas: pip install 'dpgate[pandas]'") from exc
+        frame = pd.DataFrame.from_records(list(self.rows), columns=list(self.column_names))
+        frame.attrs["accuracy"] = {
+            name: {"ci95_halfwidth": a.ci95_halfwidth, "stddev": a.stddev}
+            for name, a in self.accuracy.items()
+        }
+        frame.attrs["privacy"] = _plain(self.privacy)
+        frame.attrs["budget"] = _plain(self.budget)
+        frame.attrs["query_id"] = self.query_id
+        frame.attrs["cached"] = self.cached
+        return frame
+
+
+def _plain(value: Privacy | Budget | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    return {k: v for k, v in vars(value).items() if k != "raw"}
+
+
+@dataclass(frozen=True)
+class ColumnSchema:
+    """One public column: its gateway type and what the admin declared public about it."""
+
+    name: str
+    type: str
+    nullable: bool = True
+    lower: float | None = None
+    upper: float | None = None
+    values: tuple[Any, ...] | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ColumnSchema:
+        values = data.get("values")
+        nullable = data.get("nullable")
+        return cls(
+            name=str(data.get("name")),
+            type=str(data.get("type") or "text"),
+            nullable=True if nullable is None else bool(nullable),
+            lower=_float(data.get("lower")),
+            upper=_float(data.get("upper")),
+            values=tuple(values)
+            if isinstance(values, Sequence) and not isinstance(values, str)
+            else None,
+        )
+
+    def describe(self) -> str | None:
+        """A one-line comment for BI tools: the declared bounds and value domain."""
+        parts = []
+        if self.lower is not None or self.upper is not None:
+            parts.append(f"clamped to [{self.lower}, {self.upper}]")
+        if self.values is not None:
+            parts.append("values: " + ", ".join(str(v) for v in self.values))
+        return "; ".join(parts) or None
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    """One protected table as published: its columns and its privacy unit."""
+
+    name: str
+    columns: tuple[ColumnSchema, ...]
+    schema: str | None = None
+    privacy_unit: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TableSchema:
+        columns = data.get("columns") or []
+        if isinstance(columns, Mapping):  # {"age": {...}} form
+            columns = [
+                {"name": k, **(v if isinstance(v, Mapping) else {})} for k, v in columns.items()
+            ]
+        unit = data.get("privacy_unit")
+        return cls(
+            name=str(data.get("name")),
+            columns=tuple(ColumnSchema.from_json(c) for c in columns if isinstance(c, Mapping)),
+            schema=str(data["schema"]) if data.get("schema") else None,
+            privacy_unit=str(unit) if isinstance(unit, str) else None,
+            raw=_frozen(data),
+        )
+
+    def column(self, name: str) -> ColumnSchema | None:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        return None
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The public metadata of every protected table the analyst may query."""
+
+    tables: tuple[TableSchema, ...]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Schema:
+        tables = data.get("tables") or []
+        if isinstance(tables, Mapping):  # {"patients": {...}} form
+            tables = [
+                {"name": k, **(v if isinstance(v, Mapping) else {})} for k, v in tables.items()
+            ]
+        return cls(tuple(TableSchema.from_json(t) for t in tables if isinstance(t, Mapping)))
+
+    @property
+    def table_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tables)
+
+    def table(self, name: str, schema: str | None = None) -> TableSchema | None:
+        for t in self.tables:
+            if t.name == name and (schema is None or t.schema in (None, schema)):
+                return t
+        return None
