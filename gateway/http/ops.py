@@ -1,0 +1,290 @@
+"""Operations: liveness, readiness, metrics, the OpenAPI document, and the request hooks.
+
+``install_operations(app)`` registers the ``ops`` blueprint and hooks that run around
+every request:
+
+- before: give the request an id (``g.request_id``, echoed as ``X-Request-Id`` and put
+  into error envelopes by the app's error handler) and count it against the source
+  address's rate limit;
+- after: count it in the metrics and write its JSON log line (``gateway.logs``).
+
+The analyst limit needs the analyst's name, known only after authentication: the auth
+code calls ``check_rate_limit(name)``.
+
+The hooks read what the endpoints leave in ``flask.g``: ``analyst_name``, ``sql``,
+``query_outcome`` (``answered``, ``cached`` or an error code) and ``epsilon_spent``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
+from sqlalchemy import Engine, create_engine, literal, select
+
+from gateway import metrics
+from gateway.errors import DatabaseUnavailable, GatewayError, LedgerUnavailable
+from gateway.logs import RequestLog, configure_logging, log_request
+from gateway.openapi import build_spec, document, register_schema
+from gateway.ratelimit import RateLimiter
+
+EXTENSION = "dpgate_ops"
+QUERY_RULE = "/v1/query"
+
+log = logging.getLogger("dpgate.ops")
+bp = Blueprint("ops", __name__)
+
+_CHECKS = register_schema(
+    "ReadinessChecks",
+    {
+        "type": "object",
+        "required": ["database", "ledger"],
+        "properties": {"database": {"type": "boolean"}, "ledger": {"type": "boolean"}},
+    },
+)
+
+
+@dataclass
+class Operations:
+    """The per-app state of the operations layer."""
+
+    limiter: RateLimiter | None
+    spec: dict[str, Any] | None = None
+    exempt_endpoints: frozenset[str] = field(
+        default_factory=lambda: frozenset(
+            {"ops.healthz", "ops.readyz", "ops.metrics", "ops.openapi", "static"}
+        )
+    )
+
+
+def install_operations(app: Flask) -> None:
+    """Register the operations endpoints and the per-request hooks on ``app``."""
+    configure_logging()
+    app.extensions[EXTENSION] = Operations(limiter=_make_limiter(app))
+    app.register_blueprint(bp)
+    # Run first, before any authentication hook, so every response has a request id.
+    app.before_request_funcs.setdefault(None, []).insert(0, _before_request)
+    app.after_request(_after_request)
+
+
+def _ops(app: Flask | None = None) -> Operations:
+    ops: Operations = (app or current_app).extensions[EXTENSION]
+    return ops
+
+
+def _make_limiter(app: Flask) -> RateLimiter | None:
+    gateway = app.extensions.get("dpgate")
+    config = getattr(gateway, "config", None) or app.config.get("DPGATE_CONFIG")
+    limits = getattr(config, "limits", None)
+    if limits is None or (limits.analyst_per_minute is None and limits.address_per_minute is None):
+        return None
+    engine = _ledger_engine(gateway) or create_engine(config.ledger.url)  # type: ignore[union-attr]
+    limiter = RateLimiter(
+        engine,
+        address_per_minute=limits.address_per_minute,
+        analyst_per_minute=limits.analyst_per_minute,
+    )
+    try:
+        limiter.ensure_schema()
+    except Exception:  # the ledger may come up later; hit() retries and fails closed
+        log.warning("rate-limit table not ready", exc_info=True)
+    return limiter
+
+
+def _ledger_engine(gateway: Any) -> Engine | None:
+    ledger = getattr(gateway, "ledger", None)
+    engine = getattr(ledger, "engine", None)
+    return engine if isinstance(engine, Engine) else None
+
+
+def check_rate_limit(analyst_name: str) -> None:
+    """Count a request against the analyst's limit; raises ``RateLimited`` when over it.
+
+    Called by the authentication code once it knows who is asking.
+    """
+    limiter = _ops().limiter
+    if limiter is None or request.endpoint in _ops().exempt_endpoints:
+        return
+    try:
+        limiter.hit("analyst", analyst_name)
+    except GatewayError as e:
+        if e.code == "rate_limited":
+            metrics.record_rate_limited("analyst")
+        raise
+
+
+def _before_request() -> None:
+    g.request_id = uuid.uuid4().hex
+    g.request_started = time.perf_counter()
+    ops = _ops()
+    if ops.limiter is None or request.endpoint in ops.exempt_endpoints:
+        return
+    try:
+        ops.limiter.hit("address", request.remote_addr or "unknown")
+    except GatewayError as e:
+        if e.code == "rate_limited":
+            metrics.record_rate_limited("address")
+        raise
+
+
+def _error_of(response: Response) -> dict[str, Any] | None:
+    if response.status_code < 400 or not response.is_json:
+        return None
+    body = response.get_json(silent=True)
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, dict) else None
+
+
+def _after_request(response: Response) -> Response:
+    request_id = g.get("request_id")
+    if request_id:
+        response.headers["X-Request-Id"] = request_id
+    try:
+        _observe(response, request_id)
+    except Exception:  # observing must never turn a response into a failure
+        log.exception("could not record the request")
+    return response
+
+
+def _observe(response: Response, request_id: str | None) -> None:
+    error = _error_of(response)
+    code = str(error.get("code")) if error else None
+    if code == "rate_limited" and error is not None:
+        retry_after = (error.get("detail") or {}).get("retry_after")
+        if isinstance(retry_after, int):
+            response.headers["Retry-After"] = str(retry_after)
+    started = g.get("request_started")
+    duration = time.perf_counter() - started if started is not None else 0.0
+    rule = request.url_rule.rule if request.url_rule is not None else "<unmatched>"
+    analyst = g.get("analyst_name")
+    metrics.record_request(
+        endpoint=rule,
+        method=request.method,
+        status=response.status_code,
+        outcome=code or ("ok" if response.status_code < 400 else str(response.status_code)),
+        duration_s=duration,
+    )
+    outcome = g.get("query_outcome")
+    if outcome is None and rule == QUERY_RULE and request.method == "POST" and code:
+        outcome = code
+    epsilon = g.get("epsilon_spent")
+    if outcome is not None:
+        metrics.record_query(
+            analyst=analyst, outcome=str(outcome), duration_s=duration, epsilon_spent=epsilon
+        )
+    log_request(
+        RequestLog(
+            request_id=request_id or "",
+            method=request.method,
+            path=request.path,
+            status=response.status_code,
+            duration_ms=round(duration * 1000, 3),
+            remote_addr=request.remote_addr,
+            analyst=analyst,
+            error_code=code,
+            query_outcome=str(outcome) if outcome is not None else None,
+            epsilon_spent=epsilon,
+            sql=g.get("sql"),
+        )
+    )
+
+
+def _envelope(err: GatewayError) -> Response:
+    body = err.to_dict()
+    if g.get("request_id"):
+        body["error"]["detail"]["request_id"] = g.request_id
+    response = jsonify(body)
+    response.status_code = err.status
+    return response
+
+
+def _probe(engine: Any) -> bool:
+    if not isinstance(engine, Engine):
+        return False
+    try:
+        with engine.connect() as conn:
+            conn.execute(select(literal(1))).scalar()
+        return True
+    except Exception:
+        log.warning("readiness probe failed", exc_info=True)
+        return False
+
+
+def readiness(app: Flask) -> dict[str, bool]:
+    """Whether the protected database and the ledger database answer right now."""
+    gateway = app.extensions.get("dpgate")
+    ready = getattr(gateway, "ready", None)
+    if callable(ready):
+        checks = ready()
+        return {"database": bool(checks.get("database")), "ledger": bool(checks.get("ledger"))}
+    return {
+        "database": _probe(getattr(gateway, "engine", None)),
+        "ledger": _probe(_ledger_engine(gateway)),
+    }
+
+
+@bp.get("/healthz")
+@document(
+    summary="Liveness: the process answers",
+    responses={200: {"type": "object", "required": ["ok"], "properties": {"ok": {"const": True}}}},
+    tags=["operations"],
+    rate_limited=False,
+)
+def healthz() -> Response:
+    return jsonify({"ok": True})
+
+
+@bp.get("/readyz")
+@document(
+    summary="Readiness: the protected database and the ledger answer",
+    responses={
+        200: {
+            "type": "object",
+            "required": ["ok", "checks"],
+            "properties": {"ok": {"const": True}, "checks": _CHECKS},
+        }
+    },
+    errors=[DatabaseUnavailable, LedgerUnavailable],
+    tags=["operations"],
+    rate_limited=False,
+)
+def readyz() -> Response:
+    checks = readiness(current_app)
+    if not checks["database"]:
+        return _envelope(
+            DatabaseUnavailable("the protected database does not answer", checks=checks)
+        )
+    if not checks["ledger"]:
+        return _envelope(LedgerUnavailable("the ledger database does not answer", checks=checks))
+    return jsonify({"ok": True, "checks": checks})
+
+
+@bp.get("/metrics", endpoint="metrics")
+@document(
+    summary="Prometheus metrics, summed over all worker processes",
+    responses={200: {"type": "string"}},
+    content_type="text/plain",
+    tags=["operations"],
+    rate_limited=False,
+)
+def metrics_endpoint() -> Response:
+    body, content_type = metrics.render()
+    return Response(body, content_type=content_type)
+
+
+@bp.get("/openapi.json")
+@document(
+    summary="This OpenAPI 3.1 document",
+    responses={200: {"type": "object", "required": ["openapi", "paths"]}},
+    tags=["operations"],
+    rate_limited=False,
+)
+def openapi() -> Response:
+    ops = _ops()
+    if ops.spec is None:
+        ops.spec = build_spec(current_app)
+    return jsonify(ops.spec)

@@ -1,0 +1,76 @@
+"""Structured logs: one JSON object per line, one line per HTTP request.
+
+What a request line carries is fixed by ``RequestLog``: who asked (analyst name, source
+address), what they asked (method, path, the query's SQL), how it ended (status, error
+code, query outcome, ε spent) and how long it took. It never carries anything read from
+the protected database: response bodies (rows, noisy answers) and error messages are
+not logged, only error codes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+ACCESS_LOGGER = "dpgate.access"
+
+
+@dataclass(frozen=True)
+class RequestLog:
+    """The fields of one request's log line (``None`` fields are left out)."""
+
+    request_id: str
+    method: str
+    path: str
+    status: int
+    duration_ms: float
+    remote_addr: str | None = None
+    analyst: str | None = None
+    error_code: str | None = None
+    query_outcome: str | None = None
+    epsilon_spent: float | None = None
+    sql: str | None = None
+
+
+class JsonFormatter(logging.Formatter):
+    """Renders a record as one JSON line: time, level, logger, message and its fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            line.update(fields)
+        if record.exc_info and record.exc_info[0] is not None:
+            # The exception type only: messages and tracebacks of database errors can
+            # quote parameters, which may come from protected rows.
+            line["exception"] = record.exc_info[0].__name__
+        return json.dumps(line, default=str, ensure_ascii=False)
+
+
+def configure_logging(level: int | str = logging.INFO) -> None:
+    """Send dpgate's logs to stderr as JSON lines (idempotent)."""
+    root = logging.getLogger("dpgate")
+    root.setLevel(level)
+    if not any(getattr(h, "_dpgate", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonFormatter())
+        handler._dpgate = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.propagate = False
+
+
+def log_request(entry: RequestLog) -> None:
+    """Write the request's line to the ``dpgate.access`` logger."""
+    fields = {k: v for k, v in asdict(entry).items() if v is not None}
+    level = logging.ERROR if entry.status >= 500 else logging.INFO
+    logging.getLogger(ACCESS_LOGGER).log(level, "request", extra={"fields": fields})

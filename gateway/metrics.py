@@ -1,0 +1,115 @@
+"""Prometheus metrics: what `GET /metrics` exposes, correct across worker processes.
+
+Under ``dpgate serve`` with several workers, ``gateway.serve`` points
+``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before any worker starts; each worker
+then writes its samples to memory-mapped files there and ``render()`` sums them, so a
+scrape answered by any worker sees the counts of all of them. Without that variable
+(tests, one process) the default in-process registry is used.
+
+Labels name endpoints by their route (``/v1/admin/analysts/<name>``, never the raw path)
+and analysts by name (never by key), so label sets stay small and secret-free.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+HTTP_REQUESTS = Counter(
+    "dpgate_http_requests",
+    "HTTP requests by endpoint, method, status and outcome (ok or the error code).",
+    ["endpoint", "method", "status", "outcome"],
+)
+HTTP_LATENCY = Histogram(
+    "dpgate_http_request_duration_seconds",
+    "Time from receiving a request to sending its response, by endpoint.",
+    ["endpoint"],
+    buckets=_LATENCY_BUCKETS,
+)
+QUERIES = Counter(
+    "dpgate_queries",
+    "Queries by analyst and outcome: answered, cached, or the refusal's error code.",
+    ["analyst", "outcome"],
+)
+QUERY_LATENCY = Histogram(
+    "dpgate_query_duration_seconds",
+    "Time to answer or refuse a query, by outcome.",
+    ["outcome"],
+    buckets=_LATENCY_BUCKETS,
+)
+EPSILON_SPENT = Counter(
+    "dpgate_epsilon_spent",
+    "Privacy budget (ε as charged per query) spent, by analyst.",
+    ["analyst"],
+)
+BACKEND_ERRORS = Counter(
+    "dpgate_backend_errors",
+    "Failures of the protected database or the ledger database seen by requests.",
+    ["backend"],
+)
+RATE_LIMITED = Counter(
+    "dpgate_rate_limited",
+    "Requests refused by the rate limiter, by scope (address or analyst).",
+    ["scope"],
+)
+
+BACKEND_OF_CODE = {"database_unavailable": "database", "ledger_unavailable": "ledger"}
+
+
+def multiprocess_dir() -> str | None:
+    """The shared samples directory when running under several workers, else None."""
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+def record_request(
+    *, endpoint: str, method: str, status: int, outcome: str, duration_s: float
+) -> None:
+    """Count one HTTP request and its latency; count backend failures by their code."""
+    HTTP_REQUESTS.labels(endpoint, method, str(status), outcome).inc()
+    HTTP_LATENCY.labels(endpoint).observe(duration_s)
+    backend = BACKEND_OF_CODE.get(outcome)
+    if backend is not None:
+        BACKEND_ERRORS.labels(backend).inc()
+
+
+def record_query(
+    *, analyst: str | None, outcome: str, duration_s: float, epsilon_spent: float | None
+) -> None:
+    """Count one query by its outcome (``answered``, ``cached`` or an error code)."""
+    name = analyst or ""
+    QUERIES.labels(name, outcome).inc()
+    QUERY_LATENCY.labels(outcome).observe(duration_s)
+    if epsilon_spent:
+        EPSILON_SPENT.labels(name).inc(epsilon_spent)
+
+
+def record_rate_limited(scope: str) -> None:
+    RATE_LIMITED.labels(scope).inc()
+
+
+def render() -> tuple[bytes, str]:
+    """The exposition text of every metric (summed over workers) and its content type."""
+    if multiprocess_dir():
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+def mark_process_dead(pid: int) -> None:
+    """Forget a dead worker's live samples (gunicorn's ``child_exit`` hook calls this)."""
+    if multiprocess_dir():
+        multiprocess.mark_process_dead(pid)
