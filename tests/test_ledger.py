@@ -1,0 +1,379 @@
+"""The ledger: analysts, keys, charging, outcomes, history, cache lookups, audit log.
+
+Every test runs on a SQLite file and, when DPGATE_TEST_POSTGRES_URL is set, on a fresh
+PostgreSQL schema that is dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from budget import (
+    SCHEMA_VERSION,
+    AnalystDisabled,
+    AnalystExists,
+    BudgetExhausted,
+    Ledger,
+    LedgerUnavailable,
+    ReservationSettled,
+    SchemaTooNew,
+    UnknownAnalyst,
+    UnsupportedCost,
+    cks_epsilon,
+)
+from budget.keys import key_hash
+from mechanisms.types import PrivacyCost
+
+PG_URL = os.environ.get("DPGATE_TEST_POSTGRES_URL")
+
+
+def postgres_schema_url(base: str) -> tuple[str, str]:
+    schema = "dpgate_t_" + uuid.uuid4().hex[:12]
+    engine = sa.create_engine(base)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    engine.dispose()
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}options=-csearch_path%3D{schema}", schema
+
+
+def drop_postgres_schema(base: str, schema: str) -> None:
+    engine = sa.create_engine(base)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/ledger.db"
+        return
+    if not PG_URL:
+        pytest.skip("DPGATE_TEST_POSTGRES_URL not set")
+    url, schema = postgres_schema_url(PG_URL)
+    try:
+        yield url
+    finally:
+        drop_postgres_schema(PG_URL, schema)
+
+
+@pytest.fixture
+def ledger(ledger_url: str) -> Iterator[Ledger]:
+    led = Ledger.from_url(ledger_url)
+    led.migrate()
+    yield led
+    led.close()
+
+
+def laplace(eps: float, selection_delta: float = 0.0) -> PrivacyCost:
+    return PrivacyCost(eps, 0.0, eps * eps / 2, selection_delta)
+
+
+def charge(led: Ledger, analyst: str, cost: PrivacyCost, key: str = "q", **kw: str):  # type: ignore[no-untyped-def]
+    return led.reserve(
+        analyst,
+        cost,
+        query_key=key,
+        sql=kw.get("sql", f"SELECT COUNT(*) FROM t -- {key}"),
+        mechanism=kw.get("mechanism", "laplace"),
+        data_version=kw.get("data_version", "v1"),
+    )
+
+
+# -- schema ---------------------------------------------------------------------------
+
+
+def test_migrate_is_idempotent_and_versioned(ledger: Ledger) -> None:
+    assert ledger.migrate() == SCHEMA_VERSION
+    assert ledger.migrate() == SCHEMA_VERSION
+    with ledger.engine.connect() as conn:
+        versions = conn.exec_driver_sql("SELECT version FROM dpgate_schema_version").all()
+    assert [v for (v,) in versions] == list(range(1, SCHEMA_VERSION + 1))
+
+
+def test_migrate_refuses_a_newer_schema(ledger: Ledger) -> None:
+    with ledger.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO dpgate_schema_version (version, applied_at) "
+            "VALUES (999, CURRENT_TIMESTAMP)"
+        )
+    with pytest.raises(SchemaTooNew):
+        ledger.migrate()
+
+
+def test_sqlite_uses_wal(tmp_path: object) -> None:
+    led = Ledger.from_url(f"sqlite:///{tmp_path}/w.db")
+    led.migrate()
+    with led.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+def test_in_memory_sqlite_works() -> None:
+    led = Ledger.from_url("sqlite://")
+    led.migrate()
+    led.create_analyst("a", 1.0, 1e-6)
+    charge(led, "a", laplace(0.1))
+    assert led.budget_status("a").queries == 1
+
+
+# -- analysts and keys ----------------------------------------------------------------
+
+
+def test_api_key_is_shown_once_and_only_its_hash_is_stored(ledger: Ledger) -> None:
+    key = ledger.create_analyst("alice", 1.0, 1e-6)
+    assert len(key) > 40
+    analyst = ledger.authenticate(key)
+    assert analyst is not None and analyst.name == "alice" and not analyst.disabled
+    assert (analyst.epsilon, analyst.delta) == (1.0, 1e-6)
+    with ledger.engine.connect() as conn:
+        dump = repr(conn.exec_driver_sql("SELECT * FROM dpgate_analysts").all())
+    assert key not in dump and key[4:] not in dump
+    assert key_hash(key) in dump
+
+
+def test_authenticate_rejects_wrong_and_empty_keys(ledger: Ledger) -> None:
+    key = ledger.create_analyst("alice", 1.0, 1e-6)
+    assert ledger.authenticate(key + "x") is None
+    assert ledger.authenticate("") is None
+    assert ledger.authenticate(key_hash(key)) is None  # the stored hash is not a key
+
+
+def test_rotate_key_invalidates_the_old_key(ledger: Ledger) -> None:
+    old = ledger.create_analyst("alice", 1.0, 1e-6)
+    new = ledger.rotate_key("alice")
+    assert new != old
+    assert ledger.authenticate(old) is None
+    got = ledger.authenticate(new)
+    assert got is not None and got.name == "alice"
+    with pytest.raises(UnknownAnalyst):
+        ledger.rotate_key("nobody")
+
+
+def test_duplicate_and_invalid_analysts(ledger: Ledger) -> None:
+    ledger.create_analyst("alice", 1.0, 1e-6)
+    with pytest.raises(AnalystExists):
+        ledger.create_analyst("alice", 2.0, 1e-6)
+    assert ledger.ensure_analyst("alice", 5.0, 1e-6) is None
+    assert ledger.budget_status("alice").epsilon == 1.0  # the ledger is the source of truth
+    assert ledger.ensure_analyst("bob", 5.0, 1e-6) is not None
+    for name, eps, delta in [("", 1, 0), ("a b", 1, 0), ("x", -1, 0), ("x", 1, 1.0)]:
+        with pytest.raises(ValueError):
+            ledger.create_analyst(name, eps, delta)
+    with pytest.raises(ValueError):
+        ledger.create_analyst("x", float("nan"), 0.0)
+
+
+def test_list_and_update_analysts(ledger: Ledger) -> None:
+    ledger.create_analyst("bob", 2.0, 1e-6)
+    ledger.create_analyst("alice", 1.0, 1e-6)
+    charge(ledger, "alice", laplace(0.1))
+    statuses = ledger.list_analysts()
+    assert [s.name for s in statuses] == ["alice", "bob"]
+    assert statuses[0].queries == 1 and statuses[1].queries == 0
+    assert statuses[0].rho_spent == pytest.approx(0.005)
+    status = ledger.update_analyst("alice", epsilon=3.0, disabled=True)
+    assert status.epsilon == 3.0 and status.disabled and status.rho_spent == pytest.approx(0.005)
+    got = ledger.authenticate(ledger.rotate_key("alice"))
+    assert got is not None and got.disabled
+    with pytest.raises(AnalystDisabled):
+        charge(ledger, "alice", laplace(0.1))
+    ledger.update_analyst("alice", disabled=False)
+    charge(ledger, "alice", laplace(0.1))
+    with pytest.raises(UnknownAnalyst):
+        ledger.update_analyst("nobody", epsilon=1.0)
+    with pytest.raises(UnknownAnalyst):
+        ledger.budget_status("nobody")
+
+
+# -- charging -------------------------------------------------------------------------
+
+
+def test_budget_status_follows_the_accountant(ledger: Ledger) -> None:
+    ledger.create_analyst("alice", 10.0, 1e-6)
+    for i in range(3):
+        ledger.commit(charge(ledger, "alice", laplace(0.1), key=f"q{i}"), {"rows": []}, "answered")
+    s = ledger.budget_status("alice")
+    assert s.composition == "zcdp"
+    assert s.rho_spent == pytest.approx(0.015)
+    assert s.epsilon_spent == pytest.approx(cks_epsilon(0.015, 1e-6))
+    assert s.epsilon_remaining == pytest.approx(10.0 - s.epsilon_spent)
+    assert s.delta_spent == 0.0 and s.delta_remaining == 1e-6
+    assert s.max_next_laplace_epsilon == pytest.approx((2 * s.rho_remaining) ** 0.5)
+
+
+def test_exactly_the_budget_is_admitted_then_budget_exhausted(ledger: Ledger) -> None:
+    n = 25
+    eps_b = cks_epsilon(n * 0.005, 1e-6) * (1 + 1e-12)
+    ledger.create_analyst("alice", eps_b, 1e-6)
+    for i in range(n):
+        charge(ledger, "alice", laplace(0.1), key=f"q{i}")
+    with pytest.raises(BudgetExhausted) as info:
+        charge(ledger, "alice", laplace(0.1))
+    assert "remaining" in str(info.value) and info.value.scope == "analyst"
+    assert info.value.detail()["max_next_laplace_epsilon"] == pytest.approx(0.0, abs=1e-4)
+    assert ledger.budget_status("alice").queries == n  # the refused query appended nothing
+
+
+def test_refund_gives_the_budget_back(ledger: Ledger) -> None:
+    ledger.create_analyst("alice", 0.3, 0.0)
+    pure = Ledger(ledger.engine, composition="pure")
+    first = charge(pure, "alice", laplace(0.1))
+    charge(pure, "alice", laplace(0.2))
+    with pytest.raises(BudgetExhausted):
+        charge(pure, "alice", laplace(0.1))
+    pure.refund(first, "database unavailable")
+    assert pure.budget_status("alice").epsilon_spent == pytest.approx(0.2)
+    charge(pure, "alice", laplace(0.1))
+    with pytest.raises(ReservationSettled):
+        pure.refund(first, "again")
+    with pytest.raises(ReservationSettled):
+        pure.commit(first, {}, "answered")
+
+
+def test_pure_composition_refuses_gaussian(ledger: Ledger) -> None:
+    ledger.create_analyst("alice", 5.0, 1e-6)
+    pure = Ledger(ledger.engine, composition="pure")
+    with pytest.raises(UnsupportedCost):
+        charge(pure, "alice", PrivacyCost(1.0, 1e-7, 0.1), mechanism="gaussian")
+    with pytest.raises(UnsupportedCost):
+        charge(pure, "alice", PrivacyCost(-1.0, 0.0, 0.5))
+    assert pure.budget_status("alice").queries == 0
+
+
+def test_global_budget_caps_all_analysts_together(ledger: Ledger) -> None:
+    ledger.create_analyst("alice", 1.0, 0.0)
+    ledger.create_analyst("bob", 1.0, 0.0)
+    capped = Ledger(ledger.engine, composition="pure", global_budget=(0.5, 0.0))
+    for i in range(3):
+        charge(capped, "alice", laplace(0.1), key=f"a{i}")
+    charge(capped, "bob", laplace(0.2))
+    with pytest.raises(BudgetExhausted) as info:
+        charge(capped, "bob", laplace(0.1))
+    assert info.value.scope == "global"
+    status = capped.global_status()
+    assert status is not None and status.epsilon_spent == pytest.approx(0.5)
+    assert capped.budget_status("bob").epsilon_spent == pytest.approx(0.2)
+    assert ledger.global_status() is None
+
+
+def test_unknown_analyst_cannot_be_charged(ledger: Ledger) -> None:
+    with pytest.raises(UnknownAnalyst):
+        charge(ledger, "nobody", laplace(0.1))
+
+
+# -- history, releases, cache lookups ----------------------------------------------------
+
+
+def test_history_shows_every_outcome(ledger: Ledger) -> None:
+    ledger.create_analyst("alice", 10.0, 1e-6)
+    answered = charge(ledger, "alice", laplace(0.1), key="a", sql="SELECT 1")
+    ledger.commit(answered, {"rows": [[41]]}, "answered")
+    withheld = charge(ledger, "alice", laplace(0.2), key="w", sql="SELECT 2")
+    ledger.commit(withheld, {"reason": "audit"}, "withheld")
+    refunded = charge(ledger, "alice", laplace(0.3), key="r", sql="SELECT 3")
+    ledger.refund(refunded, "database timeout")
+    charge(ledger, "alice", laplace(0.4), key="p", sql="SELECT 4")
+    history = ledger.history("alice")
+    assert [(h.sql, h.outcome) for h in history] == [
+        ("SELECT 1", "answered"),
+        ("SELECT 2", "withheld"),
+        ("SELECT 3", "refunded"),
+        ("SELECT 4", "pending"),
+    ]
+    assert history[0].release == {"rows": [[41]]}
+    assert history[0].cost == laplace(0.1)
+    assert history[2].reason == "database timeout"
+    assert history[0].created_at.tzinfo is not None
+    assert [h.sql for h in ledger.history("alice", limit=2)] == ["SELECT 3", "SELECT 4"]
+    assert history[0].to_json()["outcome"] == "answered"
+    # the spent figure is exactly the sum of the ledger rows: refunds give back, others count
+    assert ledger.budget_status("alice").rho_spent == pytest.approx((0.01 + 0.04 + 0.16) / 2)
+
+
+def test_find_release_and_releases_for_the_cache_and_auditor(ledger: Ledger) -> None:
+    ledger.create_analyst("alice", 10.0, 1e-6)
+    ledger.create_analyst("bob", 10.0, 1e-6)
+    r1 = charge(ledger, "alice", laplace(0.1), key="k1")
+    ledger.commit(r1, {"rows": [[1]]}, "answered")
+    r2 = charge(ledger, "alice", laplace(0.1), key="k1")  # a concurrent duplicate
+    ledger.commit(r2, {"rows": [[2]]}, "answered")
+    w = charge(ledger, "bob", laplace(0.1), key="k2")
+    ledger.commit(w, {"withheld": True}, "withheld")
+    ledger.refund(charge(ledger, "bob", laplace(0.1), key="k3"), "db down")
+    charge(ledger, "bob", laplace(0.1), key="k4")  # pending
+    assert ledger.find_release("k1", "alice", "v1") == {"rows": [[1]]}  # the first one
+    assert ledger.find_release("k1", None, "v1") == {"rows": [[1]]}
+    assert ledger.find_release("k1", "bob", "v1") is None
+    assert ledger.find_release("k1", "alice", "v2") is None
+    assert ledger.find_release("k2", "bob", "v1") is None  # withheld is not a release
+    assert ledger.find_release("k3", None, "v1") is None
+    assert ledger.find_release("k1", "nobody", "v1") is None
+    every = ledger.releases(None, "v1")
+    assert [(e.analyst, e.query_key, e.outcome) for e in every] == [
+        ("alice", "k1", "answered"),
+        ("alice", "k1", "answered"),
+        ("bob", "k2", "withheld"),
+    ]
+    assert every[0].cost == laplace(0.1) and every[0].sql.startswith("SELECT")
+    assert [e.query_key for e in ledger.releases("bob", "v1")] == ["k2"]
+    assert ledger.releases(None, "v2") == []
+
+
+# -- the request audit log --------------------------------------------------------------
+
+
+def test_audit_log_filters(ledger: Ledger) -> None:
+    before = datetime.now(UTC) - timedelta(seconds=1)
+    for i, (who, status) in enumerate([("alice", 200), (None, 401), ("bob", 403)]):
+        ledger.log_request(
+            request_id=f"r{i}",
+            analyst=who,
+            endpoint="/v1/query",
+            sql=None if who is None else "SELECT 1",
+            outcome="answered" if status == 200 else "refused",
+            error_code=None if status == 200 else "x",
+            status=status,
+        )
+    after = datetime.now(UTC) + timedelta(seconds=1)
+    log = ledger.audit_log()
+    assert [e.request_id for e in log] == ["r2", "r1", "r0"]  # newest first
+    assert [e.request_id for e in ledger.audit_log(analyst="alice")] == ["r0"]
+    assert len(ledger.audit_log(since=before, until=after)) == 3
+    assert ledger.audit_log(since=after) == []
+    assert ledger.audit_log(until=before) == []
+    assert len(ledger.audit_log(limit=2)) == 2
+    assert log[1].analyst is None and log[1].status == 401
+    assert log[0].to_json()["created_at"].endswith("+00:00")
+
+
+# -- failures ---------------------------------------------------------------------------
+
+
+def test_unreachable_database_is_ledger_unavailable() -> None:
+    led = Ledger.from_url("postgresql+psycopg://postgres@127.0.0.1:1/none?connect_timeout=1")
+    with pytest.raises(LedgerUnavailable):
+        led.ping()
+    with pytest.raises(LedgerUnavailable):
+        led.authenticate("dpg_x")
+
+
+def test_sqlite_write_lock_timeout_is_ledger_unavailable(tmp_path: object) -> None:
+    url = f"sqlite:///{tmp_path}/locked.db"
+    led = Ledger.from_url(url, busy_timeout_ms=50)
+    led.migrate()
+    led.create_analyst("alice", 1.0, 1e-6)
+    blocker = sa.create_engine(url)
+    with blocker.connect() as conn:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        with pytest.raises(LedgerUnavailable):
+            charge(led, "alice", laplace(0.1))
+        conn.exec_driver_sql("ROLLBACK")
+    blocker.dispose()
+    assert led.budget_status("alice").queries == 0
