@@ -1,0 +1,164 @@
+"""Budgets are never overspent when many processes charge one ledger at once.
+
+Several OS processes, each with its own Ledger (own engine and pool) and several
+threads, race to charge the same analyst on one SQLite file or PostgreSQL database.
+Exactly the queries that fit are admitted; the rest get BudgetExhausted; and what the
+ledger reports as spent is exactly the sum of its rows.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from budget import BudgetExhausted, Ledger, cks_epsilon
+from mechanisms.types import PrivacyCost
+
+pytestmark = pytest.mark.slow
+
+PG_URL = os.environ.get("DPGATE_TEST_POSTGRES_URL")
+PROCESSES = 4
+THREADS = 8  # 32 concurrent clients
+N = 16  # queries the budget fits
+COST = PrivacyCost(0.1, 0.0, 0.005)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/ledger.db"
+        return
+    if not PG_URL:
+        pytest.skip("DPGATE_TEST_POSTGRES_URL not set")
+    schema = "dpgate_t_" + uuid.uuid4().hex[:12]
+    admin = sa.create_engine(PG_URL)
+    with admin.begin() as conn:
+        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in PG_URL else "?"
+    try:
+        yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        admin.dispose()
+
+
+def _client_process(
+    url: str,
+    ledger_kw: dict[str, Any],
+    analysts: list[str],
+    attempts: int,
+    start: Any,
+    results: Any,
+) -> None:
+    led = Ledger.from_url(url, **ledger_kw)
+    led.migrate()  # every process starts like a gateway worker would
+    outcome: dict[str, int] = {"answered": 0, "exhausted": 0, "error": 0}
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        start.wait()
+        for j in range(attempts):
+            analyst = analysts[(i + j) % len(analysts)]
+            try:
+                r = led.reserve(
+                    analyst,
+                    COST,
+                    query_key=f"{os.getpid()}-{i}-{j}",
+                    sql="SELECT COUNT(*) FROM t",
+                    mechanism="laplace",
+                    data_version="v1",
+                )
+                led.commit(r, {"rows": [[j]]}, "answered")
+                key = "answered"
+            except BudgetExhausted:
+                key = "exhausted"
+            except Exception:
+                key = "error"
+            with lock:
+                outcome[key] += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    led.close()
+    results.put(outcome)
+
+
+def race(url: str, ledger_kw: dict[str, Any], analysts: list[str]) -> dict[str, int]:
+    ctx = mp.get_context("fork")
+    start = ctx.Barrier(PROCESSES * THREADS)
+    results = ctx.Queue()
+    attempts = math.ceil(4 * N / (PROCESSES * THREADS))
+    procs = [
+        ctx.Process(
+            target=_client_process, args=(url, ledger_kw, analysts, attempts, start, results)
+        )
+        for _ in range(PROCESSES)
+    ]
+    for p in procs:
+        p.start()
+    total = {"answered": 0, "exhausted": 0, "error": 0}
+    for _ in procs:
+        for k, v in results.get(timeout=120).items():
+            total[k] += v
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    return total
+
+
+def ledger_sum(led: Ledger, analyst: str | None = None) -> tuple[float, int]:
+    """Σρ and the number of unsettled-or-answered charges, straight from the rows."""
+    query = (
+        "SELECT SUM(l.rho), SUM(CASE WHEN l.kind = 'charge' THEN 1 ELSE 0 END) FROM dpgate_ledger l"
+    )
+    params: dict[str, str] = {}
+    if analyst is not None:
+        query += " JOIN dpgate_analysts a ON a.id = l.analyst_id WHERE a.name = :name"
+        params["name"] = analyst
+    with led.engine.connect() as conn:
+        rho, charges = conn.execute(sa.text(query), params).one()
+    return float(rho or 0.0), int(charges or 0)
+
+
+def test_concurrent_processes_never_overspend_an_analyst(ledger_url: str) -> None:
+    led = Ledger.from_url(ledger_url)
+    led.migrate()
+    led.create_analyst("alice", cks_epsilon(N * COST.rho, 1e-6) * (1 + 1e-12), 1e-6)
+    total = race(ledger_url, {}, ["alice"])
+    assert total == {"answered": N, "exhausted": 4 * N - N, "error": 0}
+    status = led.budget_status("alice")
+    rho, charges = ledger_sum(led, "alice")
+    assert charges == status.queries == N
+    assert rho == pytest.approx(status.rho_spent) == pytest.approx(N * COST.rho)
+    assert status.rho_spent <= status.rho_budget * (1 + 1e-10)
+    assert len(led.releases("alice", "v1")) == N
+    led.close()
+
+
+def test_concurrent_processes_never_overspend_the_global_budget(ledger_url: str) -> None:
+    led = Ledger.from_url(ledger_url)
+    led.migrate()
+    for name in ("alice", "bob"):
+        led.create_analyst(name, 100.0, 0.0)
+    kw = {"composition": "pure", "global_budget": (N * COST.epsilon, 0.0)}
+    total = race(ledger_url, kw, ["alice", "bob"])
+    assert total == {"answered": N, "exhausted": 4 * N - N, "error": 0}
+    capped = Ledger.from_url(ledger_url, **kw)  # type: ignore[arg-type]
+    status = capped.global_status()
+    assert status is not None and status.queries == N
+    assert status.epsilon_spent == pytest.approx(N * COST.epsilon)
+    assert ledger_sum(capped)[1] == N
+    led.close()
+    capped.close()
