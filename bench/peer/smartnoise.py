@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from bench import queries as Q
-from bench.common import DATA_DIR, latency_summary, log, mae_summary
+from bench.common import DATA_DIR, log
+from bench.pums import summarise
 
 RUNNER = Path(__file__).resolve().parent / "smartnoise_runner.py"
 VENV = Path(os.environ.get("DPGATE_BENCH_SN_VENV", DATA_DIR / "venv-smartnoise"))
@@ -70,42 +71,4 @@ def run(reps: int, warmup: int = 5, epsilon: float = 1.0, delta: float = 1e-5) -
         "setup_s": raw["setup_s"],
         "epsilon": epsilon,
         "delta": delta,
-    }
-
-
-def summarise(entries: list[dict], system: str) -> dict:
-    """Per-query and pooled statistics, identical for every system compared on PUMS."""
-    exact = Q.exact_answers()
-    by_name = {q.name: q for q in Q.QUERIES}
-    per_query = []
-    all_lat: list[float] = []
-    count_errors: list[float] = []
-    for e in entries:
-        q = by_name[e["name"]]
-        row: dict = {
-            "name": q.name,
-            "kind": q.kind,
-            "accepted": e["accepted"],
-            "error": e.get("error"),
-            "latency": latency_summary(e["latencies_s"]),
-        }
-        if e["answers"]:
-            errs = Q.errors_against_exact(q, exact[q.name], e["answers"])
-            row["mae"] = mae_summary(errs["abs_errors"])  # type: ignore[arg-type]
-            row["missing_groups"] = errs["missing_groups"]
-            row["example_answer"] = e["answers"][0]
-            if q.name in Q.COUNT_QUERIES:
-                count_errors.extend(errs["abs_errors"])  # type: ignore[arg-type]
-        if e["accepted"]:
-            all_lat.extend(e["latencies_s"])
-        per_query.append(row)
-    accepted = [r for r in per_query if r["accepted"]]
-    return {
-        "system": system,
-        "queries": per_query,
-        "accepted": len(accepted),
-        "total": len(per_query),
-        "latency_all": latency_summary(all_lat),
-        "count_mae": mae_summary(count_errors),
-        "exact": exact,
     }

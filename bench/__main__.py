@@ -1,0 +1,330 @@
+"""``python -m bench`` (``make bench``): every benchmark part, one markdown table, one JSON.
+
+    python -m bench                 # full: PUMS ×200, SmartNoise, scale 1M+10M, throughput
+    python -m bench --quick         # smoke: PUMS ×20, scale 100k, throughput 5 s
+    python -m bench --parts pums,smartnoise --reps 50
+
+Figures go to stdout as one markdown table and to ``bench/results/bench-<UTC>.json``
+(plus ``bench/results/latest.json``); progress goes to stderr. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from datetime import UTC, datetime
+from typing import Any
+
+from bench.common import COUNT_MAE_THEORY, REPO_DIR, RESULTS_DIR, fmt, log
+
+PARTS = ("pums", "smartnoise", "scale", "throughput")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes and few repetitions")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {PARTS}")
+    p.add_argument("--reps", type=int, help="PUMS repetitions per query (200; quick 20)")
+    p.add_argument(
+        "--count-reps", type=int, help="extra dpgate COUNT(*) releases (5000; quick 300)"
+    )
+    p.add_argument("--sizes", help="scale sizes, comma list (1000000,10000000; quick 100000)")
+    p.add_argument(
+        "--backends", default="sqlite,duckdb,postgresql", help="scale backends, comma list"
+    )
+    p.add_argument("--scale-reps", type=int, help="scale repetitions (10 at ≤1M, 5 above)")
+    p.add_argument("--duration", type=float, help="seconds per throughput scenario (20; 5)")
+    p.add_argument("--workers", type=int, default=2, help="dpgate serve --workers")
+    p.add_argument("--clients", type=int, default=8, help="throughput client threads")
+    return p.parse_args(argv)
+
+
+def machine() -> dict[str, Any]:
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO_DIR,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "cpus": os.cpu_count(),
+        "loadavg": os.getloadavg(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "commit": commit,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    parts = [x.strip() for x in a.parts.split(",") if x.strip()]
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        print(f"unknown parts: {sorted(unknown)}", file=sys.stderr)
+        return 2
+    reps = a.reps or (20 if a.quick else 200)
+    count_reps = a.count_reps if a.count_reps is not None else (300 if a.quick else 5000)
+    sizes = (
+        [int(s) for s in a.sizes.split(",")]
+        if a.sizes
+        else ([100_000] if a.quick else [1_000_000, 10_000_000])
+    )
+    duration = a.duration or (5.0 if a.quick else 20.0)
+    started = datetime.now(UTC)
+    results: dict[str, Any] = {
+        "started": started.isoformat(timespec="seconds"),
+        "quick": a.quick,
+        "settings": {
+            "reps": reps,
+            "count_reps": count_reps,
+            "sizes": sizes,
+            "backends": a.backends,
+            "duration_s": duration,
+            "workers": a.workers,
+            "clients": a.clients,
+        },
+        "machine_before": machine(),
+        "parts": {},
+    }
+
+    def attempt(name: str, fn: Any) -> None:
+        t = time.perf_counter()
+        try:
+            results["parts"][name] = fn()
+        except Exception as e:
+            log(f"{name} failed: {type(e).__name__}: {e}")
+            traceback.print_exc(file=sys.stderr)
+            results["parts"][name] = {"failed": f"{type(e).__name__}: {e}"}
+        results["parts"][name]["wall_s"] = time.perf_counter() - t
+
+    if "pums" in parts:
+        from bench import pums
+
+        attempt("pums", lambda: pums.run(reps, count_reps=count_reps))
+    if "smartnoise" in parts:
+        from bench.peer import smartnoise
+
+        attempt("smartnoise", lambda: smartnoise.run(reps))
+    if "scale" in parts:
+        from bench import scale
+
+        reps_for = {
+            n: a.scale_reps or (3 if a.quick else (10 if n <= 1_000_000 else 5)) for n in sizes
+        }
+        attempt("scale", lambda: scale.run(sizes, a.backends.split(","), reps_for))
+    if "throughput" in parts:
+        from bench import throughput
+
+        attempt(
+            "throughput",
+            lambda: throughput.run(duration=duration, workers=a.workers, clients=a.clients),
+        )
+    results["machine_after"] = machine()
+    results["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+    rows = table_rows(results)
+    results["table"] = rows
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    text = json.dumps(results, indent=1, default=_json_default)
+    (RESULTS_DIR / f"bench-{stamp}{'-quick' if a.quick else ''}.json").write_text(text)
+    (RESULTS_DIR / "latest.json").write_text(text)
+    print(render(rows, results))
+    return 0
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    return str(o)
+
+
+# --- the one table ---------------------------------------------------------------------
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("yes" if ok else "**no**")
+
+
+def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
+    rows: list[dict[str, str]] = []
+
+    def add(part: str, figure: str, value: str, target: str = "", met: bool | None = None):
+        rows.append(
+            {
+                "part": part,
+                "figure": figure,
+                "value": value,
+                "target": target,
+                "met": _verdict(met) if target else "",
+            }
+        )
+
+    P = r["parts"]
+    dp, sn = P.get("pums", {}), P.get("smartnoise", {})
+    for name, res in (("dpgate", dp), ("SmartNoise", sn)):
+        if res.get("failed"):
+            add("PUMS", f"{name} run", f"failed: {res['failed'][:120]}")
+    if dp.get("queries"):
+        la = dp["latency_all"]
+        add(
+            "PUMS",
+            "dpgate latency per query, cache miss (median / p99)",
+            f"{fmt(la['median_ms'])} / {fmt(la['p99_ms'])} ms",
+        )
+        ch = dp.get("latency_cache_hit", {})
+        if ch.get("n"):
+            add(
+                "PUMS",
+                "dpgate latency per query, cache hit (median / p99)",
+                f"{fmt(ch['median_ms'])} / {fmt(ch['p99_ms'])} ms",
+            )
+    if sn.get("queries"):
+        la = sn["latency_all"]
+        add(
+            "PUMS",
+            f"{sn['system']} latency per query (median / p99)",
+            f"{fmt(la['median_ms'])} / {fmt(la['p99_ms'])} ms",
+        )
+    if dp.get("queries") and sn.get("queries"):
+        ratios = []
+        for dq, sq in zip(dp["queries"], sn["queries"], strict=True):
+            if dq["accepted"] and sq["accepted"]:
+                ratios.append(sq["latency"]["median_ms"] / dq["latency"]["median_ms"])
+        if ratios:
+            ratios.sort()
+            med = (
+                ratios[len(ratios) // 2]
+                if len(ratios) % 2
+                else ((ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2)
+            )
+            add(
+                "PUMS",
+                f"speed-up vs SmartNoise (median per-query ratio of medians, {len(ratios)} "
+                "queries both accept; min–max)",
+                f"{fmt(med)}× ({fmt(ratios[0])}–{fmt(ratios[-1])}×)",
+                "≥ 30×",
+                med >= 30,
+            )
+    for name, res in (("dpgate", dp), ("SmartNoise", sn)):
+        if res.get("queries"):
+            refused = [q["name"] for q in res["queries"] if not q["accepted"]]
+            add(
+                "PUMS",
+                f"{name}: queries accepted",
+                f"{res['accepted']}/{res['total']}"
+                + (f" (refused: {', '.join(refused)})" if refused else ""),
+            )
+    limit = COUNT_MAE_THEORY * 1.02
+    for name, res in (("dpgate", dp), ("SmartNoise", sn)):
+        cm = res.get("count_mae")
+        if cm and cm.get("n"):
+            add(
+                "PUMS",
+                f"{name}: COUNT MAE at ε=1 (8 COUNT queries pooled, n={cm['n']}, ± s.e.)",
+                f"{cm['mae']:.3f} ± {cm['se']:.3f}",
+                f"≤ {limit:.3f} (theory {COUNT_MAE_THEORY:.3f} + 2%)",
+                cm["mae"] <= limit,
+            )
+    big = dp.get("count_all_mae_large")
+    if big and big.get("n"):
+        add(
+            "PUMS",
+            f"dpgate: COUNT(*) MAE at ε=1 (n={big['n']} fresh releases, ± s.e.)",
+            f"{big['mae']:.3f} ± {big['se']:.3f}",
+            f"≤ {limit:.3f}",
+            big["mae"] <= limit,
+        )
+
+    sc = P.get("scale", {})
+    if sc.get("failed"):
+        add("scale", "run", f"failed: {sc['failed'][:120]}")
+    runs = [x for x in sc.get("runs", []) if not x.get("failed")]
+    for x in sc.get("runs", []):
+        if x.get("failed"):
+            add("scale", f"{x['backend']} {x['rows']:,} rows", "worker failed (see JSON)")
+    top = max((x["rows"] for x in runs), default=0)
+    for x in runs:
+        for qname, q in x["queries"].items():
+            med = q["median_ms"]
+            ratio, uratio = q["ratio_dpgate_raw"], q["ratio_dpgate_unit_raw"]
+            value = (
+                f"{fmt(ratio)}× ({fmt(med['dpgate'])} vs raw {fmt(med['raw'])} ms)"
+                if ratio is not None
+                else f"dpgate failed: {x['errors'].get(qname + '/dpgate', '?')[:80]}"
+            )
+            if uratio is not None:
+                value += f"; per-person bounded {fmt(uratio)}× ({fmt(med['dpgate_unit'])} ms)"
+            at_top = x["rows"] == top and top >= 10_000_000
+            add(
+                "scale",
+                f"{x['backend']} {x['rows']:,} rows, {qname}: dpgate / raw",
+                value,
+                "≤ 1.1× at 10M rows" if at_top else "",
+                (ratio <= 1.1) if (at_top and ratio is not None) else None,
+            )
+    by_backend: dict[str, list[dict[str, Any]]] = {}
+    for x in runs:
+        by_backend.setdefault(x["backend"], []).append(x)
+    for backend, xs in by_backend.items():
+        xs.sort(key=lambda x: x["rows"])
+        heaps = " → ".join(f"{fmt(max(x['heap_peak_mb'].values() or [math.nan]))} MB" for x in xs)
+        rss = " → ".join(f"{fmt(x['rss_mb']['peak'])} MB" for x in xs)
+        sizes = " → ".join(f"{x['rows']:,}" for x in xs)
+        add(
+            "scale",
+            f"{backend}: gateway peak Python heap per query / worker peak RSS ({sizes} rows)",
+            f"{heaps} / {rss}",
+            "flat as rows grow",
+            None,
+        )
+
+    tp = P.get("throughput", {})
+    if tp.get("failed"):
+        add("throughput", "run", f"failed: {tp['failed'][:120]}")
+    for scen, label in (
+        ("distinct", "distinct queries (ledger commit each)"),
+        ("repeated", "repeated query (cache hits)"),
+    ):
+        s = tp.get(scen)
+        if s:
+            other = {k: v for k, v in s["outcomes"].items() if not k.startswith("answered")}
+            add(
+                "throughput",
+                f"HTTP, --workers {tp['workers']}, {tp['clients']} clients: {label}",
+                f"{s['answered_per_s']:.1f} answered/s (median {fmt(s['latency']['median_ms'])}"
+                f" ms, p99 {fmt(s['latency']['p99_ms'])} ms)"
+                + (f"; not answered: {other}" if other else ""),
+            )
+    return rows
+
+
+def render(rows: list[dict[str, str]], r: dict[str, Any]) -> str:
+    m0, m1 = r["machine_before"], r["machine_after"]
+    head = (
+        f"dpgate benchmarks{' (--quick)' if r['quick'] else ''} — {r['started']} → "
+        f"{r['finished']}, commit {m0['commit']}, {m0['cpus']} CPUs, load average "
+        f"{m0['loadavg'][0]:.2f} → {m1['loadavg'][0]:.2f} (shared machine)\n\n"
+    )
+    lines = [
+        "| part | figure | value | target | met |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        cells = [row[k].replace("|", "\\|") for k in ("part", "figure", "value", "target", "met")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return head + "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Thin adapters between the benchmark harness and dpgate (in-process and over HTTP).
+
+Everything the harness needs from dpgate goes through this module, so a change of
+dpgate's internal API is fixed here once:
+
+- ``write_config``: a dpgate YAML config (public contract, DESIGN.md) for a set of tables;
+- ``InProcess``: ``Gateway.from_config`` + ``Gateway.query`` with analysts created in the
+  ledger (one fresh analyst per repetition, so a repeated query is a real cache miss with
+  a real ledger reserve/commit, not a cache hit — the cache is per analyst by default);
+- ``Http``: the ``POST /v1/query`` endpoint, stdlib only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench import queries as Q
+
+BIG_BUDGET = {"epsilon": 1.0e6, "delta": 1.0e-3}
+
+
+@dataclass(frozen=True)
+class Answer:
+    ok: bool
+    rows: list[list[Any]]
+    cached: bool = False
+    error: str | None = None  # the error code (and message) when not ok
+
+
+def pums_tables() -> dict[str, Any]:
+    """PUMS as a dpgate table: row-level privacy like SmartNoise's ``row_privacy: True``."""
+    cols: dict[str, Any] = {"pid": {"type": "integer"}}
+    for c in Q.COLUMNS:
+        if c in Q.BOUNDS:
+            lo, hi = Q.BOUNDS[c]
+            cols[c] = {"type": "integer", "lower": lo, "upper": hi}
+        else:
+            cols[c] = {"type": "integer", "values": Q.DOMAINS[c]}
+    return {"pums": {"columns": cols}}
+
+
+def scale_tables(source: str) -> dict[str, Any]:
+    """The synthetic table twice: row-level (``people``) and person-level (``people_unit``,
+    privacy unit ``pid``, at most one row per person — enforced in the executed SQL)."""
+    base = pums_tables()["pums"]["columns"]
+    return {
+        "people": {"source": source, "columns": base},
+        "people_unit": {
+            "source": source,
+            "privacy_unit": "pid",
+            "max_rows_per_unit": 1,
+            "columns": base,
+        },
+    }
+
+
+def write_config(
+    path: Path,
+    *,
+    database_url: str,
+    ledger_url: str,
+    tables: dict[str, Any],
+    audit_mode: str = "off",
+    statement_timeout_ms: int = 600_000,
+) -> Path:
+    cfg = {
+        "database": {"url": database_url, "statement_timeout_ms": statement_timeout_ms},
+        "ledger": {"url": ledger_url},
+        "privacy": {
+            "mechanism": "laplace",
+            "epsilon": 1.0,
+            "max_epsilon_per_query": 1.0,
+            "delta": 1.0e-7,
+            "composition": "zcdp",
+        },
+        "audit": {"mode": audit_mode},
+        "tables": tables,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def create_analyst(ledger_url: str, name: str) -> str:
+    """A new analyst with a budget no benchmark exhausts; returns the API key."""
+    from budget import Ledger
+
+    ledger = Ledger.from_url(ledger_url)
+    ledger.migrate()
+    return ledger.create_analyst(name, BIG_BUDGET["epsilon"], BIG_BUDGET["delta"])
+
+
+class InProcess:
+    """dpgate's whole pipeline in this process (no HTTP)."""
+
+    _names = itertools.count(1)
+
+    def __init__(self, config_path: Path) -> None:
+        from gateway.pipeline import Gateway
+
+        from budget import Ledger
+        from gateway.config import load_config
+
+        self.config = load_config(config_path)
+        self.ledger = Ledger.from_url(self.config.ledger.url)
+        self.ledger.migrate()
+        self.gateway = Gateway.from_config(self.config)
+
+    def new_analyst(self) -> Any:
+        name = f"bench{next(self._names)}"
+        key = self.ledger.create_analyst(name, BIG_BUDGET["epsilon"], BIG_BUDGET["delta"])
+        analyst = self.ledger.authenticate(key)
+        assert analyst is not None
+        return analyst
+
+    def query(self, analyst: Any, sql: str, epsilon: float = 1.0) -> Answer:
+        from gateway.pipeline import QueryRequest
+
+        from gateway.errors import GatewayError
+
+        try:
+            release = self.gateway.query(analyst, QueryRequest(sql=sql, epsilon=epsilon))
+        except GatewayError as e:
+            return Answer(False, [], error=f"{getattr(e, 'code', type(e).__name__)}: {e}")
+        return Answer(True, _rows(release), cached=bool(getattr(release, "cached", False)))
+
+    def close(self) -> None:
+        for obj in (self.gateway, self.ledger):
+            close = getattr(obj, "close", None) or getattr(obj, "dispose", None)
+            if callable(close):
+                close()
+
+
+def _rows(release: Any) -> list[list[Any]]:
+    rows = getattr(release, "rows", None)
+    if rows is None and isinstance(release, dict):
+        rows = release.get("rows")
+    return [list(r) for r in rows or []]
+
+
+class Http:
+    """``POST /v1/query`` over one keep-alive connection (stdlib only, one per thread)."""
+
+    def __init__(self, host: str, port: int, key: str) -> None:
+        self.host, self.port, self.key = host, port, key
+        self.conn: http.client.HTTPConnection | None = None
+
+    def query(self, sql: str, epsilon: float = 1.0) -> tuple[int, dict[str, Any]]:
+        body = json.dumps({"sql": sql, "epsilon": epsilon})
+        headers = {"Authorization": f"Bearer {self.key}", "Content-Type": "application/json"}
+        for attempt in range(2):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
+            try:
+                self.conn.request("POST", "/v1/query", body=body, headers=headers)
+                resp = self.conn.getresponse()
+                data = resp.read()
+                if resp.getheader("Connection", "").lower() == "close":
+                    self.conn.close()
+                    self.conn = None
+                return resp.status, json.loads(data or b"{}")
+            except (http.client.HTTPException, ConnectionError, OSError):
+                if self.conn is not None:
+                    self.conn.close()
+                self.conn = None
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")

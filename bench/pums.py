@@ -1,0 +1,143 @@
+"""dpgate on PUMS, side by side with SmartNoise SQL: same rows, same queries, same ε.
+
+dpgate runs in-process (``Gateway.query``: the whole pipeline including the ledger
+reserve/commit on an SQLite ledger with synchronous=FULL), on an SQLite copy of PUMS.csv,
+row-level privacy like SmartNoise's ``row_privacy: True``, Laplace at ε = 1, audit off
+(SmartNoise has no auditor). Each repetition uses a fresh analyst, so every timed query is
+a cache miss; cache hits are timed separately.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import queries as Q
+from bench.adapter import InProcess, pums_tables, write_config
+from bench.common import COUNT_MAE_THEORY, DATA_DIR, latency_summary, log, mae_summary
+
+
+def summarise(entries: list[dict[str, Any]], system: str) -> dict[str, Any]:
+    """Per-query and pooled statistics, identical for every system compared on PUMS.
+
+    ``entries``: one per query, ``{"name", "accepted", "error", "latencies_s",
+    "answers"}``, answers being the released rows of each repetition.
+    """
+    exact = Q.exact_answers()
+    by_name = {q.name: q for q in Q.QUERIES}
+    per_query = []
+    all_lat: list[float] = []
+    count_errors: list[float] = []
+    for e in entries:
+        q = by_name[e["name"]]
+        row: dict[str, Any] = {
+            "name": q.name,
+            "kind": q.kind,
+            "accepted": e["accepted"],
+            "error": e.get("error"),
+            "latency": latency_summary(e["latencies_s"]),
+        }
+        if e["answers"]:
+            errs = Q.errors_against_exact(q, exact[q.name], e["answers"])
+            row["mae"] = mae_summary(errs["abs_errors"])  # type: ignore[arg-type]
+            row["missing_groups"] = errs["missing_groups"]
+            row["example_answer"] = e["answers"][0]
+            if q.name in Q.COUNT_QUERIES:
+                count_errors.extend(errs["abs_errors"])  # type: ignore[arg-type]
+        if e["accepted"]:
+            all_lat.extend(e["latencies_s"])
+        per_query.append(row)
+    return {
+        "system": system,
+        "queries": per_query,
+        "accepted": sum(1 for r in per_query if r["accepted"]),
+        "total": len(per_query),
+        "latency_all": latency_summary(all_lat),
+        "count_mae": mae_summary(count_errors),
+        "count_mae_theory": COUNT_MAE_THEORY,
+        "exact": exact,
+    }
+
+
+def setup(workdir: Path) -> Path:
+    """PUMS in SQLite, a fresh ledger, and a dpgate config for them; returns the config."""
+    db = Q.write_pums_sqlite(workdir / "pums.sqlite")
+    ledger = workdir / "ledger.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{ledger}{suffix}").unlink(missing_ok=True)
+    return write_config(
+        workdir / "dpgate.yaml",
+        database_url=f"sqlite:///{db}",
+        ledger_url=f"sqlite:///{ledger}",
+        tables=pums_tables(),
+    )
+
+
+def run(reps: int, cache_reps: int = 50, count_reps: int = 0, epsilon: float = 1.0) -> dict:
+    """Every query ``reps`` times (cache misses), then cache hits, then (optionally)
+    ``count_reps`` extra ``count_all`` releases for a tighter COUNT MAE."""
+    cfg = setup(DATA_DIR / "pums-run")
+    gw = InProcess(cfg)
+    try:
+        log(f"dpgate: {len(Q.QUERIES)} PUMS queries × {reps} reps at ε={epsilon}")
+        entries = {
+            q.name: {
+                "name": q.name,
+                "accepted": True,
+                "error": None,
+                "latencies_s": [],
+                "answers": [],
+            }
+            for q in Q.QUERIES
+        }
+        analyst = gw.new_analyst()
+        # Warm-up: one pass (imports, sqlglot, connection pools), not timed.
+        for q in Q.QUERIES:
+            gw.query(analyst, q.text("pums"), epsilon)
+        for _ in range(reps):
+            analyst = gw.new_analyst()  # a fresh cache: every query below is a miss
+            for q in Q.QUERIES:
+                e = entries[q.name]
+                if not e["accepted"]:
+                    continue
+                sql = q.text("pums")
+                t = time.perf_counter()
+                ans = gw.query(analyst, sql, epsilon)
+                dt = time.perf_counter() - t
+                if not ans.ok:
+                    e["accepted"], e["error"] = False, ans.error
+                    continue
+                if ans.cached:
+                    raise RuntimeError(f"{q.name}: unexpected cache hit for a fresh analyst")
+                e["latencies_s"].append(dt)
+                e["answers"].append(ans.rows)
+        out = summarise(list(entries.values()), system="dpgate")
+
+        # Cache hits: the last analyst repeats each accepted query.
+        hits: list[float] = []
+        for q in Q.QUERIES:
+            if not entries[q.name]["accepted"]:
+                continue
+            for _ in range(cache_reps):
+                t = time.perf_counter()
+                ans = gw.query(analyst, q.text("pums"), epsilon)
+                dt = time.perf_counter() - t
+                if ans.ok and ans.cached:
+                    hits.append(dt)
+        out["latency_cache_hit"] = latency_summary(hits)
+
+        if count_reps:
+            log(f"dpgate: COUNT(*) accuracy, {count_reps} fresh releases")
+            q = next(x for x in Q.QUERIES if x.name == "count_all")
+            exact = Q.exact_answers()["count_all"]
+            answers = []
+            for _ in range(count_reps):
+                ans = gw.query(gw.new_analyst(), q.text("pums"), epsilon)
+                if ans.ok:
+                    answers.append(ans.rows)
+            errs = Q.errors_against_exact(q, exact, answers)
+            out["count_all_mae_large"] = mae_summary(errs["abs_errors"])  # type: ignore[arg-type]
+        return out
+    finally:
+        gw.close()
