@@ -103,39 +103,40 @@ class InProcess:
     _names = itertools.count(1)
 
     def __init__(self, config_path: Path) -> None:
+        from gateway.config import load_config
         from gateway.pipeline import Gateway
 
-        from budget import Ledger
-        from gateway.config import load_config
-
         self.config = load_config(config_path)
-        self.ledger = Ledger.from_url(self.config.ledger.url)
-        self.ledger.migrate()
-        self.gateway = Gateway.from_config(self.config)
+        factory = getattr(Gateway, "from_config", None)
+        self.gateway = factory(self.config) if callable(factory) else Gateway(self.config)
+        self.ledger = self.gateway.ledger
 
-    def new_analyst(self) -> Any:
+    def new_analyst(self) -> str:
+        """A fresh analyst (so a fresh per-analyst cache); returns the analyst's name."""
         name = f"bench{next(self._names)}"
-        key = self.ledger.create_analyst(name, BIG_BUDGET["epsilon"], BIG_BUDGET["delta"])
-        analyst = self.ledger.authenticate(key)
-        assert analyst is not None
-        return analyst
+        self.ledger.create_analyst(name, BIG_BUDGET["epsilon"], BIG_BUDGET["delta"])
+        return name
 
-    def query(self, analyst: Any, sql: str, epsilon: float = 1.0) -> Answer:
-        from gateway.pipeline import QueryRequest
-
+    def query(self, analyst: str, sql: str, epsilon: float = 1.0) -> Answer:
         from gateway.errors import GatewayError
+        from gateway.plan import QueryRequest
 
+        request = QueryRequest(
+            sql=sql, epsilon=epsilon, delta=self.config.privacy.delta, mechanism="laplace"
+        )
         try:
-            release = self.gateway.query(analyst, QueryRequest(sql=sql, epsilon=epsilon))
+            release = self.gateway.query(analyst, request)
         except GatewayError as e:
             return Answer(False, [], error=f"{getattr(e, 'code', type(e).__name__)}: {e}")
         return Answer(True, _rows(release), cached=bool(getattr(release, "cached", False)))
 
     def close(self) -> None:
-        for obj in (self.gateway, self.ledger):
-            close = getattr(obj, "close", None) or getattr(obj, "dispose", None)
-            if callable(close):
-                close()
+        for obj in (self.gateway.engine, self.ledger):
+            for attr in ("close", "dispose"):
+                fn = getattr(obj, attr, None)
+                if callable(fn):
+                    fn()
+                    break
 
 
 def _rows(release: Any) -> list[list[Any]]:

@@ -61,7 +61,10 @@ def worker(backend: str, rows: int, reps: int) -> dict[str, Any]:
     )
     rss_start = _rss_mb()
     gw = InProcess(cfg)
-    raw_engine = sa.create_engine(t.url)
+    # The raw engine opens the database as dpgate does where it matters (DuckDB allows one
+    # configuration per file and process: read-only).
+    raw_kw = {"connect_args": {"read_only": True}} if backend == "duckdb" else {}
+    raw_engine = sa.create_engine(t.url, **raw_kw)
 
     def run_raw(sql: str) -> None:
         with raw_engine.connect() as c:
