@@ -23,6 +23,7 @@ from typing import Literal
 from sqlalchemy import (
     BigInteger,
     Column,
+    Connection,
     Engine,
     Integer,
     MetaData,
@@ -116,12 +117,18 @@ class RateLimiter:
                 retry_after=retry_after,
             )
 
+    @staticmethod
+    def _write(conn: Connection) -> Connection:
+        # On the ledger's SQLite engine this makes the transaction BEGIN IMMEDIATE
+        # (budget.ledger's hook); other engines ignore the option.
+        return conn.execution_options(dpgate_write=True)
+
     def _increment(self, bucket: str, window: int) -> int:
         """Add one to the window's counter and return the new count (exact under races)."""
         key = (RATE_LIMITS.c.bucket == bucket) & (RATE_LIMITS.c.window == window)
         for _ in range(5):
             try:
-                with self.engine.begin() as conn:
+                with self.engine.connect() as conn, self._write(conn).begin():
                     updated = conn.execute(
                         update(RATE_LIMITS).where(key).values(count=RATE_LIMITS.c.count + 1)
                     ).rowcount

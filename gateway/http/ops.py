@@ -223,8 +223,20 @@ def readiness(app: Flask) -> dict[str, bool]:
         return {"database": bool(checks.get("database")), "ledger": bool(checks.get("ledger"))}
     return {
         "database": _probe(getattr(gateway, "engine", None)),
-        "ledger": _probe(_ledger_engine(gateway)),
+        "ledger": _ledger_ready(getattr(gateway, "ledger", None)),
     }
+
+
+def _ledger_ready(ledger: Any) -> bool:
+    ping = getattr(ledger, "ping", None)
+    if not callable(ping):
+        return _probe(getattr(ledger, "engine", None))
+    try:
+        ping()
+        return True
+    except Exception:
+        log.warning("ledger readiness probe failed", exc_info=True)
+        return False
 
 
 @bp.get("/healthz")

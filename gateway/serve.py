@@ -1,0 +1,194 @@
+"""Running dpgate as a production WSGI server (``dpgate serve``).
+
+On Unix the app runs under gunicorn with N worker processes; SIGTERM stops it
+gracefully (workers finish the requests they have, up to ``GRACEFUL_TIMEOUT`` seconds).
+Where gunicorn is unavailable (Windows), waitress serves it from one process with
+threads. Flask's development server is never used.
+
+The config is loaded and validated before any port is bound: a broken config prints
+each of its problems and exits with status 2, so a deployment fails at once and
+precisely instead of with workers crashing in a loop.
+
+Several workers share what must be shared through the ledger database (budgets, rate
+limits) and, for metrics, a directory of memory-mapped sample files named by
+``PROMETHEUS_MULTIPROC_DIR`` (see ``gateway.metrics``): a fresh temporary one unless the
+operator sets it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from gateway.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+GRACEFUL_TIMEOUT = 30
+WORKER_TIMEOUT = 120
+APP_FACTORY = "gateway.http.app:create_app"
+SERVER_ENV = "DPGATE_SERVER"  # auto | gunicorn | waitress
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # as gateway.metrics, without importing it early
+
+Server = Literal["auto", "gunicorn", "waitress"]
+
+
+def run(
+    config_path: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    workers: int = 1,
+    server: Server | None = None,
+    app_factory: str = APP_FACTORY,
+) -> None:
+    """Serve the gateway described by ``config_path`` until SIGTERM or SIGINT.
+
+    Exits with status 2 (after printing every problem) if the config is invalid.
+    """
+    config = _load_or_exit(config_path)
+    if workers < 1:
+        _fail([f"--workers: must be ≥ 1, got {workers}"])
+    chosen = server or os.environ.get(SERVER_ENV, "auto")
+    if chosen not in ("auto", "gunicorn", "waitress"):
+        _fail([f"{SERVER_ENV}: '{chosen}' is not one of auto, gunicorn, waitress"])
+    if chosen == "auto":
+        chosen = "gunicorn" if _gunicorn_available() else "waitress"
+    _prepare_metrics_dir()
+    from gateway.logs import configure_logging
+
+    configure_logging()
+    factory = _factory(app_factory, config)
+    if chosen == "gunicorn":
+        _run_gunicorn(factory, host=host, port=port, workers=workers)
+    else:
+        _run_waitress(factory, host=host, port=port, workers=workers)
+
+
+def _fail(problems: list[str], header: str = "dpgate: cannot start:") -> None:
+    print(header, file=sys.stderr)
+    for p in problems:
+        print(f"  - {p}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _load_or_exit(config_path: str) -> Config:
+    try:
+        return load_config(config_path)
+    except ConfigError as e:
+        _fail(e.problems, f"dpgate: cannot start: the config {config_path} is invalid:")
+        raise  # unreachable: _fail exits
+
+
+def _gunicorn_available() -> bool:
+    if os.name != "posix":
+        return False
+    try:
+        import gunicorn.app.base  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _factory(spec: str, config: Config) -> Callable[[], Flask]:
+    """A function that builds the app in the process that serves it (after fork)."""
+    module_name, _, attr = spec.partition(":")
+
+    def build() -> Flask:
+        create_app = getattr(importlib.import_module(module_name), attr)
+        app: Flask = create_app(config)
+        return app
+
+    return build
+
+
+def _prepare_metrics_dir() -> None:
+    """Point prometheus_client at one sample directory shared by all workers.
+
+    Must run before any worker records a metric; stale files from an earlier run would
+    be summed in, so an operator-provided directory is emptied.
+    """
+    existing = os.environ.get(MULTIPROC_ENV)
+    if existing:
+        path = Path(existing)
+        path.mkdir(parents=True, exist_ok=True)
+        for f in path.glob("*.db"):
+            f.unlink()
+    else:
+        path = Path(tempfile.mkdtemp(prefix="dpgate-metrics-"))
+        os.environ[MULTIPROC_ENV] = str(path)
+        master = os.getpid()
+        atexit.register(
+            lambda: shutil.rmtree(path, ignore_errors=True) if os.getpid() == master else None
+        )
+    # If prometheus_client was imported before the variable was set (the CLI may import
+    # the app module early), its value class is the single-process one: switch it now,
+    # before any labelled sample exists.
+    values = sys.modules.get("prometheus_client.values")
+    if values is not None:
+        values.ValueClass = values.get_value_class()  # type: ignore[attr-defined]
+
+
+def _bind_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _run_gunicorn(factory: Callable[[], Flask], *, host: str, port: int, workers: int) -> None:
+    from gunicorn.app.base import BaseApplication
+
+    def child_exit(_server: Any, worker: Any) -> None:
+        from gateway.metrics import mark_process_dead
+
+        mark_process_dead(worker.pid)
+
+    options: dict[str, Any] = {
+        "bind": [_bind_address(host, port)],
+        "workers": workers,
+        "worker_class": "sync",
+        "graceful_timeout": GRACEFUL_TIMEOUT,
+        "timeout": WORKER_TIMEOUT,
+        "keepalive": 5,
+        "proc_name": "dpgate",
+        "accesslog": None,  # dpgate writes its own JSON line per request
+        "errorlog": "-",
+        "loglevel": "info",
+        "child_exit": child_exit,
+        "preload_app": False,  # each worker opens its own database connections
+    }
+
+    class GatewayServer(BaseApplication):
+        def load_config(self) -> None:
+            for key, value in options.items():
+                self.cfg.set(key, value)
+
+        def load(self) -> Flask:
+            return factory()
+
+    GatewayServer().run()
+
+
+def _run_waitress(factory: Callable[[], Flask], *, host: str, port: int, workers: int) -> None:
+    import waitress
+
+    if workers > 1:
+        print(
+            f"dpgate: waitress serves from one process; --workers {workers} becomes "
+            f"{4 * workers} threads",
+            file=sys.stderr,
+        )
+    app = factory()
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt  # waitress closes its sockets and returns
+
+    signal.signal(signal.SIGTERM, stop)
+    waitress.serve(app, host=host, port=port, threads=4 * workers, ident="dpgate")
