@@ -1,0 +1,368 @@
+"""Admin endpoints: analysts, their budgets and keys, and the request audit log.
+
+``admin_bp`` is registered by the app factory under ``/v1/admin``. Every endpoint needs
+``Authorization: Bearer <admin key>`` where the admin key is ``DPGATE_ADMIN_KEY`` from
+the environment (compared in constant time): no key or a wrong key is ``unauthenticated``
+(401); an analyst's key is ``forbidden`` (403).
+
+    POST  /v1/admin/analysts                  {name, epsilon, delta} → the new API key (201)
+    GET   /v1/admin/analysts                  every analyst's budget status (+ the global one)
+    GET   /v1/admin/analysts/<name>           one analyst's budget status
+    PATCH /v1/admin/analysts/<name>           {epsilon?, delta?, disabled?}
+    POST  /v1/admin/analysts/<name>/keys      rotate: a new API key, the old one stops working
+    GET   /v1/admin/audit-log                 ?analyst=&since=&until=&limit=
+
+Each admin request is itself appended to the ledger's audit log (``g.audit_logged`` is
+then set, so an app-wide audit hook can skip it).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import Blueprint, Response, current_app, g, jsonify, request
+
+import budget
+from gateway.errors import (
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    LedgerUnavailable,
+    NotFound,
+    Unauthenticated,
+)
+from gateway.openapi import document, register_schema
+
+log = logging.getLogger("dpgate.admin")
+admin_bp = Blueprint("admin", __name__)
+
+MAX_AUDIT_LIMIT = 10_000
+
+_BUDGET_STATUS = register_schema(
+    "BudgetStatus",
+    {
+        "type": "object",
+        "description": "A budget as its accountant reports it (zcdp: ε spent is the CKS "
+        "conversion of Σρ; δ spent is partition-selection δ).",
+        "properties": {
+            "name": {"type": "string"},
+            "disabled": {"type": "boolean"},
+            "composition": {"enum": ["zcdp", "pure"]},
+            **{
+                k: {"type": ["number", "null"]}
+                for k in (
+                    "epsilon",
+                    "delta",
+                    "epsilon_spent",
+                    "delta_spent",
+                    "epsilon_remaining",
+                    "delta_remaining",
+                    "rho_budget",
+                    "rho_spent",
+                    "rho_remaining",
+                    "max_next_laplace_epsilon",
+                )
+            },
+            "queries": {"type": "integer"},
+        },
+    },
+)
+_NEW_KEY = register_schema(
+    "NewApiKey",
+    {
+        "type": "object",
+        "required": ["ok", "name", "api_key"],
+        "properties": {
+            "ok": {"const": True},
+            "name": {"type": "string"},
+            "api_key": {"type": "string", "description": "Shown once; only its hash is kept."},
+            "budget": _BUDGET_STATUS,
+        },
+    },
+)
+_BUDGET_FIELDS = {
+    "epsilon": {"type": "number", "minimum": 0},
+    "delta": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+}
+
+
+def _ledger() -> budget.Ledger:
+    ledger: budget.Ledger = current_app.extensions["dpgate"].ledger
+    return ledger
+
+
+@contextmanager
+def _ledger_errors() -> Iterator[None]:
+    """Report the ledger's errors as the gateway's (one envelope, stable codes)."""
+    try:
+        yield
+    except budget.UnknownAnalyst as e:
+        raise NotFound(str(e)) from None
+    except budget.AnalystExists as e:
+        raise Conflict(str(e)) from None
+    except budget.LedgerUnavailable as e:
+        raise LedgerUnavailable(str(e)) from None
+    except ValueError as e:
+        raise InvalidRequest(str(e)) from None
+
+
+def _bearer_token() -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+@admin_bp.before_request
+def _require_admin() -> None:
+    token = _bearer_token()
+    if token is None:
+        raise Unauthenticated("the admin endpoints need 'Authorization: Bearer <admin key>'")
+    admin_key = os.environ.get("DPGATE_ADMIN_KEY") or ""
+    if admin_key and hmac.compare_digest(token.encode(), admin_key.encode()):
+        g.admin = True
+        return
+    with _ledger_errors():
+        analyst = _ledger().authenticate(token)
+    if analyst is not None:
+        g.analyst_name = analyst.name
+        raise Forbidden("an analyst key cannot use the admin endpoints")
+    if not admin_key:
+        raise Unauthenticated("the admin endpoints are disabled: DPGATE_ADMIN_KEY is not set")
+    raise Unauthenticated("invalid admin key")
+
+
+@admin_bp.after_request
+def _audit(response: Response) -> Response:
+    error_code = None
+    if response.status_code >= 400 and response.is_json:
+        body = response.get_json(silent=True)
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
+            error_code = body["error"].get("code")
+    try:
+        _ledger().log_request(
+            request_id=str(g.get("request_id") or ""),
+            analyst=g.get("analyst_name"),
+            endpoint=f"{request.method} {request.path}",
+            sql=None,
+            outcome="admin" if response.status_code < 400 else "refused",
+            error_code=error_code,
+            status=response.status_code,
+        )
+        g.audit_logged = True
+    except Exception:  # an unavailable ledger must not hide the response's own outcome
+        log.warning("could not append an admin request to the audit log", exc_info=True)
+    return response
+
+
+def _json_body(allowed: set[str], required: Iterable[str] = ()) -> Mapping[str, Any]:
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise InvalidRequest(f"unknown field(s): {', '.join(unknown)}", fields=unknown)
+    missing = sorted(set(required) - set(body))
+    if missing:
+        raise InvalidRequest(f"missing field(s): {', '.join(missing)}", fields=missing)
+    return body
+
+
+def _number(body: Mapping[str, Any], name: str) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequest(f"{name} must be a finite number", field=name)
+    return float(value)
+
+
+def _status_json(status: budget.BudgetStatus) -> dict[str, Any]:
+    return status.to_json()
+
+
+@admin_bp.post("/analysts")
+@document(
+    summary="Create an analyst with a budget; returns their API key once",
+    auth="admin",
+    request={
+        "type": "object",
+        "required": ["name", "epsilon", "delta"],
+        "additionalProperties": False,
+        "properties": {"name": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"}}
+        | _BUDGET_FIELDS,
+    },
+    responses={201: _NEW_KEY},
+    errors=[Conflict, LedgerUnavailable],
+    tags=["admin"],
+)
+def create_analyst() -> tuple[Response, int]:
+    body = _json_body({"name", "epsilon", "delta"}, {"name", "epsilon", "delta"})
+    name = body["name"]
+    if not isinstance(name, str):
+        raise InvalidRequest("name must be a string", field="name")
+    epsilon, delta = _number(body, "epsilon"), _number(body, "delta")
+    if epsilon is None or delta is None:
+        raise InvalidRequest("epsilon and delta must be numbers", fields=["epsilon", "delta"])
+    ledger = _ledger()
+    with _ledger_errors():
+        key = ledger.create_analyst(name, epsilon, delta)
+        status = ledger.budget_status(name)
+    return jsonify({"ok": True, "name": name, "api_key": key, "budget": _status_json(status)}), 201
+
+
+@admin_bp.get("/analysts")
+@document(
+    summary="Every analyst's budget status, and the dataset-wide budget if configured",
+    auth="admin",
+    responses={
+        200: {
+            "type": "object",
+            "required": ["ok", "analysts"],
+            "properties": {
+                "ok": {"const": True},
+                "analysts": {"type": "array", "items": _BUDGET_STATUS},
+                "global": {"oneOf": [_BUDGET_STATUS, {"type": "null"}]},
+            },
+        }
+    },
+    errors=[LedgerUnavailable],
+    tags=["admin"],
+)
+def list_analysts() -> Response:
+    ledger = _ledger()
+    with _ledger_errors():
+        statuses = ledger.list_analysts()
+        global_status = ledger.global_status()
+    return jsonify(
+        {
+            "ok": True,
+            "analysts": [_status_json(s) for s in statuses],
+            "global": None if global_status is None else _status_json(global_status),
+        }
+    )
+
+
+_ONE_ANALYST = {
+    "type": "object",
+    "required": ["ok", "analyst"],
+    "properties": {"ok": {"const": True}, "analyst": _BUDGET_STATUS},
+}
+
+
+@admin_bp.get("/analysts/<name>")
+@document(
+    summary="One analyst's budget status",
+    auth="admin",
+    responses={200: _ONE_ANALYST},
+    errors=[NotFound, LedgerUnavailable],
+    tags=["admin"],
+)
+def get_analyst(name: str) -> Response:
+    with _ledger_errors():
+        status = _ledger().budget_status(name)
+    return jsonify({"ok": True, "analyst": _status_json(status)})
+
+
+@admin_bp.patch("/analysts/<name>")
+@document(
+    summary="Change an analyst's budget or disable / enable them",
+    description="Lowering a budget below what is already spent is allowed: nothing more "
+    "is admitted. A disabled analyst's key is refused with `forbidden`.",
+    auth="admin",
+    request={
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"disabled": {"type": "boolean"}} | _BUDGET_FIELDS,
+    },
+    responses={200: _ONE_ANALYST},
+    errors=[NotFound, LedgerUnavailable],
+    tags=["admin"],
+)
+def update_analyst(name: str) -> Response:
+    body = _json_body({"epsilon", "delta", "disabled"})
+    disabled = body.get("disabled")
+    if disabled is not None and not isinstance(disabled, bool):
+        raise InvalidRequest("disabled must be true or false", field="disabled")
+    with _ledger_errors():
+        status = _ledger().update_analyst(
+            name,
+            epsilon=_number(body, "epsilon"),
+            delta=_number(body, "delta"),
+            disabled=disabled,
+        )
+    return jsonify({"ok": True, "analyst": _status_json(status)})
+
+
+@admin_bp.post("/analysts/<name>/keys")
+@document(
+    summary="Rotate an analyst's API key: returns the new key once; the old one stops working",
+    auth="admin",
+    responses={201: _NEW_KEY},
+    errors=[NotFound, LedgerUnavailable],
+    tags=["admin"],
+)
+def rotate_key(name: str) -> tuple[Response, int]:
+    with _ledger_errors():
+        key = _ledger().rotate_key(name)
+    return jsonify({"ok": True, "name": name, "api_key": key}), 201
+
+
+def _time_arg(name: str) -> datetime | None:
+    raw = request.args.get(name)
+    if not raw:
+        return None
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an ISO 8601 time", field=name) from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+@admin_bp.get("/audit-log")
+@document(
+    summary="The request audit log, newest first",
+    auth="admin",
+    query={
+        "analyst": {"type": "string"},
+        "since": {"type": "string", "format": "date-time"},
+        "until": {"type": "string", "format": "date-time"},
+        "limit": {"type": "integer", "minimum": 1, "maximum": MAX_AUDIT_LIMIT, "default": 1000},
+    },
+    responses={
+        200: {
+            "type": "object",
+            "required": ["ok", "entries"],
+            "properties": {"ok": {"const": True}, "entries": {"type": "array"}},
+        }
+    },
+    errors=[LedgerUnavailable],
+    tags=["admin"],
+)
+def audit_log() -> Response:
+    raw_limit = request.args.get("limit", "1000")
+    try:
+        limit = int(raw_limit)
+    except ValueError:
+        raise InvalidRequest("limit must be an integer", field="limit") from None
+    if not 1 <= limit <= MAX_AUDIT_LIMIT:
+        raise InvalidRequest(f"limit must be between 1 and {MAX_AUDIT_LIMIT}", field="limit")
+    with _ledger_errors():
+        entries = _ledger().audit_log(
+            analyst=request.args.get("analyst") or None,
+            since=_time_arg("since"),
+            until=_time_arg("until"),
+            limit=limit,
+        )
+    return jsonify({"ok": True, "entries": [e.to_json() for e in entries]})
+
+
+__all__ = ["admin_bp"]
