@@ -210,9 +210,11 @@ class DiscreteGaussian:
         self._two_sigma2_f = float(2 * sigma2)
         self._accept_rate = 0.5  # conservative starting guess, refined from draws
 
-    def _gamma(self, y: int) -> Fraction:
+    def accept_exact(self, y: int, u: LazyUniform) -> bool:
+        """The rejection step decided exactly: U < exp(−(|y| − σ²/t)²/(2σ²))."""
         d = abs(y) - self._shift
-        return d * d / (2 * self.sigma2)
+        gamma = d * d / (2 * self.sigma2)
+        return u.less_than(lambda p: exp_neg_bounds(gamma, p))
 
     def sample(self, n: int) -> IntArray:
         """n independent exact draws."""
@@ -228,10 +230,7 @@ class DiscreteGaussian:
             accept = u_f < a_hat
             unsure = (np.abs(u_f - a_hat) <= _FLOAT_MARGIN) | (np.abs(y) >= _FLOAT_SAFE_Y)
             for i in np.nonzero(unsure)[0]:
-                gamma = self._gamma(int(y[i]))
-                accept[i] = LazyUniform(int(u[i]), 64).less_than(
-                    lambda p, g=gamma: exp_neg_bounds(g, p)
-                )
+                accept[i] = self.accept_exact(int(y[i]), LazyUniform(int(u[i]), 64))
             x = y[accept]
             if x.size:
                 self._accept_rate = max(

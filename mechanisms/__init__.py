@@ -1,0 +1,76 @@
+"""Exact integer noise, calibration and accuracy for dpgate (see docs/mechanisms.md).
+
+Neighbouring relation throughout: databases differing by all rows of one privacy unit
+(add/remove one unit, DESIGN.md). The package knows nothing of SQL or HTTP.
+"""
+
+from __future__ import annotations
+
+from mechanisms.accuracy import accuracy, halfwidth, ratio_interval
+from mechanisms.calibration import (
+    analytic_gaussian_delta,
+    analytic_gaussian_mu,
+    calibrate_query,
+    calibrate_query_rho,
+    grid_resolution,
+    grid_sensitivity,
+    selection_delta,
+    zcdp_epsilon,
+)
+from mechanisms.pool import POOLS
+from mechanisms.types import (
+    Accuracy,
+    MechanismName,
+    Noise,
+    PartitionSelection,
+    PrivacyCost,
+    QueryCalibration,
+    Sensitivity,
+)
+
+__all__ = [
+    "Accuracy",
+    "MechanismName",
+    "Noise",
+    "PartitionSelection",
+    "PrivacyCost",
+    "QueryCalibration",
+    "Sensitivity",
+    "accuracy",
+    "analytic_gaussian_delta",
+    "analytic_gaussian_mu",
+    "calibrate_query",
+    "calibrate_query_rho",
+    "grid_resolution",
+    "grid_sensitivity",
+    "halfwidth",
+    "prefill",
+    "ratio_interval",
+    "sample",
+    "selection_delta",
+    "zcdp_epsilon",
+]
+
+
+def sample(noise: Noise, size: int) -> list[int]:
+    """``size`` independent exact draws of ``noise``, from pre-drawn pools.
+
+    Guarantee: each value is distributed exactly as the discrete Laplace
+    (P(x) ∝ exp(−|x|/scale)) or discrete Gaussian (P(x) ∝ exp(−x²/(2σ²))) named by
+    ``noise``, drawn from ``os.urandom`` with integer arithmetic only (CKS 2020; the exact
+    comparisons are argued in ``mechanisms.exact`` and ``mechanisms.samplers``), independent
+    of every value returned before, and never returned twice (also across forked workers).
+    Added to an integer statistic this is the mechanism ``calibrate_query`` calibrated, DP
+    under add/remove one privacy unit. The call copies values out of a pool filled ahead of
+    time, so its duration depends on ``size`` and not on the values (DESIGN.md invariant 4).
+    """
+    return POOLS.take(noise, size)
+
+
+def prefill(noise: Noise, size: int) -> None:
+    """Make ``size`` values of ``noise`` ready before a release (call after calibration).
+
+    Optional: ``sample`` refills an empty pool itself; calling ``prefill`` early keeps even
+    the first release with a new noise spec free of sampling work.
+    """
+    POOLS.prefill(noise, size)

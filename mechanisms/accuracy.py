@@ -1,0 +1,140 @@
+"""Accuracy of released values, computed from the exact noise distributions.
+
+Accuracy is a function of the noise spec only (never of the data), so publishing it costs
+no privacy: it is post-processing of public parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from mechanisms.types import Accuracy, Noise
+
+# Above this σ, discrete-Gaussian sums are replaced by closed forms (see _gaussian_*).
+_GAUSSIAN_DIRECT_MAX_SIGMA = 2e5
+# The PMF beyond 14σ weighs less than exp(−98) and is left out of the direct sums.
+_GAUSSIAN_TAIL_SIGMAS = 14
+
+
+def _normal_quantile_two_sided(coverage: float) -> float:
+    """z with P(|N(0,1)| ≤ z) = coverage, by bisection on erfc (no scipy at run time)."""
+    lo, hi = 0.0, 40.0
+    tail = 1 - coverage
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if math.erfc(mid / math.sqrt(2)) > tail:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _laplace_stddev(scale: float) -> float:
+    # Var = 2q/(1−q)², q = exp(−1/t); expm1 keeps 1 − q accurate for large t.
+    one_minus_q = -math.expm1(-1 / scale)
+    q = 1 - one_minus_q
+    return math.sqrt(2 * q) / one_minus_q
+
+
+def _laplace_halfwidth(scale: float, coverage: float) -> int:
+    """Smallest integer h with P(|X| ≤ h) ≥ coverage; P(|X| > h) = 2q^(h+1)/(1+q)."""
+    log_q = -1 / scale
+    q = math.exp(log_q)
+    tail = 1 - coverage
+
+    def outside(h: int) -> float:
+        return 2 * math.exp((h + 1) * log_q) / (1 + q)
+
+    h = max(0, math.ceil(math.log(tail * (1 + q) / 2) / log_q) - 1)
+    while h > 0 and outside(h - 1) <= tail:
+        h -= 1
+    while outside(h) > tail:
+        h += 1
+    return h
+
+
+def _gaussian_table(sigma2: float) -> tuple[np.ndarray, float]:
+    """P(|X| ≤ h) for h = 0..H and the variance, by direct summation of the PMF."""
+    sigma = math.sqrt(sigma2)
+    top = math.ceil(_GAUSSIAN_TAIL_SIGMAS * sigma) + 2
+    x = np.arange(0, top + 1, dtype=np.float64)
+    w = np.exp(-(x * x) / (2 * sigma2))
+    z = w[0] + 2 * math.fsum(w[1:])
+    variance = 2 * math.fsum(x[1:] * x[1:] * w[1:]) / z
+    inside = (w[0] + 2 * np.concatenate(([0.0], np.cumsum(w[1:])))) / z
+    return inside, variance
+
+
+def _gaussian_stddev_halfwidth(sigma2: float, coverage: float) -> tuple[float, int]:
+    sigma = math.sqrt(sigma2)
+    if sigma <= _GAUSSIAN_DIRECT_MAX_SIGMA:
+        inside, variance = _gaussian_table(sigma2)
+        h = int(np.searchsorted(inside, coverage, side="left"))
+        return math.sqrt(variance), h
+    # Poisson summation: the normaliser and second moment of the discrete Gaussian equal the
+    # continuous ones up to a relative exp(−2π²σ²) (CKS 2020, Fact 18), i.e. exactly in
+    # double precision here; the tail P(X ≥ k) is the midpoint-rule value Φ̄((k − ½)/σ) up to
+    # a relative O(1/σ²) < 1e-10, far below the step of P(|X| ≤ h) in h.
+    z = _normal_quantile_two_sided(coverage)
+    return sigma, max(0, math.ceil(z * sigma - 0.5))
+
+
+@lru_cache(maxsize=1024)
+def halfwidth(noise: Noise, coverage: float) -> int:
+    """Smallest integer h with P(|noise| ≤ h) ≥ coverage, from the exact PMF."""
+    if not 0 < coverage < 1:
+        raise ValueError("coverage must be in (0, 1)")
+    if noise.mechanism == "laplace":
+        return _laplace_halfwidth(float(noise.scale), coverage)
+    if noise.mechanism == "gaussian":
+        return _gaussian_stddev_halfwidth(_sigma2(noise), coverage)[1]
+    raise ValueError(f"unknown mechanism {noise.mechanism!r}")
+
+
+def _sigma2(noise: Noise) -> float:
+    return float(noise.sigma2 if noise.sigma2 is not None else noise.scale * noise.scale)
+
+
+@lru_cache(maxsize=1024)
+def accuracy(noise: Noise) -> Accuracy:
+    """Exact standard deviation and 95% half-width of one noise distribution.
+
+    Guarantee: for any true value v, the released v + X satisfies P(|X| ≤ ci95_halfwidth)
+    ≥ 0.95, and ci95_halfwidth is the smallest integer with that property; stddev is
+    √E[X²]. Both are computed from the discrete PMF (closed forms for the discrete Laplace,
+    q = exp(−1/t): Var = 2q/(1−q)², P(|X| > h) = 2q^(h+1)/(1+q); summation of the PMF, or
+    Poisson summation for σ > 2·10⁵, for the discrete Gaussian — CKS 2020, Sec. 2). The
+    data is not involved, so this is free post-processing under add/remove-one-unit DP.
+    """
+    if noise.mechanism == "laplace":
+        t = float(noise.scale)
+        return Accuracy(_laplace_stddev(t), float(_laplace_halfwidth(t, 0.95)))
+    if noise.mechanism == "gaussian":
+        sd, h = _gaussian_stddev_halfwidth(_sigma2(noise), 0.95)
+        return Accuracy(sd, float(h))
+    raise ValueError(f"unknown mechanism {noise.mechanism!r}")
+
+
+def ratio_interval(num: int, num_noise: Noise, den: int, den_noise: Noise) -> tuple[float, float]:
+    """A ≥95% confidence interval for true_sum/true_count given noisy ``num`` and ``den``.
+
+    Method: the true sum is in [num − h₁, num + h₁] and the true count in
+    [den − h₂, den + h₂] with h₁, h₂ the exact 97.5% half-widths of the two noises; by the
+    union bound both hold with probability ≥ 95%, and then the ratio lies between the
+    extreme ratios over that box, where the count is also at least 1 (an average of no rows
+    is not released). If the count box has no value ≥ 1 the interval is (−inf, inf).
+    Units are those of ``num``/``den`` (multiply by the grid resolution for real columns).
+    Post-processing of released values: no privacy cost.
+    """
+    h1 = halfwidth(num_noise, 0.975)
+    h2 = halfwidth(den_noise, 0.975)
+    c_lo, c_hi = max(den - h2, 1), den + h2
+    if c_hi < 1:
+        return (-math.inf, math.inf)
+    s_lo, s_hi = num - h1, num + h1
+    lo = min(s_lo / c_lo, s_lo / c_hi)
+    hi = max(s_hi / c_lo, s_hi / c_hi)
+    return (lo, hi)

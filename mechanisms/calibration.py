@@ -1,0 +1,391 @@
+"""Calibration: from a query's privacy parameters and sensitivities to noise and cost.
+
+Neighbouring relation everywhere in this module (DESIGN.md): two databases are neighbours
+when one is the other plus all rows of one privacy unit (add/remove one unit). A
+``Sensitivity`` is the most one unit can move one measure, summed over all the groups the
+unit may touch (the gateway already multiplied by ``max_groups_per_unit``), in integer units.
+
+How a query's budget is split. A query has m measures (AVG = one SUM and one COUNT) and,
+when its group keys are not public, one partition-selection step. Each of these *parts*
+gets an equal share of ε (Laplace) or of ρ (Gaussian from ρ); for Gaussian from (ε, δ) the
+measures are calibrated *jointly* (one analytic-Gaussian calibration for the whole vector
+of measures). δ goes to the parts that need it: with Laplace all of δ goes to selection;
+with Gaussian and selection, selection gets the same 1/(m+1) share of (ε, δ) as one measure.
+
+Partition selection always uses discrete Laplace noise on per-group unit counts (even for a
+Gaussian query), so that its privacy loss is pure ε_s except on the event "a group that
+exists only because of the added unit is released", whose probability is the charged δ.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+
+from mechanisms.samplers import MAX_SCALE
+from mechanisms.types import (
+    MechanismName,
+    Noise,
+    PartitionSelection,
+    PrivacyCost,
+    QueryCalibration,
+    Sensitivity,
+)
+
+# σ is rounded *up* to a multiple of 2^−20, so the recorded scale is exact and no smaller
+# than the calibrated one.
+_SIGMA_GRID = 1 << 20
+# Relative slack added to σ to absorb floating-point error in the analytic-Gaussian search.
+_SIGMA_SLACK = 1e-9
+# Grid values of a real column stay below 2^21 in magnitude (see grid_resolution).
+_GRID_BITS = 20
+
+
+def _check_epsilon(epsilon: float) -> Fraction:
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)):
+        raise ValueError(f"epsilon must be a number, got {epsilon!r}")
+    if not math.isfinite(epsilon) or epsilon <= 0:
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
+    if epsilon > 100:
+        raise ValueError(f"epsilon must be <= 100, got {epsilon!r}")
+    return Fraction(epsilon)
+
+
+def _check_delta(delta: float, *, positive: bool, what: str) -> float:
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)):
+        raise ValueError(f"delta must be a number, got {delta!r}")
+    if not math.isfinite(delta) or delta < 0 or delta >= 1:
+        raise ValueError(f"delta must be finite and in [0, 1), got {delta!r}")
+    if positive and delta <= 0:
+        raise ValueError(f"delta must be > 0 {what}, got {delta!r}")
+    return float(delta)
+
+
+def _check_sensitivities(sensitivities: Sequence[Sensitivity]) -> None:
+    if len(sensitivities) == 0:
+        raise ValueError("a query needs at least one measure (sensitivities is empty)")
+    for i, s in enumerate(sensitivities):
+        if not isinstance(s, Sensitivity):
+            raise ValueError(f"sensitivities[{i}] is not a Sensitivity: {s!r}")
+        for name in ("l1", "l2", "linf"):
+            v = getattr(s, name)
+            if not isinstance(v, (Fraction, int)) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"sensitivities[{i}].{name} must be a Fraction > 0, got {v!r}")
+
+
+def _check_groups(max_groups_per_unit: int | None) -> None:
+    if max_groups_per_unit is None:
+        return
+    if (
+        isinstance(max_groups_per_unit, bool)
+        or not isinstance(max_groups_per_unit, int)
+        or max_groups_per_unit < 1
+    ):
+        raise ValueError(
+            f"max_groups_per_unit must be an integer >= 1, got {max_groups_per_unit!r}"
+        )
+
+
+def _check_scale(scale: Fraction) -> None:
+    if scale > MAX_SCALE:
+        raise ValueError(
+            f"the noise scale {float(scale):.3g} is too large (> 2^40): raise epsilon or "
+            "tighten the bounds"
+        )
+
+
+# --- Gaussian tails in log space -------------------------------------------------------
+
+
+def _log_phi_neg(a: float) -> float:
+    """log Φ(−a) for any real a, accurate in the far tail (Φ = standard normal CDF)."""
+    if a < 30:
+        return math.log(0.5 * math.erfc(a / math.sqrt(2)))
+    # Asymptotic expansion of the Mills ratio; relative error < 1e-8 for a ≥ 30.
+    return -a * a / 2 - math.log(a) - 0.5 * math.log(2 * math.pi) + math.log1p(-1 / a**2 + 3 / a**4)
+
+
+def analytic_gaussian_delta(mu: float, epsilon: float) -> float:
+    """δ(ε) of the Gaussian mechanism with sensitivity/σ ratio ``mu`` (Balle & Wang 2018, Thm 8).
+
+    δ = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ), the exact privacy profile of adding N(0, σ²) to a
+    statistic of L2 sensitivity Δ = μσ.
+    """
+    a = math.exp(_log_phi_neg(epsilon / mu - mu / 2))
+    b = math.exp(min(epsilon + _log_phi_neg(mu / 2 + epsilon / mu), 700.0))
+    return max(a - b, 0.0)
+
+
+def analytic_gaussian_mu(epsilon: float, delta: float) -> float:
+    """The largest Δ/σ for which the Gaussian mechanism is (ε, δ)-DP (analytic calibration).
+
+    δ(μ) is increasing in μ, so a bisection on log μ finds it; the returned μ is on the
+    safe side (δ(μ) ≤ δ) of the bisection bracket.
+    """
+    lo, hi = 1e-6, 1.0
+    while analytic_gaussian_delta(hi, epsilon) <= delta:
+        lo, hi = hi, hi * 2
+        if hi > 1e6:
+            raise ValueError("(epsilon, delta) too weak to calibrate a Gaussian mechanism")
+    if analytic_gaussian_delta(lo, epsilon) > delta:
+        raise ValueError(f"delta={delta!r} is too small to calibrate a Gaussian mechanism")
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        if analytic_gaussian_delta(mid, epsilon) <= delta:
+            lo = mid
+        else:
+            hi = mid
+        if hi / lo < 1 + 1e-12:
+            break
+    return lo
+
+
+def zcdp_epsilon(rho: float, delta: float) -> float:
+    """ε such that ρ-zCDP implies (ε, δ)-DP (Canonne, Kamath & Steinke 2020, Cor. 13).
+
+    ε = min over α > 1 of ρα + (log(1/δ) + (α−1) log(1 − 1/α) − log α) / (α − 1).
+    The objective is convex in α on the range that matters; a golden-section search on
+    log α gives the minimum to well below display precision.
+    """
+    if rho <= 0:
+        return 0.0
+
+    def f(alpha: float) -> float:
+        return rho * alpha + (
+            math.log(1 / delta) + (alpha - 1) * math.log1p(-1 / alpha) - math.log(alpha)
+        ) / (alpha - 1)
+
+    lo, hi = math.log(1.0 + 1e-9), math.log(1e7)
+    g = (math.sqrt(5) - 1) / 2
+    for _ in range(200):
+        a = hi - g * (hi - lo)
+        b = lo + g * (hi - lo)
+        if f(math.exp(a)) < f(math.exp(b)):
+            hi = b
+        else:
+            lo = a
+    return f(math.exp((lo + hi) / 2))
+
+
+def _gaussian_noise(l2: Fraction, sigma: float) -> Noise:
+    scale = Fraction(math.ceil(sigma * (1 + _SIGMA_SLACK) * _SIGMA_GRID), _SIGMA_GRID)
+    _check_scale(scale)
+    return Noise("gaussian", scale, scale * scale)
+
+
+def _rho_of(noises: Sequence[Noise], sensitivities: Sequence[Sensitivity]) -> Fraction:
+    total = Fraction(0)
+    for noise, s in zip(noises, sensitivities, strict=True):
+        assert noise.sigma2 is not None
+        total += s.l2 * s.l2 / (2 * noise.sigma2)
+    return total
+
+
+# --- Partition selection ----------------------------------------------------------------
+
+
+def selection_delta(epsilon: Fraction, threshold: int, max_groups_per_unit: int) -> float:
+    """The δ of releasing groups whose noisy unit count, + DLap(g/ε_s), is ≥ ``threshold``.
+
+    A unit touches at most g groups. Groups it shares with others see their counts move by
+    ≤ 1 each (L1 ≤ g), which discrete Laplace of scale g/ε_s hides with pure ε_s. A group
+    that exists only because of the unit has count 1 and is released with probability
+    P(1 + Z ≥ τ) = q^(τ−1)/(1+q), q = exp(−ε_s/g) (τ ≥ 2); at most g such groups, so the
+    probability p that any is released is ≤ g·q^(τ−1)/(1+q). Conditioning on "none is
+    released" gives the two directions of (ε_s, δ)-DP with δ = e^ε_s · p/(1 − p), and
+    δ-approximate (ε_s²/2)-zCDP (Bun & Steinke 2016, Def. 8) with the smaller δ = p.
+    """
+    eps = float(epsilon)
+    q = math.exp(-eps / max_groups_per_unit)
+    p = min(1.0, max_groups_per_unit * math.exp((threshold - 1) * math.log(q)) / (1 + q))
+    if p >= 1:
+        return 1.0
+    return math.exp(eps) * p / (1 - p)
+
+
+def _partition_selection(
+    epsilon: Fraction, delta: float, max_groups_per_unit: int
+) -> tuple[PartitionSelection, float]:
+    g = max_groups_per_unit
+    scale = Fraction(g) / epsilon
+    _check_scale(scale)
+    # Closed-form first guess, then walk to the smallest τ ≥ 2 meeting the target with a
+    # relative safety margin against rounding in the float evaluation.
+    target = delta * (1 - 1e-9)
+    eps = float(epsilon)
+    q = math.exp(-eps / g)
+    guess = math.log(target * math.exp(-eps) * (1 + q) / g / 2) / math.log(q) + 1
+    tau = max(2, math.ceil(guess) - 2)
+    while selection_delta(epsilon, tau, g) > target:
+        tau += 1
+    while tau > 2 and selection_delta(epsilon, tau - 1, g) <= target:
+        tau -= 1
+    achieved = selection_delta(epsilon, tau, g)
+    return PartitionSelection(Noise("laplace", scale), tau, g), achieved
+
+
+# --- Public calibration -----------------------------------------------------------------
+
+
+def calibrate_query(
+    mechanism: MechanismName,
+    epsilon: float,
+    delta: float,
+    sensitivities: Sequence[Sensitivity],
+    *,
+    max_groups_per_unit: int | None = None,
+) -> QueryCalibration:
+    """Noise for every measure of one query (and its partition selection) at cost (ε, δ).
+
+    Guarantee (add/remove one privacy unit): the tuple of all noisy measures, over all
+    groups, together with the set of groups released by partition selection, is
+    (ε, δ)-DP where (ε, δ) is the *whole query's* request; the returned ``cost`` is what
+    the ledger must charge.
+
+    - Laplace: each of the P = m (+1 with selection) parts gets ε/P; measure i gets
+      discrete Laplace of scale Δ1_i/(ε/P), which is (ε/P)-DP for an integer statistic of
+      L1 sensitivity Δ1_i (CKS 2020, Thm 2 for the discrete Laplace; basic composition).
+      cost = (ε, 0, ρ = ε²/2) (Bun & Steinke 2016, Prop. 1.4: ε-DP ⇒ ε²/2-zCDP) plus the
+      selection δ. δ > 0 is required only with selection.
+    - Gaussian: the measures share (ε_m, δ_m) = (1 − 1/P)(ε, δ) with selection, (ε, δ)
+      without. One analytic-Gaussian calibration (Balle & Wang 2018) finds the largest
+      μ = ‖Δ/σ‖₂ allowed; measure i gets σ_i = Δ2_i·√m/μ (equal ρ shares), so the whole
+      vector of measures is exactly a Gaussian mechanism with ratio μ. The noise is the
+      discrete Gaussian, whose privacy is that of the continuous one up to a negligible
+      term for σ ≥ 1 (CKS 2020, Thm 7 and 15) and exactly ρ = Σ Δ2_i²/(2σ_i²)-zCDP
+      (CKS 2020, Thm 14), which is what ``cost.rho`` records.
+    - Selection (``max_groups_per_unit`` given): see ``selection_delta``.
+
+    Raises ValueError on invalid parameters.
+    """
+    eps = _check_epsilon(epsilon)
+    _check_sensitivities(sensitivities)
+    _check_groups(max_groups_per_unit)
+    selecting = max_groups_per_unit is not None
+    m = len(sensitivities)
+    parts = m + (1 if selecting else 0)
+
+    if mechanism == "laplace":
+        d = _check_delta(delta, positive=selecting, what="for partition selection")
+        share = eps / parts
+        noises: list[Noise] = []
+        for s in sensitivities:
+            scale = Fraction(s.l1) / share
+            _check_scale(scale)
+            noises.append(Noise("laplace", scale))
+        selection: PartitionSelection | None = None
+        sel_delta = 0.0
+        if max_groups_per_unit is not None:
+            selection, sel_delta = _partition_selection(share, d, max_groups_per_unit)
+        e = float(eps)
+        return QueryCalibration(
+            tuple(noises), selection, PrivacyCost(e, 0.0, e * e / 2, selection_delta=sel_delta)
+        )
+
+    if mechanism == "gaussian":
+        d = _check_delta(delta, positive=True, what="for the Gaussian mechanism")
+        eps_m, delta_m = float(eps), d
+        selection = None
+        sel_delta = 0.0
+        rho_sel = Fraction(0)
+        if max_groups_per_unit is not None:
+            sel_eps = eps / parts
+            selection, sel_delta = _partition_selection(sel_eps, d / parts, max_groups_per_unit)
+            eps_m = float(eps - sel_eps)
+            delta_m = d - d / parts
+            rho_sel = sel_eps * sel_eps / 2
+        mu = analytic_gaussian_mu(eps_m, delta_m)
+        noises = [
+            _gaussian_noise(Fraction(s.l2), float(s.l2) * math.sqrt(m) / mu) for s in sensitivities
+        ]
+        rho = _rho_of(noises, sensitivities) + rho_sel
+        return QueryCalibration(
+            tuple(noises), selection, PrivacyCost(float(eps), delta_m, float(rho), sel_delta)
+        )
+
+    raise ValueError(f"mechanism must be 'laplace' or 'gaussian', got {mechanism!r}")
+
+
+def calibrate_query_rho(
+    rho: float,
+    sensitivities: Sequence[Sensitivity],
+    *,
+    delta: float,
+    max_groups_per_unit: int | None = None,
+) -> QueryCalibration:
+    """Discrete Gaussian noise for every measure of one query calibrated to total ρ-zCDP.
+
+    Guarantee (add/remove one privacy unit): the noisy measures are ρ_m-zCDP with each of
+    the P = m (+1 with selection) parts getting ρ/P, σ_i = Δ2_i / √(2ρ/P) (CKS 2020,
+    Thm 14: the discrete Gaussian is Δ²/(2σ²)-zCDP); selection (if any) uses discrete
+    Laplace with ε_s = √(2ρ/P), which is ε_s²/2 = ρ/P-zCDP except on an event of
+    probability ``cost.selection_delta`` ≤ ``delta`` (δ-approximate zCDP). ``delta`` is
+    also the δ at which ``cost.epsilon`` is shown (CKS 2020, Cor. 13 conversion of ρ).
+    """
+    if isinstance(rho, bool) or not isinstance(rho, (int, float)):
+        raise ValueError(f"rho must be a number, got {rho!r}")
+    if not math.isfinite(rho) or rho <= 0 or rho > 5000:
+        raise ValueError(f"rho must be finite and in (0, 5000], got {rho!r}")
+    d = _check_delta(delta, positive=True, what="to state the (epsilon, delta) of a rho")
+    _check_sensitivities(sensitivities)
+    _check_groups(max_groups_per_unit)
+    m = len(sensitivities)
+    parts = m + (1 if max_groups_per_unit is not None else 0)
+    share = Fraction(rho) / parts
+    noises = [
+        _gaussian_noise(Fraction(s.l2), float(s.l2) / math.sqrt(2 * float(share)))
+        for s in sensitivities
+    ]
+    rho_total = _rho_of(noises, sensitivities)
+    selection = None
+    sel_delta = 0.0
+    if max_groups_per_unit is not None:
+        sel_eps = Fraction(math.sqrt(2 * float(share)))
+        selection, sel_delta = _partition_selection(sel_eps, d, max_groups_per_unit)
+        rho_total += sel_eps * sel_eps / 2
+    r = float(rho_total)
+    return QueryCalibration(
+        tuple(noises), selection, PrivacyCost(zcdp_epsilon(r, d), d, r, sel_delta)
+    )
+
+
+# --- Real-valued columns ------------------------------------------------------------------
+
+
+def grid_resolution(lower: float, upper: float) -> Fraction:
+    """The power of two g to which the gateway rounds a clamped real column before summing.
+
+    g = 2^(⌊log2 M⌋ − 20), M = max(|lower|, |upper|), so every rounded value round(v/g) of a
+    clamped v has magnitude < 2^21: relative rounding error ≤ 2^−21 per row, and integer
+    sums stay exact in 64 bits for up to 2^42 rows. Noise is calibrated in grid units with
+    ``grid_sensitivity``; see docs/mechanisms.md for why the rounding is inside the
+    sensitivity argument (it is a per-row function applied before aggregation).
+    """
+    for name, v in (("lower", lower), ("upper", upper)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"{name} must be a finite number, got {v!r}")
+    if lower > upper:
+        raise ValueError(f"lower ({lower!r}) must be <= upper ({upper!r})")
+    bound = max(abs(lower), abs(upper))
+    if bound == 0:
+        raise ValueError("bounds [0, 0] leave nothing to measure")
+    _, exponent = math.frexp(bound)  # bound = f·2^exponent, f ∈ [0.5, 1)
+    k = exponent - 1 - _GRID_BITS
+    return Fraction(2) ** k
+
+
+def grid_sensitivity(
+    lower: float, upper: float, resolution: Fraction, max_rows_per_unit: int
+) -> Fraction:
+    """L1 (= L∞) sensitivity, in grid units, of SUM(round(clamp(v, lower, upper) / g)).
+
+    One unit adds at most ``max_rows_per_unit`` rows, each contributing an integer whose
+    magnitude is at most ⌈max(|lower|, |upper|)/g⌉ whatever the database's rounding mode
+    (half-even, half-away) — rounding is monotone and never crosses the next integer.
+    """
+    if max_rows_per_unit < 1:
+        raise ValueError("max_rows_per_unit must be >= 1")
+    bound = Fraction(max(abs(lower), abs(upper)))
+    per_row = -((-bound) // resolution)  # ceiling
+    return Fraction(per_row * max_rows_per_unit)

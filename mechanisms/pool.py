@@ -1,0 +1,149 @@
+"""Noise drawn ahead of time, so that the time of a release does not depend on the noise.
+
+Invariant 4 of DESIGN.md: the response time must not depend on the noise drawn. The
+samplers are vectorised and their running time depends on the values they produce only
+through rare events (a rejected proposal, a tail recursion, an undecided prefix), but a
+sampler that runs *while* a release waits would still leak those events. So the release
+path never samples: ``sample`` copies values out of a pool that was filled earlier, an
+operation whose cost depends on how many values are taken, never on what they are.
+
+Pools are keyed by the exact ``Noise`` spec. A daemon thread refills a pool when it falls
+below its low-water mark, off the request path. A release that finds its pool short (the
+first release with a new spec, or a burst) fills it synchronously with a whole batch first
+and then takes from it; the batch's cost depends on the batch as a whole, of which the
+released values are a negligible part. The gateway can remove even that by calling
+``prefill`` with the query's noises right after calibration, before executing the query.
+
+Fork safety: a forked worker (gunicorn) would inherit a copy of every pool and release the
+same noise as its siblings. Pools are therefore tagged with the process id and emptied in
+the child after a fork.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mechanisms.samplers import DiscreteGaussian, DiscreteLaplace, IntArray
+from mechanisms.types import Noise
+
+# Values a pool holds after a refill; a refill starts below the low-water mark.
+POOL_TARGET = 4096
+POOL_LOW_WATER = 1024
+# Distinct noise specs kept (queries with the same parameters share one pool).
+MAX_POOLS = 256
+
+
+def make_sampler(noise: Noise) -> DiscreteLaplace | DiscreteGaussian:
+    """The exact sampler for a noise spec (raises ValueError for an invalid spec)."""
+    if noise.mechanism == "laplace":
+        return DiscreteLaplace(noise.scale)
+    if noise.mechanism == "gaussian":
+        sigma2 = noise.sigma2 if noise.sigma2 is not None else noise.scale * noise.scale
+        return DiscreteGaussian(sigma2)
+    raise ValueError(f"unknown mechanism {noise.mechanism!r}")
+
+
+@dataclass
+class _Pool:
+    sampler: DiscreteLaplace | DiscreteGaussian
+    values: IntArray
+    start: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def available(self) -> int:
+        return int(self.values.size) - self.start
+
+
+class NoisePools:
+    """Per-spec pools of pre-drawn noise with a background refiller."""
+
+    def __init__(self, target: int = POOL_TARGET, low_water: int = POOL_LOW_WATER) -> None:
+        self.target = target
+        self.low_water = low_water
+        self._pools: OrderedDict[Noise, _Pool] = OrderedDict()
+        self._registry_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    def _reset_after_fork(self) -> None:
+        self._pools = OrderedDict()
+        self._registry_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = None
+        self._pid = os.getpid()
+
+    def _pool(self, noise: Noise) -> _Pool:
+        if self._pid != os.getpid():
+            self._reset_after_fork()
+        with self._registry_lock:
+            pool = self._pools.get(noise)
+            if pool is None:
+                pool = _Pool(make_sampler(noise), np.empty(0, dtype=np.int64))
+                self._pools[noise] = pool
+                while len(self._pools) > MAX_POOLS:
+                    self._pools.popitem(last=False)
+            else:
+                self._pools.move_to_end(noise)
+            return pool
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._refill_loop, name="dpgate-noise-refill", daemon=True
+            )
+            self._thread.start()
+
+    def _refill_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            with self._registry_lock:
+                pools = list(self._pools.values())
+            for pool in pools:
+                if pool.available() < self.low_water:
+                    self._top_up(pool, self.target)
+
+    @staticmethod
+    def _top_up(pool: _Pool, target: int) -> None:
+        """Draw outside the lock, append under it: takers never wait for a sampler."""
+        missing = target - pool.available()
+        if missing <= 0:
+            return
+        fresh = pool.sampler.sample(missing)
+        with pool.lock:
+            pool.values = np.concatenate((pool.values[pool.start :], fresh))
+            pool.start = 0
+
+    def prefill(self, noise: Noise, size: int) -> None:
+        """Make sure at least ``size`` values of ``noise`` are ready (call before a release)."""
+        pool = self._pool(noise)
+        while pool.available() < size:
+            self._top_up(pool, max(size, self.target))
+
+    def take(self, noise: Noise, size: int) -> list[int]:
+        """``size`` pre-drawn values, removed from the pool (never released twice)."""
+        if size < 0:
+            raise ValueError("size must be >= 0")
+        pool = self._pool(noise)
+        while True:
+            with pool.lock:
+                if pool.available() >= size:
+                    out = pool.values[pool.start : pool.start + size]
+                    pool.start += size
+                    low = pool.available() < self.low_water
+                    break
+            self._top_up(pool, max(size, self.target))
+        if low:
+            self._ensure_thread()
+            self._wake.set()
+        return out.tolist()
+
+
+POOLS = NoisePools()
+os.register_at_fork(after_in_child=POOLS._reset_after_fork)
