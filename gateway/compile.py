@@ -1,0 +1,213 @@
+"""Compilation: a QueryPlan → one aggregate SQL statement in the target dialect.
+
+The analyst's text is never sent to the database: the statement is rebuilt from the plan
+with sqlglot. It enforces, inside the SQL,
+
+- clamping of every summed value to its declared [lower, upper], then rounding to the
+  measure's grid (``resolution``), summed as integers;
+- per-unit contribution bounding: at most ``max_rows_per_unit`` rows per privacy unit
+  (``ROW_NUMBER() OVER (PARTITION BY unit …)``) and, with GROUP BY, at most
+  ``max_groups_per_unit`` groups (``DENSE_RANK``), so the sensitivities in the plan hold
+  whatever the data is (DESIGN.md invariant 6);
+- for keys that are not public, the number of distinct units per group, which partition
+  selection thresholds.
+
+The statement returns one row per group: the key values, then one exact integer per
+measure, then (with partition selection) the unit count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from sqlglot import exp
+
+from gateway.analyze.resolve import infer_type
+from gateway.config import TableConfig
+from gateway.plan import Measure, QueryPlan
+
+UNIT = "dp_unit"
+ROW_RANK = "dp_row_rank"
+GROUP_RANK = "dp_group_rank"
+
+
+@dataclass(frozen=True)
+class CompiledQuery:
+    """The SQL text to run, and how to read its result rows."""
+
+    sql: str
+    n_keys: int
+    n_measures: int
+    has_unit_count: bool
+
+
+def compile_plan(plan: QueryPlan, table: TableConfig, dialect: str) -> CompiledQuery:
+    """Build the one statement that computes ``plan``'s exact measures in ``dialect``."""
+    keys = [_portable(k.expression, table) for k in plan.group_keys]
+    where = _portable(plan.where, table) if plan.where is not None else None
+    inputs = [_measure_input(m, table) for m in plan.measures]
+    rows_bound = table.max_rows_per_unit if table.privacy_unit else None
+    groups_bound = None
+    if table.privacy_unit and keys and table.max_groups_per_unit is not None:
+        groups_bound = min(table.max_groups_per_unit, table.max_rows_per_unit)
+        if groups_bound >= table.max_rows_per_unit:
+            groups_bound = None  # already implied by the row bound
+    selection = plan.needs_partition_selection
+    source = exp.Table(
+        this=exp.to_identifier(table.sql_name, quoted=True),
+        db=exp.to_identifier(table.schema, quoted=True) if table.schema else None,
+    )
+    needs_units = any(m.kind == "count_units" for m in plan.measures) or selection
+
+    if rows_bound is None:
+        # Row-level privacy: each row is its own unit, nothing to bound.
+        aggregates = [
+            _aggregate(m, inp, unit=None) for m, inp in zip(plan.measures, inputs, strict=True)
+        ]
+        if selection:
+            aggregates.append(exp.Count(this=exp.Star()))
+        query = exp.select(*_aliased(keys, "k"), *_aliased(aggregates, "m")).from_(source)
+        if where is not None:
+            query = query.where(where)
+    else:
+        unit = exp.column(table.privacy_unit or "", quoted=True)
+        inner_cols: list[exp.Expression] = [exp.alias_(unit, UNIT, quoted=True)]
+        inner_cols += _aliased(keys, "k")
+        inner_cols += _aliased([i for i in inputs if i is not None], "v")
+        order = [k.copy() for k in keys] or [unit.copy()]
+        inner_cols.append(
+            exp.alias_(
+                exp.Window(
+                    this=exp.RowNumber(),
+                    partition_by=[unit.copy()],
+                    order=exp.Order(expressions=[exp.Ordered(this=o) for o in order]),
+                ),
+                ROW_RANK,
+                quoted=True,
+            )
+        )
+        if groups_bound is not None:
+            inner_cols.append(
+                exp.alias_(
+                    exp.Window(
+                        this=exp.func("DENSE_RANK"),
+                        partition_by=[unit.copy()],
+                        order=exp.Order(expressions=[exp.Ordered(this=k.copy()) for k in keys]),
+                    ),
+                    GROUP_RANK,
+                    quoted=True,
+                )
+            )
+        inner = exp.select(*inner_cols).from_(source)
+        if where is not None:
+            inner = inner.where(where)
+        bounded = exp.column(ROW_RANK, quoted=True) <= exp.Literal.number(rows_bound)
+        if groups_bound is not None:
+            bounded = exp.and_(
+                bounded, exp.column(GROUP_RANK, quoted=True) <= exp.Literal.number(groups_bound)
+            )
+        outer_keys = [exp.column(f"k{i}", quoted=True) for i in range(len(keys))]
+        aggregates = []
+        v = 0
+        for m, inp in zip(plan.measures, inputs, strict=True):
+            ref = None
+            if inp is not None:
+                ref = exp.column(f"v{v}", quoted=True)
+                v += 1
+            aggregates.append(_aggregate(m, ref, unit=exp.column(UNIT, quoted=True)))
+        if selection:
+            aggregates.append(
+                exp.Count(this=exp.Distinct(expressions=[exp.column(UNIT, quoted=True)]))
+            )
+        query = (
+            exp.select(*_aliased(outer_keys, "k"), *_aliased(aggregates, "m"))
+            .from_(exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier("b"))))
+            .where(bounded)
+        )
+        keys = outer_keys
+        del needs_units
+    if keys:
+        query = query.group_by(*[exp.column(f"k{i}", quoted=True) for i in range(len(keys))])
+    return CompiledQuery(
+        sql=query.sql(dialect=dialect),
+        n_keys=len(plan.group_keys),
+        n_measures=len(plan.measures),
+        has_unit_count=selection,
+    )
+
+
+def _aliased(nodes: list[exp.Expression], prefix: str) -> list[exp.Expression]:
+    return [exp.alias_(n, f"{prefix}{i}", quoted=True) for i, n in enumerate(nodes)]
+
+
+def _measure_input(m: Measure, table: TableConfig) -> exp.Expression | None:
+    """The per-row value a measure aggregates (None for COUNT(*) and unit counts)."""
+    if m.expression is None:
+        return None
+    value = _portable(m.expression, table)
+    if m.kind != "sum":
+        return value
+    assert m.lower is not None and m.upper is not None
+    lower, upper = _number(m.lower), _number(m.upper)
+    clamped = exp.Case(
+        ifs=[
+            exp.If(this=exp.LT(this=value.copy(), expression=lower), true=lower.copy()),
+            exp.If(this=exp.GT(this=value.copy(), expression=upper), true=upper.copy()),
+        ],
+        default=value,
+    )
+    steps = 1 / m.resolution
+    scaled: exp.Expression = clamped
+    if steps != 1:
+        scaled = exp.Mul(this=exp.Paren(this=clamped), expression=_fraction(steps))
+    return exp.Cast(this=exp.Round(this=scaled), to=exp.DataType.build("BIGINT"))
+
+
+def _aggregate(
+    m: Measure, value: exp.Expression | None, unit: exp.Expression | None
+) -> exp.Expression:
+    if m.kind == "count_rows":
+        return exp.Count(this=exp.Star())
+    if m.kind == "count_units":
+        if unit is None:
+            return exp.Count(this=exp.Star())
+        return exp.Count(this=exp.Distinct(expressions=[unit.copy()]))
+    assert value is not None
+    if m.kind == "count_values":
+        return exp.Count(this=value)
+    return exp.Coalesce(this=exp.Sum(this=value), expressions=[exp.Literal.number(0)])
+
+
+def _number(x: float) -> exp.Expression:
+    if float(x).is_integer():
+        literal = exp.Literal.number(int(x))
+    else:
+        literal = exp.Literal.number(repr(float(x)))
+    return exp.Neg(this=exp.Literal.number(str(literal.this).lstrip("-"))) if x < 0 else literal
+
+
+def _fraction(f: Fraction) -> exp.Expression:
+    if f.denominator == 1:
+        return exp.Literal.number(f.numerator)
+    return exp.Literal.number(repr(float(f)))  # powers of two are exact in binary floating point
+
+
+def _portable(node: exp.Expression, table: TableConfig) -> exp.Expression:
+    """A copy of a resolved row expression whose meaning is the same in every dialect.
+
+    Division of two integers truncates (as in SQLite and PostgreSQL); every other
+    division is floating point. Column names are quoted.
+    """
+
+    def fix(n: exp.Expression) -> exp.Expression:
+        if isinstance(n, exp.Div):
+            left, right = infer_type(n.this, table), infer_type(n.expression, table)
+            if left == right == "integer":
+                return exp.IntDiv(this=n.this, expression=n.expression)
+            n.set("typed", False)
+        if isinstance(n, exp.Column):
+            return exp.column(n.name, quoted=True)
+        return n
+
+    return node.copy().transform(fix)

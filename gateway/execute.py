@@ -1,0 +1,130 @@
+"""Execution: run one compiled aggregate statement on the protected database, read-only.
+
+Connections are opened read-only and with a statement timeout, per backend:
+
+- SQLite: the file is opened with ``mode=ro`` and a progress handler aborts a statement
+  past its deadline;
+- PostgreSQL: ``default_transaction_read_only`` and ``statement_timeout`` are set on
+  each connection;
+- DuckDB: the database is opened ``read_only``; a timer interrupts a late statement;
+- any other engine: ``SET TRANSACTION READ ONLY`` is attempted, and the statement runs
+  under a timer that cancels it where the driver allows.
+
+A failure is reported as ``DatabaseUnavailable`` with a generic message: database error
+texts can quote data values (a failed cast echoes the value), so they never reach the
+analyst.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+from gateway.errors import DatabaseUnavailable
+
+log = logging.getLogger("dpgate.execute")
+
+
+def sqlglot_dialect(engine: sa.Engine) -> str:
+    """The sqlglot dialect name for a SQLAlchemy engine."""
+    name = engine.dialect.name
+    return {"postgresql": "postgres", "mssql": "tsql", "mariadb": "mysql"}.get(name, name)
+
+
+def open_protected_engine(url: str, *, statement_timeout_ms: int) -> sa.Engine:
+    """A SQLAlchemy engine on the protected database that can only read."""
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:"):
+            raise ValueError("the protected database cannot be an in-memory SQLite database")
+
+        def connect() -> sqlite3.Connection:
+            uri = database if database.startswith("file:") else f"file:{database}?mode=ro"
+            conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            conn.execute("PRAGMA query_only = ON")
+            return conn
+
+        return sa.create_engine("sqlite://", creator=connect, pool_pre_ping=False)
+    if backend == "postgresql":
+        options = (
+            f"-c default_transaction_read_only=on -c statement_timeout={int(statement_timeout_ms)}"
+        )
+        return sa.create_engine(
+            parsed, connect_args={"options": options}, pool_pre_ping=True, pool_size=4
+        )
+    if backend == "duckdb":
+        return sa.create_engine(parsed, connect_args={"read_only": True})
+    return sa.create_engine(parsed, pool_pre_ping=True)
+
+
+def run_aggregate(engine: sa.Engine, sql: str, *, timeout_ms: int) -> list[tuple[Any, ...]]:
+    """Run one aggregate statement and return its (few, aggregated) rows."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    try:
+        with engine.connect() as conn:
+            raw = conn.connection.dbapi_connection
+            timer = _arm_timeout(engine, raw, deadline)
+            try:
+                result = conn.execute(sa.text(sql))
+                rows = [tuple(r) for r in result.fetchall()]
+            finally:
+                _disarm(raw, timer)
+            conn.rollback()
+    except sa.exc.SQLAlchemyError as e:
+        timed_out = time.monotonic() >= deadline
+        log.warning(
+            "protected database error: %s%s",
+            type(getattr(e, "orig", e)).__name__,
+            " (timeout)" if timed_out else "",
+        )
+        if timed_out:
+            raise DatabaseUnavailable(
+                f"the query took longer than the database statement timeout "
+                f"({timeout_ms} ms); nothing was charged",
+                reason="timeout",
+            ) from None
+        raise DatabaseUnavailable(
+            "the protected database could not answer; nothing was charged"
+        ) from None
+    return rows
+
+
+def _arm_timeout(engine: sa.Engine, raw: Any, deadline: float) -> threading.Timer | None:
+    backend = engine.dialect.name
+    if backend == "sqlite" and isinstance(raw, sqlite3.Connection):
+        raw.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+        return None
+    if backend == "postgresql":
+        return None  # statement_timeout is set on the connection
+    interrupt = getattr(raw, "interrupt", None) or getattr(raw, "cancel", None)
+    if interrupt is None:
+        return None
+    timer = threading.Timer(max(0.0, deadline - time.monotonic()), interrupt)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _disarm(raw: Any, timer: threading.Timer | None) -> None:
+    if timer is not None:
+        timer.cancel()
+    if isinstance(raw, sqlite3.Connection):
+        raw.set_progress_handler(None, 0)
+
+
+def ping(engine: sa.Engine) -> bool:
+    """Whether the protected database answers a trivial statement."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+        return True
+    except sa.exc.SQLAlchemyError:
+        return False

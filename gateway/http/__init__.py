@@ -1,0 +1,1 @@
+"""The HTTP layer: the only part of dpgate that imports Flask."""

@@ -1,0 +1,211 @@
+"""Analyst endpoints: ``POST /v1/query``, ``GET /v1/budget``, ``/v1/schema``, ``/v1/queries``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from flask import Blueprint, Response, g, jsonify, request
+
+from gateway.errors import (
+    AuditRefused,
+    BudgetExhausted,
+    DatabaseUnavailable,
+    Forbidden,
+    InvalidPrivacyParameters,
+    InvalidRequest,
+    LedgerUnavailable,
+    SqlSyntaxError,
+    Unauthenticated,
+    UnknownColumn,
+    UnknownTable,
+    UnsupportedQuery,
+)
+from gateway.http.auth import gateway, require_analyst
+from gateway.openapi import document, ref, register_schema
+from gateway.plan import QueryRequest
+
+bp = Blueprint("analyst", __name__)
+
+QUERY_FIELDS = {"sql", "epsilon", "delta", "mechanism", "dry_run"}
+
+register_schema(
+    "QueryRequest",
+    {
+        "type": "object",
+        "required": ["sql"],
+        "additionalProperties": False,
+        "properties": {
+            "sql": {"type": "string", "description": "one aggregate SELECT"},
+            "epsilon": {"type": "number", "exclusiveMinimum": 0},
+            "delta": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+            "mechanism": {"type": "string", "enum": ["laplace", "gaussian"]},
+            "dry_run": {"type": "boolean"},
+        },
+    },
+)
+register_schema(
+    "Release",
+    {
+        "type": "object",
+        "required": [
+            "ok",
+            "query_id",
+            "cached",
+            "columns",
+            "rows",
+            "accuracy",
+            "privacy",
+            "budget",
+        ],
+        "properties": {
+            "ok": {"const": True},
+            "query_id": {"type": "string"},
+            "cached": {"type": "boolean"},
+            "columns": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "type"],
+                    "properties": {"name": {"type": "string"}, "type": {"type": "string"}},
+                },
+            },
+            "rows": {"type": "array", "items": {"type": "array"}},
+            "accuracy": {"type": "object"},
+            "privacy": {"type": "object"},
+            "budget": {"type": "object"},
+            "dry_run": {"type": "boolean"},
+            "would_fit": {"type": "boolean"},
+            "plan": {"type": "object"},
+        },
+    },
+)
+register_schema("Budget", {"type": "object", "required": ["ok", "budget"]})
+register_schema("Schema", {"type": "object", "required": ["ok", "tables"]})
+register_schema("History", {"type": "object", "required": ["ok", "queries"]})
+
+_QUERY_ERRORS = (
+    InvalidRequest,
+    SqlSyntaxError,
+    UnsupportedQuery,
+    UnknownTable,
+    UnknownColumn,
+    InvalidPrivacyParameters,
+    Unauthenticated,
+    Forbidden,
+    BudgetExhausted,
+    AuditRefused,
+    DatabaseUnavailable,
+    LedgerUnavailable,
+)
+
+
+@bp.post("/v1/query")
+@document(
+    summary="Answer one aggregate SQL query with differential privacy",
+    auth="analyst",
+    request=ref("QueryRequest"),
+    responses={200: ref("Release")},
+    errors=_QUERY_ERRORS,
+    tags=["analyst"],
+)
+def query() -> Response:
+    analyst = require_analyst()
+    req = parse_query_request(request.get_json(silent=True, force=True), request.get_data())
+    g.sql = req.sql
+    release = gateway().query(analyst, req)
+    g.query_outcome = "cached" if release.cached else ("dry_run" if req.dry_run else "answered")
+    if not release.cached and not req.dry_run:
+        g.epsilon_spent = req.epsilon
+    return jsonify(release.to_json())
+
+
+@bp.get("/v1/budget")
+@document(
+    summary="The analyst's privacy budget: total, spent, remaining, composition",
+    auth="analyst",
+    responses={200: ref("Budget")},
+    errors=(Unauthenticated, Forbidden, LedgerUnavailable),
+    tags=["analyst"],
+)
+def budget() -> Response:
+    analyst = require_analyst()
+    return jsonify({"ok": True, "budget": gateway().budget(analyst)})
+
+
+@bp.get("/v1/schema")
+@document(
+    summary="The public metadata of the protected tables",
+    auth="analyst",
+    responses={200: ref("Schema")},
+    errors=(Unauthenticated, Forbidden, LedgerUnavailable),
+    tags=["analyst"],
+)
+def schema() -> Response:
+    from gateway.http.auth import current_principal
+
+    current_principal()
+    return jsonify(gateway().schema())
+
+
+@bp.get("/v1/queries")
+@document(
+    summary="The analyst's own history: SQL, cost, outcome, released answer",
+    auth="analyst",
+    query={"limit": {"type": "integer", "minimum": 1, "maximum": 10000}},
+    responses={200: ref("History")},
+    errors=(InvalidRequest, Unauthenticated, Forbidden, LedgerUnavailable),
+    tags=["analyst"],
+)
+def queries() -> Response:
+    analyst = require_analyst()
+    raw_limit = request.args.get("limit", "1000")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 10000:
+        raise InvalidRequest("limit must be a whole number from 1 to 10000")
+    entries = gateway().history(analyst, limit=int(raw_limit))
+    return jsonify({"ok": True, "queries": entries})
+
+
+def parse_query_request(body: Any, raw: bytes) -> QueryRequest:
+    """Validate a ``POST /v1/query`` body into a QueryRequest (defaults from the config)."""
+    if body is None:
+        if not raw.strip():
+            raise InvalidRequest('send a JSON body like {"sql": "SELECT COUNT(*) FROM t"}')
+        raise InvalidRequest("the body is not valid JSON")
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    unknown = sorted(set(body) - QUERY_FIELDS)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown field(s): {', '.join(unknown)} (allowed: {', '.join(sorted(QUERY_FIELDS))})",
+            fields=unknown,
+        )
+    sql = body.get("sql")
+    if not isinstance(sql, str):
+        raise InvalidRequest("'sql' is required and must be a string")
+    if len(sql) > 100_000:
+        raise InvalidRequest("'sql' is longer than 100,000 characters")
+    defaults = gateway().config.privacy
+    epsilon = _number(body, "epsilon", defaults.epsilon)
+    mechanism = body.get("mechanism", defaults.mechanism)
+    if mechanism not in ("laplace", "gaussian"):
+        raise InvalidPrivacyParameters("'mechanism' must be 'laplace' or 'gaussian'")
+    delta = _number(body, "delta", defaults.delta if mechanism == "gaussian" else None)
+    if delta is None:
+        delta = defaults.delta  # used only by partition selection, when keys are not public
+    dry_run = body.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise InvalidRequest("'dry_run' must be true or false")
+    return QueryRequest(sql=sql, epsilon=epsilon, delta=delta, mechanism=mechanism, dry_run=dry_run)
+
+
+def _number(body: dict[str, Any], key: str, default: float | None) -> Any:
+    value = body.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidPrivacyParameters(f"'{key}' must be a number")
+    value = float(value)
+    if not math.isfinite(value):
+        raise InvalidPrivacyParameters(f"'{key}' must be finite")
+    return value

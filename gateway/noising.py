@@ -1,0 +1,207 @@
+"""Adding noise: exact aggregate rows → released noisy cells, with their accuracy.
+
+Which cells exist is decided without looking at the data where the keys are public
+(every declared value, zeros included, in declared order), and by DP partition selection
+otherwise (a group is kept iff its noisy unit count reaches the threshold). Every measure
+of every cell gets fresh integer noise from ``mechanisms.sample``; the released values
+are post-processing of those noisy integers (scaling by the grid resolution, AVG as a
+ratio, HAVING, ORDER BY, LIMIT), so they cost nothing more.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.audit import AnsweredCell
+from gateway.compile import CompiledQuery
+from gateway.plan import Measure, OutputColumn, QueryPlan
+from gateway.postprocess import post_process
+from mechanisms import Noise, QueryCalibration, accuracy, ratio_interval, sample
+
+Row = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class NoisyResult:
+    """The released rows and accuracy, and every noisy cell (for the auditor)."""
+
+    rows: tuple[Row, ...]
+    accuracy: dict[str, dict[str, Any]]
+    cells: tuple[AnsweredCell, ...]
+
+    def cells_json(self) -> list[dict[str, Any]]:
+        return [
+            {"key": list(c.group_values), "count": c.count, "sums": dict(c.sums)}
+            for c in self.cells
+        ]
+
+    @staticmethod
+    def cells_from_json(data: Sequence[dict[str, Any]]) -> tuple[AnsweredCell, ...]:
+        return tuple(
+            AnsweredCell(
+                group_values=tuple(d["key"]), count=d.get("count"), sums=dict(d.get("sums") or {})
+            )
+            for d in data
+        )
+
+
+def add_noise(
+    plan: QueryPlan,
+    compiled: CompiledQuery,
+    exact_rows: Sequence[Row],
+    calibration: QueryCalibration,
+) -> NoisyResult:
+    """Noise every measure of every released cell and build the released rows."""
+    nk, nm = compiled.n_keys, compiled.n_measures
+    by_key = {tuple(r[:nk]): r for r in exact_rows}
+    zeros = (0,) * nm
+    if not plan.group_keys:
+        keys: list[Row] = [()]
+        exact = [tuple(by_key[()][nk : nk + nm]) if () in by_key else zeros]
+    elif not plan.needs_partition_selection:
+        keys = [tuple(k) for k in itertools.product(*(g.domain or () for g in plan.group_keys))]
+        exact = [tuple(by_key[k][nk : nk + nm]) if k in by_key else zeros for k in keys]
+    else:
+        selection = calibration.selection
+        assert selection is not None
+        candidates = list(by_key)
+        unit_noise = sample(selection.noise, len(candidates)) if candidates else []
+        keys = [
+            k
+            for k, z in zip(candidates, unit_noise, strict=True)
+            if int(by_key[k][nk + nm] or 0) + z >= selection.threshold
+        ]
+        keys.sort(key=lambda k: tuple((v is None, str(v)) for v in k))
+        exact = [tuple(by_key[k][nk : nk + nm]) for k in keys]
+    n = len(keys)
+    noisy_measures: list[list[int]] = []
+    for j, noise in enumerate(calibration.noises):
+        draws = sample(noise, n) if n else []
+        noisy_measures.append([int(exact[i][j] or 0) + draws[i] for i in range(n)])
+    per_cell = [[noisy_measures[j][i] for j in range(nm)] for i in range(n)]
+    # Each row carries, past its outputs, the 95% intervals of its AVG outputs: they need
+    # the cell's noisy SUM and COUNT, which post-processing does not keep.
+    all_rows = [
+        (
+            *(_output_value(o, plan, keys[i], per_cell[i]) for o in plan.outputs),
+            _avg_intervals(plan, calibration, per_cell[i]),
+        )
+        for i in range(n)
+    ]
+    cells = tuple(_cell(plan, keys[i], per_cell[i]) for i in range(n))
+    kept = post_process(plan, all_rows)
+    visible = [i for i, o in enumerate(plan.outputs) if not o.hidden]
+    rows = tuple(tuple(r[i] for i in visible) for r in kept)
+    return NoisyResult(
+        rows=rows,
+        accuracy=_accuracy(plan, calibration, [r[-1] for r in kept]),
+        cells=cells,
+    )
+
+
+def _output_value(o: OutputColumn, plan: QueryPlan, key: Row, noisy: list[int]) -> Any:
+    if o.kind == "group_key":
+        assert o.group_index is not None
+        value = key[o.group_index]
+        if o.type == "boolean" and value is not None:
+            return bool(value)
+        return value
+    if o.kind == "literal":
+        return o.value
+    if o.kind == "count":
+        return noisy[o.measures[0]]
+    measure = plan.measures[o.measures[0]]
+    total = _scaled(noisy[o.measures[0]], measure)
+    if o.kind == "sum":
+        return total
+    count = noisy[o.measures[1]]
+    if count <= 0:
+        return None
+    average = total / count
+    assert measure.lower is not None and measure.upper is not None
+    return min(max(average, measure.lower), measure.upper)
+
+
+def _scaled(value: int, m: Measure) -> int | float:
+    if m.resolution == 1:
+        return value
+    return float(value * m.resolution)
+
+
+def _cell(plan: QueryPlan, key: Row, noisy: list[int]) -> AnsweredCell:
+    count: float | None = None
+    for kind in ("count_rows", "count_units", "count_values"):
+        for j, m in enumerate(plan.measures):
+            if m.kind == kind and count is None:
+                count = float(noisy[j])
+    sums = {
+        (m.expression.sql() if m.expression is not None else f"m{j}"): float(_scaled(noisy[j], m))
+        for j, m in enumerate(plan.measures)
+        if m.kind == "sum"
+    }
+    return AnsweredCell(group_values=key, count=count, sums=sums)
+
+
+def _avg_intervals(
+    plan: QueryPlan, calibration: QueryCalibration, noisy: list[int]
+) -> dict[int, list[float] | None]:
+    intervals: dict[int, list[float] | None] = {}
+    for i, o in enumerate(plan.outputs):
+        if o.kind != "avg" or o.hidden:
+            continue
+        s, c = o.measures
+        if noisy[c] <= 0:
+            intervals[i] = None
+            continue
+        lo, hi = ratio_interval(noisy[s], calibration.noises[s], noisy[c], calibration.noises[c])
+        r = float(plan.measures[s].resolution)
+        intervals[i] = [lo * r, hi * r]
+    return intervals
+
+
+def _accuracy(
+    plan: QueryPlan,
+    calibration: QueryCalibration,
+    avg_intervals: Sequence[dict[int, list[float] | None]],
+) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for i, o in enumerate(plan.outputs):
+        if o.hidden or o.kind in ("group_key", "literal"):
+            continue
+        m = plan.measures[o.measures[0]]
+        if o.kind in ("count", "sum"):
+            out[o.name] = _measure_accuracy(m, calibration.noises[o.measures[0]])
+            continue
+        s, c = o.measures
+        out[o.name] = {
+            "ci95_intervals": [row.get(i) for row in avg_intervals],
+            "sum": _measure_accuracy(m, calibration.noises[s]),
+            "count": _measure_accuracy(plan.measures[c], calibration.noises[c]),
+        }
+    return out
+
+
+def _measure_accuracy(m: Measure, noise: Noise) -> dict[str, float]:
+    a = accuracy(noise)
+    r = float(m.resolution)
+    return {"stddev": a.stddev * r, "ci95_halfwidth": a.ci95_halfwidth * r}
+
+
+def expected_accuracy(plan: QueryPlan, calibration: QueryCalibration) -> dict[str, dict[str, Any]]:
+    """Accuracy of each aggregate before anything is computed (for ``dry_run``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for o in plan.visible_outputs:
+        if o.kind in ("count", "sum"):
+            out[o.name] = _measure_accuracy(
+                plan.measures[o.measures[0]], calibration.noises[o.measures[0]]
+            )
+        elif o.kind == "avg":
+            s, c = o.measures
+            out[o.name] = {
+                "sum": _measure_accuracy(plan.measures[s], calibration.noises[s]),
+                "count": _measure_accuracy(plan.measures[c], calibration.noises[c]),
+            }
+    return out

@@ -1,0 +1,484 @@
+"""The Gateway: the whole pipeline of one query, from SQL text to a released answer.
+
+    analyze → cache? → calibrate → pre-audit → reserve → execute → add noise
+            → post-audit → record → post-process
+
+Invariants kept here (DESIGN.md): nothing computed from protected rows leaves except as
+a noisy value whose cost was durably reserved in the ledger first (1); every failure
+before ``reserve`` costs nothing and a database failure after it is refunded, while a
+post-audit refusal stays charged and releases nothing (2); an identical request gets the
+identical release, free (7); the auditor sees only plans and noisy values (8).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+import budget
+from gateway.analyze import analyze
+from gateway.audit import AnsweredQuery, Auditor
+from gateway.config import Config
+from gateway.errors import (
+    AuditRefused,
+    BudgetExhausted,
+    Forbidden,
+    GatewayError,
+    InvalidPrivacyParameters,
+    LedgerUnavailable,
+    Unauthenticated,
+)
+from gateway.execute import open_protected_engine, ping, run_aggregate, sqlglot_dialect
+from gateway.noising import NoisyResult, add_noise, expected_accuracy
+from gateway.plan import ProbePlan, QueryPlan, QueryRequest
+from gateway.release import ColumnInfo, Release
+from mechanisms import QueryCalibration, calibrate_query
+
+GLOBAL_SCOPE = "*"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: an analyst (by name) or the admin."""
+
+    name: str
+    is_admin: bool
+
+
+class Gateway:
+    """One configured dpgate: the protected database, the ledger and the auditor."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        engine: sa.Engine | None = None,
+        ledger: budget.Ledger | None = None,
+    ) -> None:
+        self.config = config
+        self.engine = engine or open_protected_engine(
+            config.database.url, statement_timeout_ms=config.database.statement_timeout_ms
+        )
+        self.dialect = sqlglot_dialect(self.engine)
+        self.ledger = ledger or budget.Ledger.from_url(
+            config.ledger.url,
+            composition=config.privacy.composition,
+            global_budget=config.privacy.global_budget,
+        )
+        self.ledger.migrate()
+        for a in config.analysts:
+            self.ledger.ensure_analyst(a.name, a.epsilon, a.delta)
+        self.auditor = Auditor(config.tables, min_group_size=config.audit.min_group_size)
+
+    # -- identity ------------------------------------------------------------------------
+
+    def authenticate(self, key: str | None) -> Principal:
+        """The caller behind a bearer key; raises ``Unauthenticated`` or ``Forbidden``."""
+        if not key:
+            raise Unauthenticated("send your API key as 'Authorization: Bearer <key>'")
+        admin = self.config.admin_key
+        if admin is not None and _same_secret(key, admin):
+            return Principal(name="admin", is_admin=True)
+        analyst = _ledger_call(self.ledger.authenticate, key)
+        if analyst is None:
+            raise Unauthenticated("unknown API key")
+        if analyst.disabled:
+            raise Forbidden(f"analyst '{analyst.name}' is disabled")
+        return Principal(name=analyst.name, is_admin=False)
+
+    # -- public metadata -----------------------------------------------------------------
+
+    def schema(self) -> dict[str, Any]:
+        """What the admin declared public: tables, columns, types, bounds, value domains."""
+        tables = []
+        for t in self.config.tables.values():
+            columns = []
+            for c in t.columns.values():
+                col: dict[str, Any] = {"name": c.name, "type": c.type, "nullable": True}
+                if c.bounded:
+                    col["lower"], col["upper"] = c.lower, c.upper
+                if c.values is not None:
+                    col["values"] = list(c.values)
+                if c.name.lower() == t.privacy_unit:
+                    col["privacy_unit"] = True
+                columns.append(col)
+            tables.append(
+                {
+                    "name": t.name,
+                    "schema": t.schema or "main",
+                    "privacy_unit": t.privacy_unit,
+                    "max_rows_per_unit": t.max_rows_per_unit if t.privacy_unit else 1,
+                    "max_groups_per_unit": t.max_groups_per_unit,
+                    "columns": columns,
+                }
+            )
+        return {"ok": True, "tables": tables}
+
+    def budget(self, analyst: str) -> dict[str, Any]:
+        return _ledger_call(self.ledger.budget_status, analyst).to_json()
+
+    def history(self, analyst: str, *, limit: int = 1000) -> list[dict[str, Any]]:
+        """The analyst's own charged queries, newest first, as JSON (``GET /v1/queries``)."""
+        entries = _ledger_call(lambda: self.ledger.history(analyst, limit=limit))
+        out = []
+        for e in entries:
+            release = None
+            if e.release is not None and e.outcome == "answered":
+                release = {
+                    k: v for k, v in e.release.items() if k not in ("audit_cells", "audit_flags")
+                }
+            out.append(
+                {
+                    "query_id": e.reservation_id,
+                    "sql": e.sql,
+                    "mechanism": e.mechanism,
+                    "cost": {
+                        "epsilon": e.cost.epsilon,
+                        "delta": e.cost.delta,
+                        "rho": e.cost.rho,
+                        "selection_delta": e.cost.selection_delta,
+                    },
+                    "outcome": e.outcome,
+                    "reason": e.reason,
+                    "release": release,
+                    "created_at": e.created_at.isoformat(),
+                }
+            )
+        return out
+
+    def ready(self) -> dict[str, bool]:
+        ledger_ok = True
+        try:
+            self.ledger.ping()
+        except Exception:
+            ledger_ok = False
+        return {"database": ping(self.engine), "ledger": ledger_ok}
+
+    # -- the pipeline --------------------------------------------------------------------
+
+    def query(self, analyst: str, request: QueryRequest) -> Release:
+        """Answer one request of ``analyst``, or raise the ``GatewayError`` that says why not."""
+        plan = analyze(request.sql, self.config.tables)
+        if isinstance(plan, ProbePlan):
+            return self._probe(analyst, plan)
+        self._check_parameters(request)
+        calibration = self._calibrate(plan, request)
+        key = self._cache_key(plan, request)
+        if not request.dry_run:
+            cached = self._cached(analyst, key)
+            if cached is not None:
+                return cached
+        if request.dry_run:
+            return self._dry_run(analyst, plan, request, calibration)
+        scope = analyst if self.config.audit.scope == "analyst" else GLOBAL_SCOPE
+        flags: list[str] = []
+        if self.config.audit.mode != "off":
+            self._sync_auditor(scope)
+            decision = self.auditor.pre_audit(scope, plan)
+            if not decision.allowed:
+                if self.config.audit.mode == "refuse":
+                    raise AuditRefused(
+                        f"{decision.reason} Nothing was charged.",
+                        charged=False,
+                        combined_with=list(decision.combined_with),
+                    )
+                flags.append(decision.reason)
+        reservation = self._reserve(analyst, plan, request, calibration, key)
+        query_id = reservation.id
+        table = self.config.tables[plan.table]
+        try:
+            from gateway.compile import compile_plan
+
+            compiled = compile_plan(plan, table, self.dialect)
+            exact = run_aggregate(
+                self.engine, compiled.sql, timeout_ms=self.config.database.statement_timeout_ms
+            )
+        except GatewayError:
+            _ledger_call(self.ledger.refund, reservation, "database execution failed")
+            raise
+        except Exception:
+            _ledger_call(self.ledger.refund, reservation, "internal error before release")
+            raise
+        noisy = add_noise(plan, compiled, exact, calibration)
+        answered = AnsweredQuery(query_id=query_id, plan=plan, cells=noisy.cells)
+        if self.config.audit.mode != "off":
+            decision = self.auditor.post_audit(scope, answered)
+            if not decision.allowed:
+                if self.config.audit.mode == "refuse":
+                    _ledger_call(
+                        self.ledger.commit,
+                        reservation,
+                        {"withheld": True, "audit_cells": noisy.cells_json()},
+                        "withheld",
+                    )
+                    raise AuditRefused(
+                        f"{decision.reason} The query was charged (its answer was computed) "
+                        "but is withheld.",
+                        charged=True,
+                        combined_with=list(decision.combined_with),
+                    )
+                flags.append(decision.reason)
+        release = self._release(query_id, plan, request, calibration, noisy, reservation)
+        record = release.answer_json()
+        record["audit_cells"] = noisy.cells_json()
+        if flags:
+            record["audit_flags"] = flags
+        _ledger_call(self.ledger.commit, reservation, record, "answered")
+        if self.config.audit.mode != "off":
+            self.auditor.remember(scope, answered)
+        return release
+
+    # -- stages --------------------------------------------------------------------------
+
+    def _check_parameters(self, request: QueryRequest) -> None:
+        p = self.config.privacy
+        if not (math.isfinite(request.epsilon) and request.epsilon > 0):
+            raise InvalidPrivacyParameters("epsilon must be a finite number > 0")
+        if request.epsilon > p.max_epsilon_per_query:
+            raise InvalidPrivacyParameters(
+                f"epsilon {request.epsilon} is above this gateway's limit per query "
+                f"({p.max_epsilon_per_query})",
+                max_epsilon_per_query=p.max_epsilon_per_query,
+            )
+        if not (math.isfinite(request.delta) and 0 <= request.delta < 1):
+            raise InvalidPrivacyParameters("delta must be in [0, 1)")
+        if p.composition == "pure" and request.mechanism != "laplace":
+            raise InvalidPrivacyParameters(
+                "this gateway accounts pure ε-DP: only the laplace mechanism is available"
+            )
+        if request.mechanism == "gaussian" and request.delta <= 0:
+            raise InvalidPrivacyParameters("the gaussian mechanism needs delta > 0")
+
+    def _calibrate(self, plan: QueryPlan, request: QueryRequest) -> QueryCalibration:
+        table = self.config.tables[plan.table]
+        groups = None
+        if plan.needs_partition_selection:
+            from gateway.analyze.aggregates import contribution_bounds
+
+            groups = contribution_bounds(table, grouped=True)[1]
+            if request.delta <= 0:
+                raise InvalidPrivacyParameters(
+                    "these GROUP BY keys are not declared public, so their groups are released "
+                    "through DP partition selection, which needs delta > 0 (or declare the "
+                    "key's values in the config)"
+                )
+        try:
+            return calibrate_query(
+                request.mechanism,
+                request.epsilon,
+                request.delta,
+                [m.sensitivity for m in plan.measures],
+                max_groups_per_unit=groups,
+            )
+        except ValueError as e:
+            raise InvalidPrivacyParameters(str(e)) from None
+
+    def _cache_key(self, plan: QueryPlan, request: QueryRequest) -> str:
+        material = json.dumps(
+            [
+                plan.canonical_sql,
+                repr(float(request.epsilon)),
+                repr(float(request.delta)),
+                request.mechanism,
+                self.config.database.data_version,
+            ]
+        )
+        return hashlib.sha256(material.encode()).hexdigest()
+
+    def _cached(self, analyst: str, key: str) -> Release | None:
+        scope = analyst if self.config.cache.scope == "analyst" else None
+        stored = _ledger_call(
+            self.ledger.find_release, key, scope, self.config.database.data_version
+        )
+        if stored is None:
+            return None
+        stored = {k: v for k, v in stored.items() if k not in ("audit_cells", "audit_flags")}
+        return Release.from_answer_json(stored, cached=True, budget=self.budget(analyst))
+
+    def _reserve(
+        self,
+        analyst: str,
+        plan: QueryPlan,
+        request: QueryRequest,
+        calibration: QueryCalibration,
+        key: str,
+    ) -> budget.Reservation:
+        try:
+            return self.ledger.reserve(
+                analyst,
+                calibration.cost,
+                query_key=key,
+                sql=request.sql,
+                mechanism=request.mechanism,
+                data_version=self.config.database.data_version,
+            )
+        except budget.BudgetExhausted as e:
+            raise BudgetExhausted(str(e)) from None
+        except budget.UnsupportedCost as e:
+            raise InvalidPrivacyParameters(str(e)) from None
+        except budget.AnalystDisabled as e:
+            raise Forbidden(str(e)) from None
+        except budget.LedgerUnavailable:
+            raise LedgerUnavailable(
+                "the ledger database is unavailable; nothing was charged or released"
+            ) from None
+
+    def _sync_auditor(self, scope: str) -> None:
+        """Replay answers other workers recorded, so every process audits the same history."""
+        analyst = None if scope == GLOBAL_SCOPE else scope
+        entries = _ledger_call(self.ledger.releases, analyst, self.config.database.data_version)
+        for entry in entries:
+            if self.auditor.knows(scope, entry.reservation_id) or entry.release is None:
+                continue
+            cells = entry.release.get("audit_cells")
+            if cells is None:
+                continue
+            try:
+                plan = analyze(entry.sql, self.config.tables)
+            except GatewayError:
+                continue
+            if not isinstance(plan, QueryPlan):
+                continue
+            answered = AnsweredQuery(
+                query_id=entry.reservation_id,
+                plan=plan,
+                cells=NoisyResult.cells_from_json(cells),
+            )
+            self.auditor.remember(scope, answered)
+
+    def _release(
+        self,
+        query_id: str,
+        plan: QueryPlan,
+        request: QueryRequest,
+        calibration: QueryCalibration,
+        noisy: NoisyResult,
+        reservation: budget.Reservation,
+    ) -> Release:
+        cost = calibration.cost
+        privacy = {
+            "mechanism": request.mechanism,
+            "epsilon": request.epsilon,
+            "delta": request.delta if request.mechanism == "gaussian" else 0.0,
+            "rho": cost.rho,
+            "selection_delta": cost.selection_delta,
+        }
+        return Release(
+            query_id=query_id,
+            cached=False,
+            columns=tuple(ColumnInfo(o.name, o.type) for o in plan.visible_outputs),
+            rows=noisy.rows,
+            accuracy=noisy.accuracy,
+            privacy=privacy,
+            budget=reservation.budget.to_json(),
+        )
+
+    def _probe(self, analyst: str, plan: ProbePlan) -> Release:
+        return Release(
+            query_id=uuid.uuid4().hex,
+            cached=False,
+            columns=tuple(ColumnInfo(n, t) for n, t in plan.columns),
+            rows=(plan.row,),
+            accuracy={},
+            privacy={"mechanism": "none", "epsilon": 0.0, "delta": 0.0, "rho": 0.0},
+            budget=self.budget(analyst),
+        )
+
+    def _dry_run(
+        self,
+        analyst: str,
+        plan: QueryPlan,
+        request: QueryRequest,
+        calibration: QueryCalibration,
+    ) -> Release:
+        status = _ledger_call(self.ledger.budget_status, analyst)
+        fits = _would_fit(status, calibration.cost, request.mechanism)
+        cost = calibration.cost
+        return Release(
+            query_id="dry-run",
+            cached=False,
+            columns=tuple(ColumnInfo(o.name, o.type) for o in plan.visible_outputs),
+            rows=(),
+            accuracy=expected_accuracy(plan, calibration),
+            privacy={
+                "mechanism": request.mechanism,
+                "epsilon": request.epsilon,
+                "delta": request.delta if request.mechanism == "gaussian" else 0.0,
+                "rho": cost.rho,
+                "selection_delta": cost.selection_delta,
+            },
+            budget=status.to_json(),
+            extra={
+                "dry_run": True,
+                "would_fit": fits,
+                "plan": _describe(plan, calibration),
+            },
+        )
+
+
+def _describe(plan: QueryPlan, calibration: QueryCalibration) -> dict[str, Any]:
+    """A JSON view of the plan for ``dry_run``: public information only."""
+    return {
+        "table": plan.table,
+        "canonical_sql": plan.canonical_sql,
+        "measures": [
+            {
+                "kind": m.kind,
+                "expression": m.expression.sql() if m.expression is not None else None,
+                "sensitivity": float(m.sensitivity.l1),
+                "noise": {"mechanism": n.mechanism, "scale": float(n.scale * m.resolution)},
+            }
+            for m, n in zip(plan.measures, calibration.noises, strict=True)
+        ],
+        "group_keys": [
+            {
+                "name": g.name,
+                "release": "declared values" if g.domain is not None else "partition selection",
+            }
+            for g in plan.group_keys
+        ],
+        "partition_selection": (
+            {"threshold": calibration.selection.threshold}
+            if calibration.selection is not None
+            else None
+        ),
+    }
+
+
+def _would_fit(status: budget.BudgetStatus, cost: Any, mechanism: str) -> bool:
+    """Whether the analyst's own budget admits ``cost`` now (the global cap aside)."""
+    from mechanisms import PrivacyCost
+
+    pure = status.composition == "pure"
+    spent = PrivacyCost(
+        epsilon=status.epsilon_spent if pure else 0.0,
+        delta=0.0,
+        rho=status.rho_spent,
+        selection_delta=status.delta_spent,
+    )
+    refusal = budget.accountant(status.composition).refusal(
+        status.epsilon, status.delta, spent, cost, mechanism
+    )
+    return refusal is None
+
+
+def _same_secret(a: str, b: str) -> bool:
+    import hmac
+
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def _ledger_call(fn: Any, *args: Any) -> Any:
+    """Call the ledger, mapping its failures to gateway errors."""
+    try:
+        return fn(*args)
+    except budget.LedgerUnavailable:
+        raise LedgerUnavailable("the ledger database is unavailable") from None
+    except budget.UnknownAnalyst as e:
+        raise Unauthenticated(str(e)) from None

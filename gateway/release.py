@@ -1,0 +1,67 @@
+"""Release: what dpgate sends back for one answered query, as a frozen value.
+
+A release is built from noisy values only. It is what the ledger records, what the cache
+returns for an identical request, and what the HTTP layer serialises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ColumnInfo:
+    name: str
+    type: str
+
+
+@dataclass(frozen=True)
+class Release:
+    """One answered query. ``answer`` is the JSON-ready body minus budget and cache flag."""
+
+    query_id: str
+    cached: bool
+    columns: tuple[ColumnInfo, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    accuracy: dict[str, dict[str, Any]]
+    privacy: dict[str, Any]
+    budget: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "ok": True,
+            "query_id": self.query_id,
+            "cached": self.cached,
+            "columns": [{"name": c.name, "type": c.type} for c in self.columns],
+            "rows": [list(r) for r in self.rows],
+            "accuracy": self.accuracy,
+            "privacy": self.privacy,
+            "budget": self.budget,
+        }
+        body.update(self.extra)
+        return body
+
+    def answer_json(self) -> dict[str, Any]:
+        """The part of the body that identical requests share (what the cache stores)."""
+        body = self.to_json()
+        for key in ("ok", "cached", "budget"):
+            body.pop(key, None)
+        return body
+
+    @staticmethod
+    def from_answer_json(
+        answer: dict[str, Any], *, cached: bool, budget: dict[str, Any]
+    ) -> Release:
+        known = {"query_id", "columns", "rows", "accuracy", "privacy"}
+        return Release(
+            query_id=str(answer["query_id"]),
+            cached=cached,
+            columns=tuple(ColumnInfo(c["name"], c["type"]) for c in answer["columns"]),
+            rows=tuple(tuple(r) for r in answer["rows"]),
+            accuracy=dict(answer.get("accuracy") or {}),
+            privacy=dict(answer.get("privacy") or {}),
+            budget=budget,
+            extra={k: v for k, v in answer.items() if k not in known},
+        )
