@@ -1,0 +1,249 @@
+"""Admin commands: analysts, keys, budgets and the audit log, straight on the ledger.
+
+    dpgate analyst add NAME --epsilon E --delta D     prints the new API key (once)
+    dpgate analyst list [--json]
+    dpgate analyst disable NAME / analyst enable NAME
+    dpgate key rotate NAME                            prints the new API key (once)
+    dpgate budget show [NAME] [--json]                one analyst, or all (+ the global budget)
+    dpgate budget set NAME [--epsilon E] [--delta D]
+    dpgate audit-log [--analyst A] [--since T] [--until T] [--limit N] [--json]
+
+Each takes ``--config FILE`` (or ``DPGATE_CONFIG``): the ledger URL, the composition and
+the global budget come from it. They work while the gateway is serving: the ledger
+serializes its writers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+import budget
+from gateway.config import ConfigError, load_config
+
+CONFIG_OPTION = click.option(
+    "--config",
+    "config_path",
+    envvar="DPGATE_CONFIG",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The dpgate YAML config (or env DPGATE_CONFIG).",
+)
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+
+
+def open_ledger(config_path: str) -> budget.Ledger:
+    """The ledger a config names, migrated (so admin commands work on a fresh database)."""
+    try:
+        config = load_config(config_path)
+    except ConfigError as e:
+        raise click.ClickException(str(e)) from None
+    ledger = budget.Ledger.from_url(
+        config.ledger.url,
+        composition=config.privacy.composition,
+        global_budget=config.privacy.global_budget,
+    )
+    with _ledger_errors():
+        ledger.migrate()
+    return ledger
+
+
+@contextmanager
+def _ledger_errors() -> Iterator[None]:
+    try:
+        yield
+    except (budget.LedgerError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _fmt(value: float) -> str:
+    return "∞" if math.isinf(value) else f"{value:.6g}"
+
+
+def _print_status(status: budget.BudgetStatus) -> None:
+    state = " (disabled)" if status.disabled else ""
+    click.echo(f"{status.name}{state}  [{status.composition}]  queries: {status.queries}")
+    click.echo(
+        f"  ε: {_fmt(status.epsilon_spent)} spent of {_fmt(status.epsilon)}, "
+        f"{_fmt(status.epsilon_remaining)} remaining"
+    )
+    click.echo(
+        f"  δ: {_fmt(status.delta_spent)} spent of {_fmt(status.delta)}, "
+        f"{_fmt(status.delta_remaining)} remaining"
+    )
+    click.echo(
+        f"  ρ: {_fmt(status.rho_spent)} spent of {_fmt(status.rho_budget)}; largest next "
+        f"Laplace query: ε = {_fmt(status.max_next_laplace_epsilon)}"
+    )
+
+
+def _print_statuses(statuses: list[budget.BudgetStatus], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps([s.to_json() for s in statuses], indent=2))
+        return
+    if not statuses:
+        click.echo("no analysts")
+    for s in statuses:
+        _print_status(s)
+
+
+@click.group("analyst")
+def analyst_group() -> None:
+    """Create, list, disable and enable analysts."""
+
+
+@analyst_group.command("add")
+@click.argument("name")
+@click.option("--epsilon", type=float, required=True, help="Total ε budget.")
+@click.option("--delta", type=float, required=True, help="Total δ budget.")
+@CONFIG_OPTION
+def analyst_add(name: str, epsilon: float, delta: float, config_path: str) -> None:
+    """Create analyst NAME with budget (ε, δ); prints their API key (shown only once)."""
+    ledger = open_ledger(config_path)
+    with _ledger_errors():
+        key = ledger.create_analyst(name, epsilon, delta)
+    click.echo(f"created analyst {name}; API key (shown once, store it now):", err=True)
+    click.echo(key)
+
+
+@analyst_group.command("list")
+@CONFIG_OPTION
+@JSON_OPTION
+def analyst_list(config_path: str, as_json: bool) -> None:
+    """Every analyst with their budget."""
+    with _ledger_errors():
+        _print_statuses(open_ledger(config_path).list_analysts(), as_json)
+
+
+def _set_disabled(name: str, config_path: str, disabled: bool) -> None:
+    with _ledger_errors():
+        open_ledger(config_path).update_analyst(name, disabled=disabled)
+    click.echo(f"analyst {name} {'disabled' if disabled else 'enabled'}")
+
+
+@analyst_group.command("disable")
+@click.argument("name")
+@CONFIG_OPTION
+def analyst_disable(name: str, config_path: str) -> None:
+    """Disable analyst NAME: their key is refused; their ledger entries stay."""
+    _set_disabled(name, config_path, True)
+
+
+@analyst_group.command("enable")
+@click.argument("name")
+@CONFIG_OPTION
+def analyst_enable(name: str, config_path: str) -> None:
+    """Enable a disabled analyst again."""
+    _set_disabled(name, config_path, False)
+
+
+@click.group("key")
+def key_group() -> None:
+    """Analyst API keys."""
+
+
+@key_group.command("rotate")
+@click.argument("name")
+@CONFIG_OPTION
+def key_rotate(name: str, config_path: str) -> None:
+    """Give analyst NAME a new API key (printed once); the old key stops working."""
+    with _ledger_errors():
+        key = open_ledger(config_path).rotate_key(name)
+    click.echo(f"new API key for {name} (shown once; the old key no longer works):", err=True)
+    click.echo(key)
+
+
+@click.group("budget")
+def budget_group() -> None:
+    """Show and set privacy budgets."""
+
+
+@budget_group.command("show")
+@click.argument("name", required=False)
+@CONFIG_OPTION
+@JSON_OPTION
+def budget_show(name: str | None, config_path: str, as_json: bool) -> None:
+    """Show analyst NAME's budget, or every analyst's and the global one."""
+    ledger = open_ledger(config_path)
+    with _ledger_errors():
+        if name is not None:
+            _print_statuses([ledger.budget_status(name)], as_json)
+            return
+        statuses = ledger.list_analysts()
+        global_status = ledger.global_status()
+    _print_statuses(statuses + ([global_status] if global_status else []), as_json)
+
+
+@budget_group.command("set")
+@click.argument("name")
+@click.option("--epsilon", type=float, default=None, help="New total ε budget.")
+@click.option("--delta", type=float, default=None, help="New total δ budget.")
+@CONFIG_OPTION
+def budget_set(name: str, epsilon: float | None, delta: float | None, config_path: str) -> None:
+    """Set analyst NAME's total budget (what is spent stays spent)."""
+    if epsilon is None and delta is None:
+        raise click.UsageError("give --epsilon and/or --delta")
+    with _ledger_errors():
+        status = open_ledger(config_path).update_analyst(name, epsilon=epsilon, delta=delta)
+    _print_status(status)
+
+
+def _parse_time(_ctx: Any, _param: Any, value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter("expected an ISO 8601 time, e.g. 2026-01-31T12:00") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@click.command("audit-log")
+@click.option("--analyst", default=None, help="Only this analyst's requests.")
+@click.option("--since", default=None, callback=_parse_time, help="ISO 8601 (UTC if no zone).")
+@click.option("--until", default=None, callback=_parse_time, help="ISO 8601 (UTC if no zone).")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True)
+@CONFIG_OPTION
+@JSON_OPTION
+def audit_log(
+    analyst: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    limit: int,
+    config_path: str,
+    as_json: bool,
+) -> None:
+    """The request audit log, newest first."""
+    with _ledger_errors():
+        entries = open_ledger(config_path).audit_log(
+            analyst=analyst, since=since, until=until, limit=limit
+        )
+    if as_json:
+        click.echo(json.dumps([e.to_json() for e in entries], indent=2))
+        return
+    for e in entries:
+        who = e.analyst or "-"
+        code = f" {e.error_code}" if e.error_code else ""
+        sql = f"  {e.sql}" if e.sql else ""
+        click.echo(
+            f"{e.created_at.isoformat(timespec='seconds')} {e.status} {e.outcome}{code} "
+            f"{who} {e.endpoint}{sql}"
+        )
+
+
+ADMIN_COMMANDS: tuple[click.Command, ...] = (analyst_group, key_group, budget_group, audit_log)
+
+
+def register_admin_commands(group: click.Group) -> None:
+    """Add ``analyst``, ``key``, ``budget`` and ``audit-log`` to the ``dpgate`` group."""
+    for command in ADMIN_COMMANDS:
+        group.add_command(command)
+
+
+__all__: list[str] = ["ADMIN_COMMANDS", "open_ledger", "register_admin_commands"]
