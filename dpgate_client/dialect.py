@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy
 from sqlalchemy import types as sqltypes
-from sqlalchemy.engine import default, reflection
+from sqlalchemy.engine import default
 from sqlalchemy.sql import compiler
 
 from dpgate_client import dbapi as dpgate_dbapi
@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 DEFAULT_SCHEMA = "main"
+_SCHEMA_CACHE_KEY = ("dpgate", "public_schema")
 _SQLALCHEMY_1 = sqlalchemy.__version__.startswith("1.")
 
 _TYPES: dict[str, type[sqltypes.TypeEngine[Any]]] = {
@@ -222,9 +223,17 @@ class DpgateDialect(default.DefaultDialect):
 
     # -- reflection (from GET /v1/schema, cached per Inspector)
 
-    @reflection.cache
-    def _public_schema(self, connection: Any, **kw: Any) -> Schema:
-        return _dbapi_connection(connection).client.schema()
+    def _public_schema(
+        self, connection: Any, info_cache: dict[Any, Any] | None = None, **kw: Any
+    ) -> Schema:
+        # Cached in the Inspector's info_cache (what @reflection.cache does; that
+        # decorator cannot wrap annotated functions on SQLAlchemy 1.4).
+        if info_cache is None:
+            return _dbapi_connection(connection).client.schema()
+        if _SCHEMA_CACHE_KEY not in info_cache:
+            info_cache[_SCHEMA_CACHE_KEY] = _dbapi_connection(connection).client.schema()
+        schema: Schema = info_cache[_SCHEMA_CACHE_KEY]
+        return schema
 
     def _tables(self, connection: Any, schema: str | None, **kw: Any) -> list[TableSchema]:
         wanted = schema or self.default_schema_name or DEFAULT_SCHEMA
