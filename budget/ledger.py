@@ -597,8 +597,13 @@ class Ledger:
             release = conn.execute(query).scalar()
         return None if release is None else dict(json.loads(release))
 
-    def releases(self, analyst: str | None, data_version: str) -> list[ReleaseEntry]:
-        """Answered and withheld queries (of one analyst, or all), in ledger order."""
+    def releases(
+        self, analyst: str | None, data_version: str, *, after: int | None = None
+    ) -> list[ReleaseEntry]:
+        """Answered and withheld queries (of one analyst, or all), in ledger order.
+
+        ``after``: only entries whose ``seq`` is greater (incremental replay).
+        """
         outcome = t_ledger.alias("outcome")
         charge = t_ledger.alias("charge")
         query = (
@@ -615,6 +620,7 @@ class Ledger:
                 charge.c.rho,
                 charge.c.selection_delta,
                 outcome.c.created_at,
+                outcome.c.id,
             )
             .select_from(
                 outcome.join(t_analysts, t_analysts.c.id == outcome.c.analyst_id).join(
@@ -632,6 +638,8 @@ class Ledger:
         )
         if analyst is not None:
             query = query.where(t_analysts.c.name == analyst)
+        if after is not None:
+            query = query.where(outcome.c.id > after)
         with self._transaction(write=False) as conn:
             rows = conn.execute(query).all()
         return [
@@ -645,6 +653,7 @@ class Ledger:
                 release=None if r[6] is None else json.loads(r[6]),
                 cost=PrivacyCost(r[7], r[8], r[9], r[10]),
                 created_at=schema.as_utc(r[11]),
+                seq=int(r[12]),
             )
             for r in rows
         ]

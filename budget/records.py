@@ -107,6 +107,8 @@ class ReleaseEntry:
     """An answered or withheld query, in ledger order (what the auditor rebuilds from).
 
     ``release`` is ``None`` for a withheld query unless the gateway recorded something.
+    ``seq`` is the entry's position in the ledger (increasing): pass the last one seen as
+    ``releases(..., after=seq)`` to fetch only newer entries.
     """
 
     reservation_id: str
@@ -118,6 +120,7 @@ class ReleaseEntry:
     release: dict[str, Any] | None
     cost: PrivacyCost
     created_at: datetime
+    seq: int = 0
 
 
 @dataclass(frozen=True)

@@ -323,6 +323,9 @@ def test_find_release_and_releases_for_the_cache_and_auditor(ledger: Ledger) -> 
     ]
     assert every[0].cost == laplace(0.1) and every[0].sql.startswith("SELECT")
     assert [e.query_key for e in ledger.releases("bob", "v1")] == ["k2"]
+    assert every[0].seq < every[1].seq < every[2].seq
+    assert [e.query_key for e in ledger.releases(None, "v1", after=every[0].seq)] == ["k1", "k2"]
+    assert ledger.releases(None, "v1", after=every[2].seq) == []
     assert ledger.releases(None, "v2") == []
 
 
