@@ -19,10 +19,11 @@ come from the URL map itself.
     def query() -> Response: ...
 
 ``@document`` must sit below the route decorator (it marks the function the route
-registers). Every operation also documents, without being told: the error envelope for
+registers). Every operation also documents, without being told, the error envelope for:
 ``internal`` (500); ``unauthenticated`` and ``forbidden`` when it needs a key;
-``invalid_request`` when it takes a body or query parameters; ``rate_limited`` unless it
-is an operations endpoint. Shared schemas are registered once with ``register_schema``
+``invalid_request`` when it takes a body or query parameters; ``not_found`` when its
+path has parameters; ``rate_limited`` unless it is an operations endpoint.
+Shared schemas are registered once with ``register_schema``
 and referenced with ``ref``.
 """
 
@@ -39,6 +40,7 @@ from gateway.errors import (
     Forbidden,
     GatewayError,
     InvalidRequest,
+    NotFound,
     RateLimited,
     Unauthenticated,
 )
@@ -234,6 +236,8 @@ def _operation(endpoint: str, method: str, doc: EndpointDoc, path_params: list[S
         errors += [Unauthenticated, Forbidden]
     if doc.request is not None or doc.query:
         errors.append(InvalidRequest)
+    if path_params:
+        errors.append(NotFound)  # a path that names nothing
     if doc.rate_limited:
         errors.append(RateLimited)
     errors.append(GatewayError)  # internal

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from gateway.config import Config, ConfigError, load_config
 
@@ -74,7 +74,7 @@ def run(
         _run_waitress(factory, host=host, port=port, workers=workers)
 
 
-def _fail(problems: list[str], header: str = "dpgate: cannot start:") -> None:
+def _fail(problems: list[str], header: str = "dpgate: cannot start:") -> NoReturn:
     print(header, file=sys.stderr)
     for p in problems:
         print(f"  - {p}", file=sys.stderr)
@@ -86,7 +86,6 @@ def _load_or_exit(config_path: str) -> Config:
         return load_config(config_path)
     except ConfigError as e:
         _fail(e.problems, f"dpgate: cannot start: the config {config_path} is invalid:")
-        raise  # unreachable: _fail exits
 
 
 def _gunicorn_available() -> bool:
@@ -100,11 +99,18 @@ def _gunicorn_available() -> bool:
 
 
 def _factory(spec: str, config: Config) -> Callable[[], Flask]:
-    """A function that builds the app in the process that serves it (after fork)."""
+    """A function that builds the app in the process that serves it (after fork).
+
+    The module is imported here, before any port is bound, so a broken installation is
+    reported at once; the app itself (database connections) is built in each worker.
+    """
     module_name, _, attr = spec.partition(":")
+    try:
+        create_app = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        _fail([f"cannot load the application {spec}: {type(e).__name__}: {e}"])
 
     def build() -> Flask:
-        create_app = getattr(importlib.import_module(module_name), attr)
         app: Flask = create_app(config)
         return app
 

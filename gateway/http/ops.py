@@ -168,9 +168,9 @@ def _observe(response: Response, request_id: str | None) -> None:
         outcome=code or ("ok" if response.status_code < 400 else str(response.status_code)),
         duration_s=duration,
     )
-    outcome = g.get("query_outcome")
-    if outcome is None and rule == QUERY_RULE and request.method == "POST" and code:
-        outcome = code
+    outcome = None
+    if rule == QUERY_RULE and request.method == "POST":
+        outcome = g.get("query_outcome") or code or "answered"
     epsilon = g.get("epsilon_spent")
     if outcome is not None:
         metrics.record_query(
