@@ -21,6 +21,7 @@ N = 20_000
 UPPER = 100
 ROWS = (3, 50, 100, 7, 0, 64)  # a small table of one numeric column, one row per unit
 ROWS_PLUS = (*ROWS, UPPER)  # neighbour: one more unit, at the clamp bound
+ROWS_ONE = (*ROWS, 1)  # neighbour for COUNT: one more unit
 ROWS_HUGE = (*ROWS, 10**9)  # neighbour: one more unit with an outlier
 
 
@@ -76,9 +77,9 @@ def _scaled(noise: Noise, factor: Fraction) -> Noise:
 
 
 LAPLACE_CASES = [
-    pytest.param(_count, ROWS + (1,), 1, 1.0, id="count-eps1"),
+    pytest.param(_count, ROWS_ONE, 1, 1.0, id="count-eps1"),
     pytest.param(_clamped_sum, ROWS_PLUS, UPPER, 1.0, id="sum-eps1"),
-    pytest.param(_count, ROWS + (1,), 1, 0.3, id="count-eps0.3"),
+    pytest.param(_count, ROWS_ONE, 1, 0.3, id="count-eps0.3"),
 ]
 
 
@@ -92,7 +93,7 @@ def test_laplace_release_is_not_refuted(statistic, db1, sens, epsilon) -> None: 
 def test_gaussian_release_is_not_refuted() -> None:
     cal = calibrate_query("gaussian", 1.0, 1e-6, _one(1))
     noise = cal.noises[0]
-    result = _run(_count, noise, noise, ROWS + (1,), epsilon=1.0, delta=1e-6)
+    result = _run(_count, noise, noise, ROWS_ONE, epsilon=1.0, delta=1e-6)
     assert not result.rejected, result.summary()
 
 
@@ -116,7 +117,7 @@ def test_point_nine_scale_laplace_is_refuted(statistic, db1, sens, epsilon) -> N
 def test_half_scale_gaussian_is_refuted() -> None:
     claimed = calibrate_query("gaussian", 1.0, 1e-6, _one(1)).noises[0]
     result = _run(
-        _count, _scaled(claimed, Fraction(1, 2)), claimed, ROWS + (1,), epsilon=1.0, delta=1e-6
+        _count, _scaled(claimed, Fraction(1, 2)), claimed, ROWS_ONE, epsilon=1.0, delta=1e-6
     )
     assert result.rejected, result.summary()
 
@@ -124,7 +125,7 @@ def test_half_scale_gaussian_is_refuted() -> None:
 def test_point_nine_scale_gaussian_is_refuted() -> None:
     claimed = calibrate_query("gaussian", 1.0, 1e-6, _one(1)).noises[0]
     result = _run(
-        _count, _scaled(claimed, Fraction(9, 10)), claimed, ROWS + (1,), epsilon=1.0, delta=1e-6
+        _count, _scaled(claimed, Fraction(9, 10)), claimed, ROWS_ONE, epsilon=1.0, delta=1e-6
     )
     assert result.rejected, result.summary()
 
