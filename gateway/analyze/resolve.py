@@ -93,7 +93,7 @@ _AGGREGATE_NAMES: dict[type[exp.Expression], str] = {
 
 def resolve_table(select: exp.Select, tables: Mapping[str, TableConfig]) -> tuple[TableConfig, str]:
     """The one declared table the query reads, and the alias its columns may use."""
-    if select.args.get("with"):
+    if select.args.get("with") or select.args.get("with_"):
         raise UnsupportedQuery("WITH (common table expressions) is not supported", construct="WITH")
     if select.args.get("joins"):
         raise UnsupportedQuery(
@@ -168,6 +168,8 @@ def resolve_row_expression(
                 f"{name}) may refer to it)",
                 construct="privacy unit column",
             )
+        if column is resolved:
+            return exp.column(name)  # replace() cannot swap the root of a tree
         column.replace(exp.column(name))
     return resolved
 

@@ -19,7 +19,7 @@ from gateway.analyze.parse import READ_DIALECT
 from gateway.analyze.resolve import ALLOWED_NODES, resolve_row_expression, resolve_table
 from gateway.analyze.wrapper import OuterQuery, limit_value
 from gateway.config import TableConfig
-from gateway.errors import UnsupportedQuery
+from gateway.errors import GatewayError, UnsupportedQuery
 from gateway.plan import GroupKey, Measure, OrderKey, OutputColumn, QueryPlan
 
 ROWS_HINT = (
@@ -201,6 +201,8 @@ def _add_group_key(
     resolved = resolve_row_expression(node, b.table, b.alias, where="GROUP BY")
     if b.find_group(resolved) is not None:
         return
+    if name is None:
+        name = _alias_of(b, resolved, items)
     b.group_keys.append(
         GroupKey(
             expression=resolved,
@@ -209,6 +211,21 @@ def _add_group_key(
             domain=public_domain(resolved, b.table),
         )
     )
+
+
+def _alias_of(b: _Builder, resolved: exp.Expression, items: list[exp.Expression]) -> str | None:
+    """The alias of the select item computing the same expression as a group key."""
+    key = _canonical(resolved)
+    for item in items:
+        if not isinstance(item, exp.Alias) or _contains_aggregate(item.this):
+            continue
+        try:
+            candidate = resolve_row_expression(item.this, b.table, b.alias, where="SELECT")
+        except GatewayError:
+            continue
+        if _canonical(candidate) == key:
+            return item.alias
+    return None
 
 
 def _add_select_item(b: _Builder, item: exp.Expression) -> None:

@@ -1,0 +1,117 @@
+"""Shared fixtures: small real databases (the demo generator, fewer people), a config,
+a ledger, the Flask app and an analyst key. Nothing is mocked: the protected data and
+the ledger are real SQLite files (PostgreSQL where ``DPGATE_TEST_POSTGRES_URL`` is set).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+from flask import Flask
+from flask.testing import FlaskClient
+
+from gateway.config import Config, parse_config
+from gateway.demo.hospital import build, config_yaml
+
+if TYPE_CHECKING:
+    from gateway.pipeline import Gateway
+
+ADMIN_KEY = "admin-" + "k" * 40
+TEST_PATIENTS = 3000
+POSTGRES_URL = os.environ.get("DPGATE_TEST_POSTGRES_URL")
+
+
+@pytest.fixture(scope="session")
+def demo_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A demo hospital database with 3,000 patients, built once per test session."""
+    path = tmp_path_factory.mktemp("demo") / "hospital.db"
+    build(path, patients=TEST_PATIENTS)
+    return path
+
+
+def demo_config_dict(db: Path, ledger: Path, **overrides: Any) -> dict[str, Any]:
+    """The demo config as a dict, with top-level sections updated by ``overrides``."""
+    raw: dict[str, Any] = yaml.safe_load(config_yaml(str(db), str(ledger)))
+    for section, value in overrides.items():
+        if isinstance(value, dict) and isinstance(raw.get(section), dict):
+            raw[section] = {**raw[section], **value}
+        else:
+            raw[section] = value
+    return raw
+
+
+@pytest.fixture
+def make_gateway(
+    demo_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Callable[..., Gateway]:
+    """Build a Gateway on a private copy of the demo data and a fresh ledger."""
+    monkeypatch.setenv("DPGATE_ADMIN_KEY", ADMIN_KEY)
+    counter = iter(range(1000))
+
+    def factory(**overrides: Any) -> Gateway:
+        from gateway.pipeline import Gateway
+
+        n = next(counter)
+        db = tmp_path / f"hospital{n}.db"
+        shutil.copy(demo_db, db)
+        raw = demo_config_dict(db, tmp_path / f"ledger{n}.db", **overrides)
+        return Gateway(parse_config(raw))
+
+    return factory
+
+
+@pytest.fixture
+def gateway(make_gateway: Callable[..., Gateway]) -> Gateway:
+    return make_gateway()
+
+
+@pytest.fixture
+def config(gateway: Gateway) -> Config:
+    return gateway.config
+
+
+@pytest.fixture
+def app(gateway: Gateway) -> Flask:
+    from gateway.http.app import create_app
+
+    return create_app(gateway.config, gateway=gateway)
+
+
+@pytest.fixture
+def client(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+@pytest.fixture
+def analyst_key(gateway: Gateway) -> str:
+    """The key of a fresh analyst 'alice' with ε = 10, δ = 1e-6."""
+    return gateway.ledger.create_analyst("alice", 10.0, 1e-6)
+
+
+@pytest.fixture
+def auth(analyst_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {analyst_key}"}
+
+
+@pytest.fixture
+def ask(client: FlaskClient, auth: dict[str, str]) -> Callable[..., Any]:
+    """POST /v1/query as alice; returns (status, json)."""
+
+    def post(sql: str, **params: Any) -> tuple[int, dict[str, Any]]:
+        resp = client.post("/v1/query", json={"sql": sql, **params}, headers=auth)
+        return resp.status_code, resp.get_json()
+
+    return post
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    if not POSTGRES_URL:
+        pytest.skip("set DPGATE_TEST_POSTGRES_URL to run PostgreSQL tests")
+    yield POSTGRES_URL

@@ -1,0 +1,92 @@
+"""SQL analysis against fixtures: supported queries and their plans, refused ones and why.
+
+The fixture file (tests/fixtures/analyze.yaml) is the reference list of what dpgate
+accepts, in the spirit of sqlglot's optimizer fixtures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.analyze import analyze
+from gateway.config import Config, parse_config
+from gateway.demo.hospital import config_yaml
+from gateway.errors import GatewayError, SqlSyntaxError
+from gateway.plan import ProbePlan, QueryPlan
+
+FIXTURES = yaml.safe_load((Path(__file__).parent / "fixtures" / "analyze.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def demo_config() -> Config:
+    return parse_config(yaml.safe_load(config_yaml("/nonexistent/h.db", "/nonexistent/l.db")))
+
+
+def summary(plan: QueryPlan) -> dict[str, Any]:
+    return {
+        "outputs": [f"{o.name}:{o.kind}" + (":hidden" if o.hidden else "") for o in plan.outputs],
+        "measures": [m.kind for m in plan.measures],
+        "groups": [
+            f"{g.name}:{'public' if g.domain is not None else 'selection'}" for g in plan.group_keys
+        ],
+    }
+
+
+@pytest.mark.parametrize("case", FIXTURES["supported"], ids=lambda c: c["sql"][:60])
+def test_supported(case: dict[str, Any], demo_config: Config) -> None:
+    plan = analyze(case["sql"], demo_config.tables)
+    assert isinstance(plan, QueryPlan)
+    got = summary(plan)
+    for key in ("outputs", "measures", "groups"):
+        if key in case:
+            assert got[key] == case[key]
+
+
+@pytest.mark.parametrize("case", FIXTURES["refused"], ids=lambda c: c["sql"][:60] or "empty")
+def test_refused(case: dict[str, Any], demo_config: Config) -> None:
+    with pytest.raises(GatewayError) as info:
+        analyze(case["sql"], demo_config.tables)
+    assert info.value.code == case["code"], info.value.message
+    if "construct" in case:
+        assert info.value.detail.get("construct") == case["construct"]
+    assert info.value.message  # a message a person can read
+
+
+def test_syntax_errors_carry_line_and_column(demo_config: Config) -> None:
+    with pytest.raises(SqlSyntaxError) as info:
+        analyze("SELECT COUNT(*)\nFROM patients\nWHERE age >", demo_config.tables)
+    assert info.value.detail["line"] == 3
+    assert info.value.detail["column"] >= 1
+
+
+def test_canonical_sql_ignores_spelling(demo_config: Config) -> None:
+    a = analyze("select count(*) from PATIENTS where AGE > 30", demo_config.tables)
+    b = analyze("SELECT   COUNT(*)\nFROM patients WHERE age > 30", demo_config.tables)
+    assert isinstance(a, QueryPlan) and isinstance(b, QueryPlan)
+    assert a.canonical_sql == b.canonical_sql
+
+
+def test_public_domains_come_from_the_schema(demo_config: Config) -> None:
+    plan = analyze("SELECT disease, COUNT(*) FROM patients GROUP BY disease", demo_config.tables)
+    assert isinstance(plan, QueryPlan)
+    assert plan.group_keys[0].domain == demo_config.tables["patients"].columns["disease"].values
+    plan = analyze("SELECT age / 10, COUNT(*) FROM patients GROUP BY 1", demo_config.tables)
+    assert isinstance(plan, QueryPlan)
+    assert plan.group_keys[0].domain == tuple(range(0, 11))
+
+
+def test_sensitivity_follows_the_contribution_bound(demo_config: Config) -> None:
+    plan = analyze("SELECT COUNT(*), SUM(length_of_stay) FROM visits", demo_config.tables)
+    assert isinstance(plan, QueryPlan)
+    rows = demo_config.tables["visits"].max_rows_per_unit
+    assert plan.measures[0].sensitivity.l1 == rows
+    assert plan.measures[1].sensitivity.l1 == rows * 30
+
+
+@pytest.mark.parametrize("sql", ["SELECT 1", "select version()", "SELECT current_schema()"])
+def test_bi_probes_are_constants(sql: str, demo_config: Config) -> None:
+    assert isinstance(analyze(sql, demo_config.tables), ProbePlan)
