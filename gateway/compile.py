@@ -18,6 +18,7 @@ measure, then (with partition selection) the unit count.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -72,7 +73,7 @@ def compile_plan(plan: QueryPlan, table: TableConfig, dialect: str) -> CompiledQ
             query = query.where(where)
     else:
         unit = exp.column(table.privacy_unit or "", quoted=True)
-        inner_cols: list[exp.Expression] = [exp.alias_(unit, UNIT, quoted=True)]
+        inner_cols: list[exp.Expr] = [exp.alias_(unit, UNIT, quoted=True)]
         inner_cols += _aliased(keys, "k")
         inner_cols += _aliased([i for i in inputs if i is not None], "v")
         order = [k.copy() for k in keys] or [unit.copy()]
@@ -102,12 +103,12 @@ def compile_plan(plan: QueryPlan, table: TableConfig, dialect: str) -> CompiledQ
         inner = exp.select(*inner_cols).from_(source)
         if where is not None:
             inner = inner.where(where)
-        bounded = exp.column(ROW_RANK, quoted=True) <= exp.Literal.number(rows_bound)
+        bounded: exp.Expr = exp.column(ROW_RANK, quoted=True) <= exp.Literal.number(rows_bound)
         if groups_bound is not None:
             bounded = exp.and_(
                 bounded, exp.column(GROUP_RANK, quoted=True) <= exp.Literal.number(groups_bound)
             )
-        outer_keys = [exp.column(f"k{i}", quoted=True) for i in range(len(keys))]
+        outer_keys: list[exp.Expr] = [exp.column(f"k{i}", quoted=True) for i in range(len(keys))]
         aggregates = []
         v = 0
         for m, inp in zip(plan.measures, inputs, strict=True):
@@ -137,11 +138,11 @@ def compile_plan(plan: QueryPlan, table: TableConfig, dialect: str) -> CompiledQ
     )
 
 
-def _aliased(nodes: list[exp.Expression], prefix: str) -> list[exp.Expression]:
+def _aliased(nodes: Sequence[exp.Expr], prefix: str) -> list[exp.Expr]:
     return [exp.alias_(n, f"{prefix}{i}", quoted=True) for i, n in enumerate(nodes)]
 
 
-def _measure_input(m: Measure, table: TableConfig) -> exp.Expression | None:
+def _measure_input(m: Measure, table: TableConfig) -> exp.Expr | None:
     """The per-row value a measure aggregates (None for COUNT(*) and unit counts)."""
     if m.expression is None:
         return None
@@ -158,15 +159,13 @@ def _measure_input(m: Measure, table: TableConfig) -> exp.Expression | None:
         default=value,
     )
     steps = 1 / m.resolution
-    scaled: exp.Expression = clamped
+    scaled: exp.Expr = clamped
     if steps != 1:
         scaled = exp.Mul(this=exp.Paren(this=clamped), expression=_fraction(steps))
     return exp.Cast(this=exp.Round(this=scaled), to=exp.DataType.build("BIGINT"))
 
 
-def _aggregate(
-    m: Measure, value: exp.Expression | None, unit: exp.Expression | None
-) -> exp.Expression:
+def _aggregate(m: Measure, value: exp.Expr | None, unit: exp.Expr | None) -> exp.Expr:
     if m.kind == "count_rows":
         return exp.Count(this=exp.Star())
     if m.kind == "count_units":
@@ -179,7 +178,7 @@ def _aggregate(
     return exp.Coalesce(this=exp.Sum(this=value), expressions=[exp.Literal.number(0)])
 
 
-def _number(x: float) -> exp.Expression:
+def _number(x: float) -> exp.Expr:
     if float(x).is_integer():
         literal = exp.Literal.number(int(x))
     else:
@@ -187,20 +186,20 @@ def _number(x: float) -> exp.Expression:
     return exp.Neg(this=exp.Literal.number(str(literal.this).lstrip("-"))) if x < 0 else literal
 
 
-def _fraction(f: Fraction) -> exp.Expression:
+def _fraction(f: Fraction) -> exp.Expr:
     if f.denominator == 1:
         return exp.Literal.number(f.numerator)
     return exp.Literal.number(repr(float(f)))  # powers of two are exact in binary floating point
 
 
-def _portable(node: exp.Expression, table: TableConfig) -> exp.Expression:
+def _portable(node: exp.Expr, table: TableConfig) -> exp.Expr:
     """A copy of a resolved row expression whose meaning is the same in every dialect.
 
     Division of two integers truncates (as in SQLite and PostgreSQL); every other
     division is floating point. Column names are quoted.
     """
 
-    def fix(n: exp.Expression) -> exp.Expression:
+    def fix(n: exp.Expr) -> exp.Expr:
         if isinstance(n, exp.Div):
             left, right = infer_type(n.this, table), infer_type(n.expression, table)
             if left == right == "integer":

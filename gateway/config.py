@@ -161,7 +161,8 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
     db = v.section(raw, "database", required=True)
     database = DatabaseConfig(
         url=_resolve_url(v.string(db, "database.url", required=True), base_dir),
-        statement_timeout_ms=v.integer(db, "database.statement_timeout_ms", 10_000, low=1),
+        statement_timeout_ms=v.integer(db, "database.statement_timeout_ms", 10_000, low=1)
+        or 10_000,
         data_version=str(db.get("data_version", "1")),
     )
     v.no_unknown(db, "database", {"url", "statement_timeout_ms", "data_version"})
@@ -173,7 +174,7 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
     v.no_unknown(au, "audit", {"mode", "min_group_size", "scope"})
     audit = AuditConfig(
         mode=v.choice(au, "audit.mode", ("refuse", "flag", "off"), "refuse"),  # type: ignore[arg-type]
-        min_group_size=v.integer(au, "audit.min_group_size", 5, low=1),
+        min_group_size=v.integer(au, "audit.min_group_size", 5, low=1) or 5,
         scope=v.choice(au, "audit.scope", ("analyst", "global"), "analyst"),  # type: ignore[arg-type]
     )
     ca = v.section(raw, "cache")

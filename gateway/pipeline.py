@@ -22,6 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 
 import budget
+from budget import Reservation
 from gateway.analyze import analyze
 from gateway.audit import AnsweredQuery, Auditor
 from gateway.config import Config
@@ -308,7 +309,7 @@ class Gateway:
         request: QueryRequest,
         calibration: QueryCalibration,
         key: str,
-    ) -> budget.Reservation:
+    ) -> Reservation:
         try:
             return self.ledger.reserve(
                 analyst,
@@ -359,7 +360,7 @@ class Gateway:
         request: QueryRequest,
         calibration: QueryCalibration,
         noisy: NoisyResult,
-        reservation: budget.Reservation,
+        reservation: Reservation,
     ) -> Release:
         cost = calibration.cost
         privacy = {

@@ -37,7 +37,7 @@ class Measure:
 
     kind: MeasureKind
     sensitivity: Sensitivity
-    expression: exp.Expression | None = None
+    expression: exp.Expr | None = None
     lower: float | None = None
     upper: float | None = None
     resolution: Fraction = Fraction(1)
@@ -53,7 +53,7 @@ class GroupKey:
     groups are released only through DP partition selection.
     """
 
-    expression: exp.Expression
+    expression: exp.Expr
     name: str
     type: ValueType
     domain: tuple[Any, ...] | None
@@ -98,9 +98,9 @@ class QueryPlan:
     table: str
     measures: tuple[Measure, ...]
     outputs: tuple[OutputColumn, ...]
-    where: exp.Expression | None
+    where: exp.Expr | None
     group_keys: tuple[GroupKey, ...]
-    having: exp.Expression | None
+    having: exp.Expr | None
     order_by: tuple[OrderKey, ...]
     limit: int | None
     offset: int

@@ -18,7 +18,7 @@ from gateway.plan import QueryPlan
 
 Row = tuple[Any, ...]
 
-_COMPARISONS: dict[type[exp.Expression], Callable[[Any, Any], bool]] = {
+_COMPARISONS: dict[type[exp.Expr], Callable[[Any, Any], bool]] = {
     exp.EQ: operator.eq,
     exp.NEQ: operator.ne,
     exp.GT: operator.gt,
@@ -26,7 +26,7 @@ _COMPARISONS: dict[type[exp.Expression], Callable[[Any, Any], bool]] = {
     exp.LT: operator.lt,
     exp.LTE: operator.le,
 }
-_ARITHMETIC: dict[type[exp.Expression], Callable[[Any, Any], Any]] = {
+_ARITHMETIC: dict[type[exp.Expr], Callable[[Any, Any], Any]] = {
     exp.Add: operator.add,
     exp.Sub: operator.sub,
     exp.Mul: operator.mul,
@@ -42,7 +42,8 @@ def post_process(plan: QueryPlan, rows: Sequence[Row]) -> list[Row]:
         having = plan.having
         out = [r for r in out if _truthy(_evaluate(having, r))]
     for key in reversed(plan.order_by):
-        out.sort(key=lambda r, i=key.output: _sort_key(r[i]), reverse=key.descending)
+        index = key.output
+        out.sort(key=lambda r: _sort_key(r[index]), reverse=key.descending)
     if plan.offset:
         out = out[plan.offset :]
     if plan.limit is not None:
@@ -63,7 +64,7 @@ def _truthy(value: Any) -> bool:
     return bool(value) if value is not None else False
 
 
-def _evaluate(node: exp.Expression, row: Row) -> Any:
+def _evaluate(node: exp.Expr, row: Row) -> Any:
     if isinstance(node, exp.Paren):
         return _evaluate(node.this, row)
     if isinstance(node, exp.Column):

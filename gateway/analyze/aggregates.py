@@ -40,9 +40,7 @@ def _sqrt_upper(n: int) -> Fraction:
     return Fraction(math.ceil(math.sqrt(n) * 10**9) + 1, 10**9)
 
 
-def measures_for(
-    node: exp.Expression, table: TableConfig, alias: str, grouped: bool
-) -> list[Measure]:
+def measures_for(node: exp.Expr, table: TableConfig, alias: str, grouped: bool) -> list[Measure]:
     """The measures behind one aggregate call: one for COUNT and SUM, (SUM, COUNT) for AVG."""
     rows, groups = contribution_bounds(table, grouped)
     name = node.key.upper()

@@ -20,7 +20,7 @@ from gateway.plan import ValueType
 MAX_PUBLIC_DOMAIN = 1000
 
 
-def public_domain(node: exp.Expression, table: TableConfig) -> tuple[Any, ...] | None:
+def public_domain(node: exp.Expr, table: TableConfig) -> tuple[Any, ...] | None:
     """The declared public values of a resolved group expression, in a stable order."""
     while isinstance(node, exp.Paren):
         node = node.this
@@ -81,7 +81,7 @@ def _trunc_div(a: int, d: int) -> int:
 _NOT_LITERAL = object()
 
 
-def literal_value(node: exp.Expression) -> Any:
+def literal_value(node: exp.Expr) -> Any:
     """The Python value of a literal expression, or ``_NOT_LITERAL``."""
     while isinstance(node, exp.Paren):
         node = node.this
@@ -103,9 +103,9 @@ def literal_value(node: exp.Expression) -> Any:
     return _NOT_LITERAL
 
 
-def is_literal(node: exp.Expression) -> bool:
+def is_literal(node: exp.Expr) -> bool:
     return literal_value(node) is not _NOT_LITERAL
 
 
-def key_type(node: exp.Expression, table: TableConfig) -> ValueType:
+def key_type(node: exp.Expr, table: TableConfig) -> ValueType:
     return infer_type(node, table)

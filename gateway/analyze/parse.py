@@ -15,7 +15,7 @@ from gateway.errors import SqlSyntaxError, UnsupportedQuery
 #: Analysts write PostgreSQL-flavoured SQL: double-quoted identifiers, typed division.
 READ_DIALECT = "postgres"
 
-_STATEMENT_NAMES: dict[type[exp.Expression], str] = {
+_STATEMENT_NAMES: dict[type[exp.Expr], str] = {
     exp.Insert: "INSERT",
     exp.Update: "UPDATE",
     exp.Delete: "DELETE",
@@ -81,7 +81,7 @@ def parse_select(sql: str) -> exp.Select:
     return statement
 
 
-def _statement_name(statement: exp.Expression) -> str:
+def _statement_name(statement: exp.Expr) -> str:
     for cls, name in _STATEMENT_NAMES.items():
         if isinstance(statement, cls):
             return name

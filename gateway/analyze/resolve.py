@@ -17,7 +17,7 @@ from gateway.errors import UnknownColumn, UnknownTable, UnsupportedQuery
 from gateway.plan import ValueType
 
 #: Expression node types allowed in row expressions.
-ALLOWED_NODES: tuple[type[exp.Expression], ...] = (
+ALLOWED_NODES: tuple[type[exp.Expr], ...] = (
     exp.Column,
     exp.Identifier,
     exp.Literal,
@@ -69,7 +69,7 @@ ALLOWED_FUNCTIONS_TEXT = (
     "ABS, CEIL, COALESCE, FLOOR, LENGTH, LOWER, ROUND, SUBSTRING, TRIM, UPPER, CAST, CASE"
 )
 
-_AGGREGATE_NAMES: dict[type[exp.Expression], str] = {
+_AGGREGATE_NAMES: dict[type[exp.Expr], str] = {
     exp.Min: "MIN",
     exp.Max: "MAX",
     exp.Median: "MEDIAN",
@@ -137,8 +137,8 @@ def column_type(table: TableConfig, name: str) -> ValueType:
 
 
 def resolve_row_expression(
-    node: exp.Expression, table: TableConfig, alias: str, *, where: str
-) -> exp.Expression:
+    node: exp.Expr, table: TableConfig, alias: str, *, where: str
+) -> exp.Expr:
     """A copy of ``node`` with columns resolved, or a refusal naming what is not allowed.
 
     ``where`` names the clause for messages ("WHERE", "GROUP BY", "SUM").
@@ -174,7 +174,7 @@ def resolve_row_expression(
     return resolved
 
 
-def _check_node(node: exp.Expression, where: str) -> None:
+def _check_node(node: exp.Expr, where: str) -> None:
     if isinstance(node, ALLOWED_NODES):
         if isinstance(node, exp.In) and (node.args.get("query") or node.args.get("unnest")):
             raise UnsupportedQuery(
@@ -213,7 +213,7 @@ def _check_node(node: exp.Expression, where: str) -> None:
     )
 
 
-def infer_type(node: exp.Expression, table: TableConfig) -> ValueType:
+def infer_type(node: exp.Expr, table: TableConfig) -> ValueType:
     """The value type of a resolved row expression (good enough for output typing)."""
     if isinstance(node, exp.Paren):
         return infer_type(node.this, table)
@@ -254,7 +254,7 @@ def infer_type(node: exp.Expression, table: TableConfig) -> ValueType:
     return "text"
 
 
-def _branches(node: exp.Expression) -> list[exp.Expression]:
+def _branches(node: exp.Expr) -> list[exp.Expr]:
     if isinstance(node, exp.Case):
         out = [i.args["true"] for i in node.args.get("ifs") or []]
         default = node.args.get("default")

@@ -47,7 +47,7 @@ class _Builder:
         self.measures.append(m)
         return len(self.measures) - 1
 
-    def aggregate_output(self, node: exp.Expression, name: str, hidden: bool) -> int:
+    def aggregate_output(self, node: exp.Expr, name: str, hidden: bool) -> int:
         """The output for aggregate call ``node``, created if new."""
         key = _canonical(node)
         if key in self.aggregate_outputs:
@@ -86,7 +86,7 @@ class _Builder:
         )
         return len(self.outputs) - 1
 
-    def find_group(self, resolved: exp.Expression) -> int | None:
+    def find_group(self, resolved: exp.Expr) -> int | None:
         key = _canonical(resolved)
         for i, g in enumerate(self.group_keys):
             if _canonical(g.expression) == key:
@@ -100,16 +100,16 @@ def _replace(out: OutputColumn, **changes: object) -> OutputColumn:
     return replace(out, **changes)  # type: ignore[arg-type]
 
 
-def _canonical(node: exp.Expression) -> str:
+def _canonical(node: exp.Expr) -> str:
     return node.sql(dialect=READ_DIALECT, normalize=True)
 
 
-def canonical_sql(select: exp.Expression) -> str:
+def canonical_sql(select: exp.Expr) -> str:
     """The normalised text of a statement: the cache key and the ledger's record of it."""
     return _canonical(normalize_identifiers(select.copy(), dialect=READ_DIALECT))
 
 
-def _contains_aggregate(node: exp.Expression) -> bool:
+def _contains_aggregate(node: exp.Expr) -> bool:
     return any(isinstance(n, AGGREGATES) for n in node.walk())
 
 
@@ -137,7 +137,7 @@ def build_plan(
     b = _Builder(table=table, alias=alias, grouped=grouped)
     items = list(select.expressions)
     aliases = {i.alias.lower(): i.unalias() for i in items if isinstance(i, exp.Alias)}
-    if grouped:
+    if group_node is not None:
         for g in group_node.expressions:
             _add_group_key(b, g, items, aliases)
     for item in items:
@@ -173,9 +173,9 @@ def build_plan(
 
 def _add_group_key(
     b: _Builder,
-    node: exp.Expression,
-    items: list[exp.Expression],
-    aliases: Mapping[str, exp.Expression],
+    node: exp.Expr,
+    items: list[exp.Expr],
+    aliases: Mapping[str, exp.Expr],
 ) -> None:
     name: str | None = None
     if isinstance(node, exp.Literal) and node.is_int:
@@ -213,7 +213,7 @@ def _add_group_key(
     )
 
 
-def _alias_of(b: _Builder, resolved: exp.Expression, items: list[exp.Expression]) -> str | None:
+def _alias_of(b: _Builder, resolved: exp.Expr, items: list[exp.Expr]) -> str | None:
     """The alias of the select item computing the same expression as a group key."""
     key = _canonical(resolved)
     for item in items:
@@ -228,7 +228,7 @@ def _alias_of(b: _Builder, resolved: exp.Expression, items: list[exp.Expression]
     return None
 
 
-def _add_select_item(b: _Builder, item: exp.Expression) -> None:
+def _add_select_item(b: _Builder, item: exp.Expr) -> None:
     node = item.unalias()
     alias = item.alias if isinstance(item, exp.Alias) else None
     if isinstance(node, exp.Star) or (
@@ -276,9 +276,7 @@ def _add_select_item(b: _Builder, item: exp.Expression) -> None:
         b.outputs[out_index] = _replace(b.outputs[out_index], name=name, hidden=False)
 
 
-def _output_ref(
-    b: _Builder, node: exp.Expression, aliases: Mapping[str, exp.Expression], clause: str
-) -> int:
+def _output_ref(b: _Builder, node: exp.Expr, aliases: Mapping[str, exp.Expr], clause: str) -> int:
     """The output index that ``node`` (in HAVING or ORDER BY) refers to."""
     if isinstance(node, exp.Column) and not node.table:
         lowered = node.name.lower()
@@ -304,15 +302,13 @@ def _output_ref(
     return b.group_output(index, None, hidden=True)
 
 
-def _having(
-    b: _Builder, select: exp.Select, aliases: Mapping[str, exp.Expression]
-) -> exp.Expression | None:
+def _having(b: _Builder, select: exp.Select, aliases: Mapping[str, exp.Expr]) -> exp.Expr | None:
     node = select.args.get("having")
     if node is None:
         return None
     condition = node.this.copy()
 
-    def to_output(n: exp.Expression) -> exp.Expression:
+    def to_output(n: exp.Expr) -> exp.Expr:
         if isinstance(n, AGGREGATES) or (
             isinstance(n, exp.Column) and not isinstance(n.parent, AGGREGATES)
         ):
@@ -330,7 +326,7 @@ def _having(
 
 
 def _order_by(
-    b: _Builder, ordered: list[exp.Expression], aliases: Mapping[str, exp.Expression]
+    b: _Builder, ordered: list[exp.Expr], aliases: Mapping[str, exp.Expr]
 ) -> list[OrderKey]:
     keys: list[OrderKey] = []
     visible = [i for i, o in enumerate(b.outputs) if not o.hidden]
@@ -383,9 +379,9 @@ def _apply_outer(
         names = {o.name.lower(): i for i, o in enumerate(outputs) if not o.hidden}
         visible = [i for i, o in enumerate(outputs) if not o.hidden]
         order_by = []
-        for o in outer.order_by:
-            node = o.this
-            desc = bool(o.args.get("desc"))
+        for ordered in outer.order_by:
+            node = ordered.this
+            desc = bool(ordered.args.get("desc"))
             if (
                 isinstance(node, exp.Literal)
                 and node.is_int

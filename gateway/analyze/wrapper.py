@@ -73,7 +73,7 @@ def probe_plan(select: exp.Select) -> ProbePlan | None:
     return ProbePlan(columns=tuple(columns), row=tuple(row))
 
 
-def _function_name(node: exp.Expression) -> str:
+def _function_name(node: exp.Expr) -> str:
     if isinstance(node, exp.Anonymous):
         return node.name.upper()
     if isinstance(node, exp.Func):
@@ -130,7 +130,7 @@ def limit_value(select: exp.Select, clause: str) -> int | None:
     if node is None:
         return None
     value = node.expression if isinstance(node, exp.Limit | exp.Offset) else node
-    literal = literal_value(value) if isinstance(value, exp.Expression) else value
+    literal = literal_value(value) if isinstance(value, exp.Expr) else value
     if not isinstance(literal, int) or isinstance(literal, bool) or literal < 0:
         raise UnsupportedQuery(
             f"{clause.upper()} takes a non-negative whole number", construct=clause.upper()

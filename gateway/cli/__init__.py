@@ -7,6 +7,7 @@ import os
 import secrets
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -153,23 +154,23 @@ def query(
         sys.exit(1)
 
 
-def _print_release(answer: dict[str, object]) -> None:
-    columns = [str(c["name"]) for c in answer["columns"]]  # type: ignore[index, union-attr]
-    rows = [[("" if v is None else str(v)) for v in r] for r in answer["rows"]]  # type: ignore[union-attr]
+def _print_release(answer: dict[str, Any]) -> None:
+    columns = [str(c["name"]) for c in answer["columns"]]
+    rows = [[("" if v is None else str(v)) for v in r] for r in answer["rows"]]
     widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
     click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for r in rows:
         click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
     accuracy = answer.get("accuracy") or {}
-    for name, acc in accuracy.items():  # type: ignore[union-attr]
+    for name, acc in accuracy.items():
         if "ci95_halfwidth" in acc:
             click.echo(f"  {name}: ±{acc['ci95_halfwidth']:g} (95%), stddev {acc['stddev']:.3g}")
     budget = answer.get("budget") or {}
     if answer.get("cached"):
         click.echo("(cached: identical earlier answer, no charge)")
     click.echo(
-        f"budget: ε spent {budget.get('epsilon_spent')}, "  # type: ignore[union-attr]
-        f"remaining {budget.get('epsilon_remaining')}"  # type: ignore[union-attr]
+        f"budget: ε spent {budget.get('epsilon_spent')}, "
+        f"remaining {budget.get('epsilon_remaining')}"
     )
 
 
