@@ -9,10 +9,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
+from dpgate_client.errors import InterfaceError
 from dpgate_client.results import Budget, QueryResult, Schema
-from dpgate_client.transport import DEFAULT_TIMEOUT, Transport
+from dpgate_client.transport import DEFAULT_TIMEOUT, URL_ENVIRONMENT_VARIABLE, Transport
 
 __all__ = ["Client", "Mechanism"]
 
@@ -22,20 +24,26 @@ Mechanism = Literal["laplace", "gaussian"]
 class Client:
     """One analyst's handle on one gateway.
 
-    ``url`` is the gateway's base URL (``http://host:port`` or ``https://host/prefix``);
-    ``key`` is the analyst's API key (default: the ``DPGATE_API_KEY`` environment
-    variable). Safe to share between threads: it keeps no connection open.
+    ``url`` is the gateway's base URL (``http://host:port`` or ``https://host/prefix``;
+    default: ``$DPGATE_URL``); ``key`` is the analyst's API key (default: ``$DPGATE_KEY``,
+    as for ``dpgate query``). Safe to share between threads: it keeps no connection open.
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | None = None,
         key: str | None = None,
         *,
         timeout: float = DEFAULT_TIMEOUT,
         verify: bool = True,
         ca_file: str | None = None,
     ) -> None:
+        url = url or os.environ.get(URL_ENVIRONMENT_VARIABLE)
+        if not url:
+            raise InterfaceError(
+                "give the gateway URL: Client('http://host:port', key) or $DPGATE_URL",
+                code="invalid_url",
+            )
         self._transport = Transport(url, key, timeout=timeout, verify=verify, ca_file=ca_file)
 
     @property

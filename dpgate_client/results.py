@@ -113,6 +113,9 @@ class Budget:
     delta_spent: float | None = None
     delta_remaining: float | None = None
     composition: str | None = None
+    analyst: str | None = None
+    queries: int | None = None
+    max_next_laplace_epsilon: float | None = None
     raw: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
     @classmethod
@@ -137,6 +140,8 @@ class Budget:
             return _float(inner.get(key)) if isinstance(inner, Mapping) else None
 
         composition = data.get("composition")
+        analyst = data.get("name", data.get("analyst"))
+        queries = data.get("queries")
         return cls(
             epsilon_total=pick("epsilon_total", "epsilon") or nested("total", "epsilon"),
             epsilon_spent=pick("epsilon_spent") or nested("spent", "epsilon"),
@@ -145,6 +150,9 @@ class Budget:
             delta_spent=pick("delta_spent") or nested("spent", "delta"),
             delta_remaining=pick("delta_remaining") or nested("remaining", "delta"),
             composition=str(composition) if isinstance(composition, str) else None,
+            analyst=str(analyst) if isinstance(analyst, str) else None,
+            queries=queries if isinstance(queries, int) and not isinstance(queries, bool) else None,
+            max_next_laplace_epsilon=pick("max_next_laplace_epsilon"),
             raw=_frozen({k: v for k, v in data.items() if k != "ok"}),
         )
 

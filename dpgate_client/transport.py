@@ -27,7 +27,8 @@ from dpgate_client.errors import (
 __version__ = "0.1.0"
 
 DEFAULT_TIMEOUT = 60.0
-KEY_ENVIRONMENT_VARIABLE = "DPGATE_API_KEY"
+KEY_ENVIRONMENT_VARIABLES = ("DPGATE_KEY", "DPGATE_API_KEY")  # as `dpgate query`
+URL_ENVIRONMENT_VARIABLE = "DPGATE_URL"
 
 
 def _redact(url: str) -> str:
@@ -62,7 +63,8 @@ class Transport:
             )
         object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
         if self.key is None:
-            object.__setattr__(self, "key", os.environ.get(KEY_ENVIRONMENT_VARIABLE) or None)
+            from_env = (os.environ.get(name) for name in KEY_ENVIRONMENT_VARIABLES)
+            object.__setattr__(self, "key", next((k for k in from_env if k), None))
 
     def _context(self) -> ssl.SSLContext | None:
         if not self.base_url.startswith("https:"):

@@ -97,7 +97,7 @@ def test_budget_and_schema(gateway: FakeGateway) -> None:
     client = Client(gateway.url, "k")
     budget = client.budget()
     assert (budget.epsilon_total, budget.epsilon_spent, budget.epsilon_remaining) == (10, 1.5, 8.5)
-    assert budget.composition == "zcdp" and budget.raw["analyst"] == "alice"
+    assert budget.composition == "zcdp" and budget.analyst == "alice"
     schema = client.schema()
     assert schema.table_names == ("patients", "visits")
     patients = schema.table("patients")
@@ -118,12 +118,16 @@ def test_nested_budget_shapes_are_understood(gateway: FakeGateway) -> None:
                 "spent": {"epsilon": 1.0, "delta": 0.0},
                 "remaining": {"epsilon": 3.0, "delta": 1e-6},
                 "composition": "pure",
+                "name": "carol",
+                "queries": 3,
+                "max_next_laplace_epsilon": 2.5,
             },
         },
     )
     budget = Client(gateway.url, "k").budget()
     assert (budget.epsilon_total, budget.epsilon_spent, budget.epsilon_remaining) == (4, 1, 3)
-    assert budget.composition == "pure"
+    assert budget.composition == "pure" and budget.analyst == "carol"
+    assert budget.queries == 3 and budget.max_next_laplace_epsilon == 2.5
 
 
 @pytest.mark.parametrize(
@@ -219,8 +223,9 @@ def test_an_unreachable_gateway_is_an_operational_error() -> None:
 def test_key_defaults_to_the_environment(
     gateway: FakeGateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("DPGATE_API_KEY", "from-env")
-    Client(gateway.url).budget()
+    monkeypatch.setenv("DPGATE_KEY", "from-env")
+    monkeypatch.setenv("DPGATE_URL", gateway.url)
+    Client().budget()
     assert gateway.last["authorization"] == "Bearer from-env"
 
 
