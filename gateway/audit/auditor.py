@@ -1,0 +1,306 @@
+"""The differencing auditor: refuse query sets that would pin down a small group.
+
+Every answered query — every released GROUP BY cell — is a region of a logical cell space
+built from query texts and the public schema alone (``space``). A region whose indicator
+lies in the span of answered regions is *determined*: a linear combination of released
+answers estimates its count (``span``). The auditor refuses when a determined region that
+was never asked directly is estimated below ``min_group_size`` — with the estimate made
+from the noisy answers, never from the data. Its decisions are therefore post-processing
+of differentially private releases (simulatable auditing, Kenthapadi–Mishra–Nissim 2005)
+and cannot leak anything the releases did not.
+
+``pre_audit`` decides before anything is spent, from earlier answers only;
+``post_audit`` decides with the new noisy answer; ``remember`` records a release.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gateway.audit.knowledge import Knowledge, RowInfo
+from gateway.audit.predicates import Formula, FormulaBuilder, formula_for_cell
+from gateway.audit.space import CellSpace, SpaceTooLarge
+from gateway.audit.span import Doubt, coefficients, determined_regions, in_span
+from gateway.config import TableConfig
+from gateway.plan import QueryPlan
+
+MAX_PRE_AUDIT_CELLS = 10_000
+COEF_TOL = 1e-9
+
+
+@dataclass(frozen=True)
+class AnsweredCell:
+    """One released cell: the region ``plan.where ∧ (group keys == group_values)``."""
+
+    group_values: tuple[Any, ...]
+    count: float | None
+    sums: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class AnsweredQuery:
+    """A released answer as the auditor sees it: the plan and its noisy cells."""
+
+    query_id: str
+    plan: QueryPlan
+    cells: tuple[AnsweredCell, ...]
+
+
+@dataclass(frozen=True)
+class AuditDecision:
+    """The auditor's verdict; ``reason`` reveals no sizes or values."""
+
+    allowed: bool
+    combined_with: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A determined region that is too small (or whose size cannot be shown large)."""
+
+    combined_with: tuple[str, ...]
+
+
+ALLOWED = AuditDecision(True, (), "no small group is determined")
+
+
+class Auditor:
+    """Per-scope knowledge of answered regions, and the checks made against it."""
+
+    def __init__(self, tables: Mapping[str, TableConfig], *, min_group_size: int) -> None:
+        self.tables = dict(tables)
+        self.min_group_size = min_group_size
+        self._builders = {name: FormulaBuilder(t) for name, t in self.tables.items()}
+        self._state: dict[tuple[str, str], Knowledge] = {}
+        self._saturated: set[tuple[str, str]] = set()
+        self._pending: dict[tuple[str, str], tuple[str, Knowledge, Knowledge]] = {}
+        self._lock = threading.Lock()
+
+    # -- public interface -------------------------------------------------------------
+
+    def pre_audit(self, scope: str, plan: QueryPlan) -> AuditDecision:
+        """Refuse, before anything is spent, a query that earlier noisy answers alone show
+        would determine a small group. Its own answer is unknown here."""
+        cells = _declared_cells(plan)
+        if cells is None:
+            return AuditDecision(True, (), "cells known only after the answer")
+        rows = [
+            (RowInfo("", j, None, pending=True), self._formula(plan, v))
+            for j, v in enumerate(cells)
+        ]
+        return self._decide(scope, plan.table, rows, pre=True, query_id=None)
+
+    def post_audit(self, scope: str, answer: AnsweredQuery) -> AuditDecision:
+        """Withhold a charged answer that, with earlier ones, determines a small group."""
+        rows = self._rows(answer)
+        return self._decide(scope, answer.plan.table, rows, pre=False, query_id=answer.query_id)
+
+    def remember(self, scope: str, answer: AnsweredQuery) -> None:
+        """Add a released answer to the scope's knowledge (a no-op for a known query_id)."""
+        key = (scope, answer.plan.table)
+        with self._lock:
+            base = self._knowledge(key)
+            if answer.query_id in base.query_ids:
+                return
+            pending = self._pending.pop(key, None)
+            if pending is not None and pending[0] == answer.query_id and pending[1] is base:
+                self._state[key] = pending[2]
+                return
+            try:
+                self._state[key] = _extend(base, self._rows(answer))[1]
+            except (SpaceTooLarge, Doubt):
+                self._saturated.add(key)
+                self._state[key] = Knowledge(
+                    space=base.space, query_ids=base.query_ids | {answer.query_id}
+                )
+
+    def forget_scope(self, scope: str) -> None:
+        """Drop what one scope knows (its data version changed)."""
+        with self._lock:
+            for key in [k for k in self._state if k[0] == scope]:
+                self._state.pop(key, None)
+                self._pending.pop(key, None)
+                self._saturated.discard(key)
+
+    def reset(self) -> None:
+        """Drop all knowledge (the data version changed)."""
+        with self._lock:
+            self._state.clear()
+            self._pending.clear()
+            self._saturated.clear()
+
+    def knows(self, scope: str, query_id: str) -> bool:
+        """Whether ``query_id`` has been remembered in ``scope``."""
+        with self._lock:
+            return any(query_id in kn.query_ids for (s, _), kn in self._state.items() if s == scope)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _knowledge(self, key: tuple[str, str]) -> Knowledge:
+        kn = self._state.get(key)
+        if kn is None:
+            kn = Knowledge(space=CellSpace(self.tables[key[1]]))
+            self._state[key] = kn
+        return kn
+
+    def _formula(self, plan: QueryPlan, values: tuple[Any, ...]) -> Formula:
+        keys = tuple(g.expression for g in plan.group_keys)
+        return formula_for_cell(self._builders[plan.table], plan.where, keys, values)
+
+    def _rows(self, answer: AnsweredQuery) -> list[tuple[RowInfo, Formula]]:
+        return [
+            (RowInfo(answer.query_id, j, c.count), self._formula(answer.plan, c.group_values))
+            for j, c in enumerate(answer.cells)
+        ]
+
+    def _decide(
+        self,
+        scope: str,
+        table: str,
+        rows: list[tuple[RowInfo, Formula]],
+        *,
+        pre: bool,
+        query_id: str | None,
+    ) -> AuditDecision:
+        key = (scope, table)
+        with self._lock:
+            base = self._knowledge(key)
+            if key in self._saturated:
+                return AuditDecision(
+                    False, (), "the audit record of this table is too complex to extend"
+                )
+            if query_id is not None and query_id in base.query_ids:
+                return ALLOWED
+            try:
+                old, new, touched = _extend(base, rows)
+                findings = _findings(old, new, touched, self.min_group_size, pre=pre)
+            except SpaceTooLarge:
+                return AuditDecision(
+                    False, (), "the query's conditions make the audit too large to decide"
+                )
+            except Doubt:
+                return AuditDecision(False, (), "the audit could not be decided exactly")
+            if not pre and query_id is not None:
+                self._pending[key] = (query_id, base, new)
+        if not findings:
+            return ALLOWED
+        combined = tuple(sorted({q for f in findings for q in f.combined_with if q != query_id}))
+        names = ", ".join(combined) if combined else "earlier answers"
+        return AuditDecision(
+            False,
+            combined,
+            f"this query would, with {names}, determine a group smaller than the minimum "
+            "group size (differencing)",
+        )
+
+
+def _declared_cells(plan: QueryPlan) -> list[tuple[Any, ...]] | None:
+    """The cells a query will release, when its group keys have declared domains."""
+    if not plan.group_keys:
+        return [()]
+    domains: list[tuple[Any, ...]] = []
+    size = 1
+    for g in plan.group_keys:
+        if g.domain is None:
+            return None
+        domains.append(g.domain)
+        size *= len(g.domain)
+    if size > MAX_PRE_AUDIT_CELLS:
+        return None
+    return list(itertools.product(*domains))
+
+
+def _extend(
+    base: Knowledge, rows: list[tuple[RowInfo, Formula]]
+) -> tuple[Knowledge, Knowledge, set[int]]:
+    """(base refined and split by the rows' regions, that plus the rows, touched blocks)."""
+    formulas = [f for _, f in rows]
+    kn = base.refined(formulas)
+    masks = [kn.space.mask(f) for f in formulas]
+    if masks:
+        cover = np.zeros(kn.space.atom_of.shape, dtype=np.int16)
+        for m in masks:
+            cover += m
+        if int(cover.max(initial=0)) <= 1:
+            kn = kn.split(masks)
+        else:
+            for m in masks:
+                kn = kn.split([m])
+    old = kn
+    atom_rows = []
+    for (info, _), m in zip(rows, masks, strict=True):
+        a = np.zeros(kn.space.n_atoms, dtype=bool)
+        a[kn.space.atom_of[m]] = True
+        atom_rows.append((info, a))
+    new, touched = kn.with_rows(atom_rows)
+    return old, new, touched
+
+
+def _in_old_span(old: Knowledge, region: np.ndarray) -> bool:
+    atoms = np.nonzero(region)[0]
+    owners = old.block_of[atoms]
+    if np.any(owners < 0):
+        return False
+    for b in {int(o) for o in owners}:
+        block = old.blocks[b]
+        if not in_span(block, region[block.cols][None, :].astype(float))[0]:
+            return False
+    return True
+
+
+def _findings(
+    old: Knowledge, new: Knowledge, touched: set[int], k: int, *, pre: bool
+) -> list[Finding]:
+    asked = new.asked_keys()
+    members = new.members
+    counted = np.array([r.count is not None and not r.pending for r in new.info], dtype=bool)
+    counts = np.array([r.count if r.count is not None else np.nan for r in new.info], dtype=float)
+    out: list[Finding] = []
+    for b in sorted(touched):
+        block = new.blocks[b]
+        for region_local in determined_regions(block):
+            region = np.zeros(new.space.n_atoms, dtype=bool)
+            region[block.cols[region_local]] = True
+            if np.packbits(region).tobytes() in asked:
+                continue
+            if _in_old_span(old, region):
+                continue
+            coefs = coefficients(block, region_local)
+            used = [(c, block.members[i]) for i, c in enumerate(coefs) if abs(c) > COEF_TOL]
+            supersets = ~np.any(region[None, :] & ~members, axis=1) & counted
+            subsets = ~np.any(members & ~region[None, :], axis=1) & counted & members.any(axis=1)
+            upper_direct = float(np.min(counts[supersets])) if supersets.any() else math.inf
+            lower_direct = float(np.max(counts[subsets])) if subsets.any() else -math.inf
+            estimate = 0.0
+            unknown = False
+            extra = 0.0
+            for c, row_id in used:
+                info = new.info[row_id]
+                if info.pending:
+                    if c > 0:
+                        contains = ~np.any(members[row_id][None, :] & ~members, axis=1) & counted
+                        hi = float(np.min(counts[contains])) if contains.any() else math.inf
+                        extra += c * hi
+                elif info.count is None:
+                    unknown = True
+                else:
+                    estimate += c * info.count
+            if pre:
+                upper = math.inf if unknown else estimate + extra
+                small = min(upper, upper_direct) < k
+            elif unknown:
+                small = lower_direct < k
+            else:
+                small = estimate < k
+            if small:
+                ids = tuple(sorted({new.info[r].query_id for _, r in used} - {""}))
+                out.append(Finding(ids))
+    return out

@@ -1,0 +1,303 @@
+"""The logical cell space: per dimension, the declared domain split at every constant used.
+
+Each dimension of a scope's space is partitioned into *pieces* on which every condition
+the scope's queries used is constant: for an ordered column, the points and open
+intervals between its constants (clipped to the declared bounds; empty integer intervals
+dropped); for a categorical column, its declared values (or the constants seen plus
+"anything else"); for an opaque condition, TRUE / FALSE / UNKNOWN. Every dimension also
+has a NULL piece (SQL's three-valued logic decides what a predicate does with it).
+
+The space is the product of the pieces of the dimensions the scope has used, kept as a
+dense grid that maps each cell to its *atom*: cells no answered region tells apart are
+one atom. A region is a union of cells, hence of atoms once the space is refined by it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from fractions import Fraction
+from math import floor
+from typing import Any
+
+import numpy as np
+
+from gateway.audit.predicates import Condition, DimensionKey, Formula
+from gateway.config import TableConfig
+
+MAX_CELLS = 2_000_000
+"""Beyond this many cells the auditor refuses rather than guess (doubt refuses)."""
+
+
+class SpaceTooLarge(Exception):
+    """The scope's cell space would exceed ``MAX_CELLS``."""
+
+
+class _Other:
+    """The "any value not named" piece of a categorical dimension."""
+
+    def __repr__(self) -> str:
+        return "OTHER"
+
+
+OTHER = _Other()
+F, U, T = 0, 1, 2  # Kleene truth values: AND is min, OR is max, NOT is 2 − x
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One piece of a dimension: ``sample`` is a value inside it (None: the NULL piece)."""
+
+    sample: Any
+    low: Fraction | None = None  # open interval (low, high); None = unbounded
+    high: Fraction | None = None
+    point: bool = True
+
+
+class Dimension:
+    """One axis of the cell space and its current partition."""
+
+    def __init__(self, key: DimensionKey, table: TableConfig) -> None:
+        self.key = key
+        col = table.columns.get(key.column) if key.column else None
+        self.integer = col is not None and col.type == "integer"
+        self.lower = Fraction(col.lower) if col is not None and col.lower is not None else None
+        self.upper = Fraction(col.upper) if col is not None and col.upper is not None else None
+        if col is not None and col.type == "date":
+            self.lower = self.upper = None
+        self.declared: tuple[Any, ...] | None = None
+        if col is not None and col.type == "boolean":
+            self.declared = (False, True)
+        elif col is not None and col.values is not None and key.kind == "categorical":
+            self.declared = tuple(col.values)
+        self.constants: set[Any] = set()
+        self.pieces: list[Piece] = self._pieces()
+
+    # -- partitions ----------------------------------------------------------------
+
+    def _pieces(self) -> list[Piece]:
+        if self.key.kind == "opaque":
+            return [Piece(T), Piece(F), Piece(U)]
+        if self.key.kind == "categorical":
+            named = self.declared if self.declared is not None else sorted(self.constants, key=repr)
+            out = [Piece(v) for v in named]
+            if self.declared is None:
+                out.append(Piece(OTHER))
+            return [*out, Piece(None)]
+        points = set(self.constants)
+        if self.lower is not None:
+            points.add(self.lower)
+        if self.upper is not None:
+            points.add(self.upper)
+        bps = sorted(points)
+        cands: list[Piece] = []
+        edges: list[Fraction | None] = [None, *bps, None]
+        for i in range(len(edges) - 1):
+            lo, hi = edges[i], edges[i + 1]
+            sample = self._interval_sample(lo, hi)
+            if sample is not None:
+                cands.append(Piece(sample, lo, hi, point=False))
+            if hi is not None and self._point_ok(hi):
+                cands.append(Piece(hi, hi, hi))
+        return [*cands, Piece(None)]
+
+    def _point_ok(self, v: Fraction) -> bool:
+        if self.integer and v.denominator != 1:
+            return False
+        return not (
+            (self.lower is not None and v < self.lower)
+            or (self.upper is not None and v > self.upper)
+        )
+
+    def _interval_sample(self, lo: Fraction | None, hi: Fraction | None) -> Fraction | None:
+        """A value strictly inside (lo, hi) and inside the declared domain, or None."""
+        if lo is None and self.lower is not None:
+            return None
+        if hi is None and self.upper is not None:
+            return None
+        if self.integer:
+            start = (floor(lo) + 1) if lo is not None else (floor(hi) - 1 if hi is not None else 0)
+            if hi is not None and start >= hi:
+                return None
+            return Fraction(start)
+        if lo is None and hi is None:
+            return Fraction(0)
+        if lo is None:
+            assert hi is not None
+            return hi - 1
+        if hi is None:
+            return lo + 1
+        return (lo + hi) / 2
+
+    def locate(self, value: Any) -> int:
+        """Index of the piece holding ``value`` (a sample of a finer partition)."""
+        for i, p in enumerate(self.pieces):
+            if value is None or p.sample is None:
+                if value is None and p.sample is None:
+                    return i
+                continue
+            if self.key.kind != "ordered":
+                if p.sample is OTHER and value is OTHER:
+                    return i
+                if p.sample is not OTHER and value is not OTHER and p.sample == value:
+                    return i
+                continue
+            if p.point:
+                if value == p.sample:
+                    return i
+            elif (p.low is None or value > p.low) and (p.high is None or value < p.high):
+                return i
+        if self.key.kind == "categorical" and self.declared is None:
+            return next(i for i, p in enumerate(self.pieces) if p.sample is OTHER)
+        raise KeyError(value)
+
+    def refine(self, constants: Iterable[Any]) -> np.ndarray | None:
+        """Add constants; returns, per new piece, the old piece containing it (or None)."""
+        if self.key.kind == "opaque":
+            return None
+        new = {c for c in constants if c is not None} - self.constants
+        if self.key.kind == "categorical" and self.declared is not None:
+            new = set()
+        if not new:
+            return None
+        old = list(self.pieces)
+        self.constants |= new
+        self.pieces = self._pieces()
+        keep, self.pieces = self.pieces, old
+        parents = np.array([self.locate(p.sample) for p in keep], dtype=np.intp)
+        self.pieces = keep
+        return parents
+
+    # -- evaluation ----------------------------------------------------------------
+
+    def evaluate(self, cond: Condition) -> np.ndarray:
+        """The Kleene value of ``cond`` on each piece (int8: 0 F, 1 U, 2 T)."""
+        out = np.empty(len(self.pieces), dtype=np.int8)
+        has_null_const = any(v is None for v in cond.values)
+        for i, p in enumerate(self.pieces):
+            s = p.sample
+            if cond.op == "true":
+                out[i] = s
+            elif cond.op == "isnull":
+                out[i] = T if s is None else F
+            elif s is None:
+                out[i] = U
+            elif cond.op == "in":
+                hit = s is not OTHER and any(v is not None and v == s for v in cond.values)
+                out[i] = T if hit else (U if has_null_const else F)
+            else:
+                v = cond.values[0]
+                ok = {
+                    "lt": s < v,
+                    "le": s <= v,
+                    "gt": s > v,
+                    "ge": s >= v,
+                }[cond.op]
+                out[i] = T if ok else F
+        return out
+
+
+class CellSpace:
+    """The grid of one (scope, table): dimensions and the atom id of every cell."""
+
+    def __init__(self, table: TableConfig) -> None:
+        self.table = table
+        self.dims: list[Dimension] = []
+        self.index: dict[DimensionKey, int] = {}
+        self.atom_of = np.zeros((), dtype=np.int32)
+        self.n_atoms = 1
+
+    def copy(self) -> CellSpace:
+        other = CellSpace(self.table)
+        other.dims = [_copy_dim(d) for d in self.dims]
+        other.index = dict(self.index)
+        other.atom_of = self.atom_of
+        other.n_atoms = self.n_atoms
+        return other
+
+    @property
+    def n_cells(self) -> int:
+        return int(self.atom_of.size)
+
+    def ensure(self, formulas: Iterable[Formula]) -> None:
+        """Refine the space so that every condition of ``formulas`` is constant on cells."""
+        wanted: dict[DimensionKey, set[Any]] = {}
+        for f in formulas:
+            for c in f.conditions():
+                wanted.setdefault(c.dimension, set()).update(c.values)
+        size = self.n_cells
+        plan: list[tuple[DimensionKey, set[Any]]] = []
+        for key, consts in wanted.items():
+            if key not in self.index:
+                probe = Dimension(key, self.table)
+                probe.refine(consts)
+                size *= len(probe.pieces)
+            else:
+                d = self.dims[self.index[key]]
+                extra = {c for c in consts if c is not None} - d.constants
+                size = size // len(d.pieces) * (len(d.pieces) + 2 * len(extra))
+            plan.append((key, consts))
+        if size > MAX_CELLS:
+            raise SpaceTooLarge
+        atom_of = self.atom_of
+        for key, consts in plan:
+            if key not in self.index:
+                d = Dimension(key, self.table)
+                d.refine(consts)
+                self.index[key] = len(self.dims)
+                self.dims.append(d)
+                atom_of = np.repeat(atom_of[..., None], len(d.pieces), axis=-1)
+            else:
+                axis = self.index[key]
+                d = self.dims[axis]
+                parents = d.refine(consts)
+                if parents is not None:
+                    atom_of = np.take(atom_of, parents, axis=axis)
+        self.atom_of = np.ascontiguousarray(atom_of)
+
+    def truth(self, f: Formula) -> np.ndarray:
+        """The Kleene value of ``f`` on every cell (the space must be refined for it)."""
+        nd = len(self.dims)
+        if f.op == "const":
+            return np.full((1,) * nd, f.const, dtype=np.int8)
+        if f.op == "leaf":
+            assert f.leaf is not None
+            axis = self.index[f.leaf.dimension]
+            vals = self.dims[axis].evaluate(f.leaf)
+            shape = [1] * nd
+            shape[axis] = len(vals)
+            return vals.reshape(shape)
+        if f.op == "not":
+            return (T - self.truth(f.children[0])).astype(np.int8)
+        parts = [self.truth(c) for c in f.children]
+        out = parts[0]
+        for p in parts[1:]:
+            out = np.minimum(out, p) if f.op == "and" else np.maximum(out, p)
+        return out
+
+    def mask(self, f: Formula) -> np.ndarray:
+        """Cells where the predicate is TRUE (the rows a WHERE keeps)."""
+        return np.broadcast_to(self.truth(f) == T, self.atom_of.shape)
+
+    def split(self, masks: list[np.ndarray]) -> np.ndarray:
+        """Split atoms by disjoint masks; returns the parent atom of each new atom."""
+        label = np.zeros(self.atom_of.shape, dtype=np.int64)
+        for j, m in enumerate(masks):
+            label[m] = j + 1
+        key = self.atom_of.astype(np.int64) * (len(masks) + 1) + label
+        uniq, inverse = np.unique(key.ravel(), return_inverse=True)
+        self.atom_of = inverse.reshape(self.atom_of.shape).astype(np.int32)
+        self.n_atoms = len(uniq)
+        return (uniq // (len(masks) + 1)).astype(np.intp)
+
+    def atoms_in(self, mask: np.ndarray) -> np.ndarray:
+        """The atoms (sorted ids) of a region; the space must already be split by it."""
+        return np.unique(self.atom_of[mask])
+
+
+def _copy_dim(d: Dimension) -> Dimension:
+    c = Dimension.__new__(Dimension)
+    c.__dict__.update(d.__dict__)
+    c.constants = set(d.constants)
+    c.pieces = list(d.pieces)
+    return c

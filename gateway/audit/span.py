@@ -1,0 +1,230 @@
+"""The span of answered regions, kept as independent blocks in reduced row echelon form.
+
+Answered regions are 0/1 indicator vectors over atoms. A region R is *determined* when
+its indicator lies in their span over the rationals: some linear combination of the
+released answers is then an estimate of R's count (and, for SUM and AVG, of its sum).
+
+Regions that share no atom never combine, so the span splits into blocks: connected
+groups of atoms with their own small RREF basis. Each basis row also records which
+answered rows it is a combination of (``origin``), so that a determined region's
+estimate and the earlier queries it combines are read off directly.
+
+Arithmetic is float64 with partial pivoting; any value within the doubt band of 0 or 1
+makes the block be recomputed exactly in rationals (``Fraction``), and if doubt remains
+the caller refuses (``Doubt``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+
+ZERO_TOL = 1e-9
+DOUBT_TOL = 1e-6
+EXHAUSTIVE_ATOMS = 12
+"""Blocks with at most this many atoms get every minimal determined region, exactly."""
+
+
+class Doubt(Exception):
+    """Floating point could not decide, and neither could the exact recomputation."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One connected part of the span: ``cols`` (atom ids), RREF ``basis`` rows, their
+    ``pivots`` (column positions) and ``origin`` (basis row → answered-row coefficients
+    over ``members``, the answered rows that were independent when added)."""
+
+    cols: np.ndarray
+    basis: np.ndarray
+    pivots: np.ndarray
+    origin: np.ndarray
+    members: tuple[int, ...]
+
+    @staticmethod
+    def empty(cols: np.ndarray) -> Block:
+        n = len(cols)
+        return Block(
+            cols,
+            np.zeros((0, n)),
+            np.zeros(0, dtype=np.intp),
+            np.zeros((0, 0)),
+            (),
+        )
+
+    @property
+    def rank(self) -> int:
+        return len(self.pivots)
+
+    def residual(self, x: np.ndarray) -> np.ndarray:
+        """``x`` minus its reduction by the basis (zero iff ``x`` is in the span)."""
+        if self.rank == 0:
+            return x.astype(float)
+        return x - x[..., self.pivots] @ self.basis
+
+    def insert(self, x: np.ndarray, row_id: int) -> tuple[Block, bool]:
+        """The block with answered row ``x`` (0/1 over ``cols``) added; False if dependent."""
+        res = self.residual(x)
+        o = -(x[self.pivots] @ self.origin) if self.rank else np.zeros(0)
+        big = float(np.max(np.abs(res))) if res.size else 0.0
+        if big < ZERO_TOL:
+            return self, False
+        if big < DOUBT_TOL:
+            raise Doubt
+        p = int(np.argmax(np.abs(res)))
+        scale = res[p]
+        res = res / scale
+        o = np.append(o, 1.0) / scale
+        origin = np.hstack([self.origin, np.zeros((self.rank, 1))])
+        c = self.basis[:, p].copy()
+        basis = self.basis - np.outer(c, res)
+        basis[:, p] = 0.0
+        origin = origin - np.outer(c, o)
+        return (
+            Block(
+                self.cols,
+                np.vstack([basis, res]),
+                np.append(self.pivots, p).astype(np.intp),
+                np.vstack([origin, o]),
+                (*self.members, row_id),
+            ),
+            True,
+        )
+
+    def reordered(self, cols: np.ndarray, take: np.ndarray) -> Block:
+        """The same span over refined atoms: new column j copies old column ``take[j]``."""
+        first: dict[int, int] = {}
+        for j, t in enumerate(take.tolist()):
+            first.setdefault(t, j)
+        pivots = np.array([first[int(p)] for p in self.pivots], dtype=np.intp)
+        return Block(cols, self.basis[:, take], pivots, self.origin, self.members)
+
+
+def merge(blocks: list[Block], free: np.ndarray) -> Block:
+    """One block made of several (block-diagonal) plus atoms no row touched yet."""
+    cols = np.concatenate([b.cols for b in blocks] + [free])
+    n = len(cols)
+    r = sum(b.rank for b in blocks)
+    basis = np.zeros((r, n))
+    origin = np.zeros((r, r))
+    pivots: list[int] = []
+    members: list[int] = []
+    ro, co = 0, 0
+    for b in blocks:
+        basis[ro : ro + b.rank, co : co + len(b.cols)] = b.basis
+        origin[ro : ro + b.rank, ro : ro + b.rank] = b.origin
+        pivots.extend((b.pivots + co).tolist())
+        members.extend(b.members)
+        ro += b.rank
+        co += len(b.cols)
+    return Block(cols, basis, np.array(pivots, dtype=np.intp), origin, tuple(members))
+
+
+def exact_block(cols: np.ndarray, rows: list[tuple[int, np.ndarray]]) -> Block:
+    """The block rebuilt in exact rational arithmetic from its answered rows."""
+    n = len(cols)
+    basis: list[list[Fraction]] = []
+    origin: list[dict[int, Fraction]] = []
+    pivots: list[int] = []
+    members: list[int] = []
+    for row_id, x in rows:
+        v = [Fraction(int(a)) for a in x]
+        o: dict[int, Fraction] = {}
+        for b, ob, p in zip(basis, origin, pivots, strict=True):
+            f = v[p]
+            if f:
+                v = [a - f * c for a, c in zip(v, b, strict=True)]
+                for k, w in ob.items():
+                    o[k] = o.get(k, Fraction(0)) - f * w
+        p = next((j for j, a in enumerate(v) if a), -1)
+        if p < 0:
+            continue
+        s = v[p]
+        v = [a / s for a in v]
+        o[len(members)] = o.get(len(members), Fraction(0)) + 1
+        o = {k: w / s for k, w in o.items()}
+        for i, b in enumerate(basis):
+            f = b[p]
+            if f:
+                basis[i] = [a - f * c for a, c in zip(b, v, strict=True)]
+                for k, w in o.items():
+                    origin[i][k] = origin[i].get(k, Fraction(0)) - f * w
+        basis.append(v)
+        origin.append(o)
+        pivots.append(p)
+        members.append(row_id)
+    r = len(basis)
+    origin_f = np.zeros((r, r))
+    for i, coeffs in enumerate(origin):
+        for k, w in coeffs.items():
+            origin_f[i, k] = float(w)
+    fb = np.array([[float(a) for a in b] for b in basis]) if r else np.zeros((0, n))
+    return Block(cols, fb, np.array(pivots, dtype=np.intp), origin_f, tuple(members))
+
+
+def classify(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per entry: clearly 0, clearly 1, in doubt."""
+    a = np.abs(values)
+    b = np.abs(values - 1.0)
+    zero = a < ZERO_TOL
+    one = b < ZERO_TOL
+    doubt = ~zero & ~one & ((a < DOUBT_TOL) | (b < DOUBT_TOL))
+    return zero, one, doubt
+
+
+def in_span(block: Block, xs: np.ndarray) -> np.ndarray:
+    """For each 0/1 row of ``xs`` (over the block's columns): is it in the span?"""
+    res = block.residual(xs.astype(float))
+    a = np.abs(res)
+    if np.any((a >= ZERO_TOL) & (a < DOUBT_TOL)):
+        raise Doubt
+    return np.all(a < ZERO_TOL, axis=-1)
+
+
+def determined_regions(block: Block) -> list[np.ndarray]:
+    """Determined regions of a block to check against k, as boolean masks over ``cols``.
+
+    Exhaustive for small blocks: every minimal nonempty region whose indicator is in the
+    span (every determined region is a disjoint union of minimal ones). For larger blocks:
+    each basis row that is a 0/1 vector (single atoms included — an atom is determined
+    iff some RREF row is its unit vector) and the whole block when it is determined.
+    """
+    n = len(block.cols)
+    if block.rank == 0:
+        return []
+    if n <= EXHAUSTIVE_ATOMS:
+        return _minimal_exhaustive(block)
+    zero, one, doubt = classify(block.basis)
+    ok = np.all(zero | one, axis=1)
+    if np.any(np.all(zero | one | doubt, axis=1) & ~ok):
+        raise Doubt
+    out = [one[i].copy() for i in np.nonzero(ok)[0]]
+    whole = np.ones(n, dtype=bool)
+    if in_span(block, whole[None, :])[0]:
+        out.append(whole)
+    return out
+
+
+def _minimal_exhaustive(block: Block) -> list[np.ndarray]:
+    n = len(block.cols)
+    idx = np.arange(1 << n, dtype=np.int64)
+    bits = ((idx[:, None] >> np.arange(n)) & 1).astype(bool)
+    member = in_span(block, bits)
+    member[0] = False
+    below = member.copy()  # below[s]: some nonempty subset of s is in the span
+    for i in range(n):
+        has = (idx >> i) & 1 == 1
+        below[has] |= below[idx[has] ^ (1 << i)]
+    proper = np.zeros_like(member)
+    for i in range(n):
+        has = (idx >> i) & 1 == 1
+        proper[has] |= below[idx[has] ^ (1 << i)]
+    return [bits[s] for s in np.nonzero(member & ~proper)[0]]
+
+
+def coefficients(block: Block, region: np.ndarray) -> np.ndarray:
+    """Coefficients over ``block.members`` expressing a determined region's indicator."""
+    x = region.astype(float)[block.pivots]
+    return x @ block.origin
