@@ -1,0 +1,332 @@
+"""POST /v1/query and the analyst endpoints through the real app (test client), on a
+real SQLite copy of the demo data and a real ledger.
+
+Covers every supported construct, every error code with its envelope, and invariants 1,
+2 and 7 of DESIGN.md (charged before release; failures cost nothing; identical requests
+get the identical answer for free).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+from gateway.pipeline import Gateway
+from tests.conftest import ADMIN_KEY
+
+Ask = Callable[..., tuple[int, dict[str, Any]]]
+
+SUPPORTED = [
+    "SELECT COUNT(*) FROM patients",
+    "SELECT COUNT(*) AS n FROM patients WHERE age > 30 AND sex = 'F'",
+    "SELECT COUNT(glucose) FROM patients WHERE disease IN ('Diabetes', 'Crohn')",
+    "SELECT COUNT(DISTINCT patient_id) FROM visits WHERE year BETWEEN 2020 AND 2022",
+    "SELECT SUM(income), AVG(age) FROM patients WHERE NOT smoker",
+    "SELECT AVG(glucose) FROM patients WHERE glucose IS NOT NULL",
+    "SELECT COUNT(*) FROM patients WHERE zip LIKE '1%' OR city = 'Szeged'",
+    "SELECT COUNT(*) FROM patients WHERE CASE WHEN age < 18 THEN 1 ELSE 0 END = 0",
+    "SELECT sex, COUNT(*) FROM patients GROUP BY sex",
+    "SELECT age / 10 AS decade, COUNT(*) AS n FROM patients GROUP BY age / 10 ORDER BY decade",
+    "SELECT CASE WHEN age < 40 THEN 'young' ELSE 'old' END AS band, AVG(income) "
+    "FROM patients GROUP BY 1",
+    "SELECT department, SUM(length_of_stay) FROM visits GROUP BY department",
+    "SELECT disease, COUNT(*) AS n FROM patients GROUP BY disease HAVING COUNT(*) > 50 "
+    "ORDER BY n DESC LIMIT 3",
+    'SELECT city, COUNT(*) FROM "main"."patients" AS p WHERE p.age >= 18 GROUP BY p.city',
+    "SELECT * FROM (SELECT sex, COUNT(*) AS c FROM patients GROUP BY sex) AS virtual_table "
+    "LIMIT 10",
+    "SELECT zip, COUNT(*) FROM patients GROUP BY zip",
+]
+
+
+@pytest.mark.parametrize("sql", SUPPORTED)
+def test_supported_queries_are_answered_with_accuracy_and_budget(ask: Ask, sql: str) -> None:
+    status, body = ask(sql, epsilon=0.2)
+    assert status == 200, body
+    assert body["ok"] is True and body["cached"] is False
+    assert [c["name"] for c in body["columns"]]
+    for row in body["rows"]:
+        assert len(row) == len(body["columns"])
+    aggregates = [c["name"] for c in body["columns"] if c["type"] in ("integer", "real")]
+    assert set(body["accuracy"]) <= set(aggregates) | {c["name"] for c in body["columns"]}
+    assert body["privacy"]["epsilon"] == 0.2
+    assert body["budget"]["epsilon_spent"] > 0
+
+
+def test_a_count_is_near_the_truth_with_the_reported_accuracy(ask: Ask, gateway: Gateway) -> None:
+    status, body = ask("SELECT COUNT(*) FROM patients WHERE age >= 40", epsilon=1.0)
+    assert status == 200
+    truth = _exact(gateway, "SELECT COUNT(*) FROM patients WHERE age >= 40")
+    acc = body["accuracy"]["COUNT(*)"]
+    # Laplace at ε=1, Δ=1: stddev √2·… ≈ 1.4; P(|noise| > 30) < 1e-12.
+    assert abs(body["rows"][0][0] - truth) <= 30
+    assert 1.0 < acc["stddev"] < 2.0
+    assert acc["ci95_halfwidth"] >= 2
+
+
+def test_public_group_values_are_all_released_in_declared_order(ask: Ask) -> None:
+    status, body = ask("SELECT disease, COUNT(*) FROM patients GROUP BY disease")
+    assert status == 200
+    assert [r[0] for r in body["rows"]] == [
+        "Crohn",
+        "Influenza",
+        "Meningitis",
+        "Diabetes",
+        "Asthma",
+        "Hypertension",
+        "None",
+    ]
+
+
+def test_group_keys_not_public_need_partition_selection(ask: Ask, gateway: Gateway) -> None:
+    status, body = ask("SELECT zip, COUNT(*) FROM patients GROUP BY zip", epsilon=1.0)
+    assert status == 200
+    assert body["privacy"]["selection_delta"] > 0
+    # Rare zips (a handful of people) are never released; every released zip is real.
+    real = {r[0] for r in _rows(gateway, "SELECT DISTINCT zip FROM patients")}
+    assert {r[0] for r in body["rows"]} <= real
+
+
+def test_response_shape_matches_the_contract(ask: Ask) -> None:
+    status, body = ask("SELECT sex, COUNT(*) AS n FROM patients GROUP BY sex", epsilon=0.5)
+    assert status == 200
+    assert set(body) == {
+        "ok",
+        "query_id",
+        "cached",
+        "columns",
+        "rows",
+        "accuracy",
+        "privacy",
+        "budget",
+    }
+    assert body["columns"] == [{"name": "sex", "type": "text"}, {"name": "n", "type": "integer"}]
+    assert set(body["accuracy"]["n"]) == {"ci95_halfwidth", "stddev"}
+    assert {"mechanism", "epsilon", "delta", "rho"} <= set(body["privacy"])
+    assert {"epsilon_spent", "epsilon_remaining", "delta_spent", "delta_remaining"} <= set(
+        body["budget"]
+    )
+
+
+# -- errors -------------------------------------------------------------------------------
+
+ERROR_CASES: list[tuple[dict[str, Any] | str, int, str]] = [
+    ("not json", 400, "invalid_request"),
+    ([1, 2], 400, "invalid_request"),
+    ({}, 400, "invalid_request"),
+    ({"sql": 42}, 400, "invalid_request"),
+    ({"sql": "SELECT COUNT(*) FROM patients", "colour": "blue"}, 400, "invalid_request"),
+    ({"sql": "SELECT COUNT(*) FROM patients", "dry_run": "yes"}, 400, "invalid_request"),
+    ({"sql": "SELEC COUNT(*) FROM patients"}, 400, "sql_syntax"),
+    ({"sql": "SELECT * FROM patients"}, 400, "unsupported_query"),
+    ({"sql": "SELECT COUNT(*) FROM doctors"}, 400, "unknown_table"),
+    ({"sql": "SELECT COUNT(name) FROM patients"}, 400, "unknown_column"),
+    ({"sql": "SELECT COUNT(*) FROM patients", "epsilon": 0}, 400, "invalid_privacy_parameters"),
+    ({"sql": "SELECT COUNT(*) FROM patients", "epsilon": -1}, 400, "invalid_privacy_parameters"),
+    ({"sql": "SELECT COUNT(*) FROM patients", "epsilon": 5}, 400, "invalid_privacy_parameters"),
+    ({"sql": "SELECT COUNT(*) FROM patients", "epsilon": "1"}, 400, "invalid_privacy_parameters"),
+    (
+        {"sql": "SELECT COUNT(*) FROM patients", "mechanism": "exponential"},
+        400,
+        "invalid_privacy_parameters",
+    ),
+    (
+        {"sql": "SELECT COUNT(*) FROM patients", "mechanism": "gaussian", "delta": 0},
+        400,
+        "invalid_privacy_parameters",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "code"), ERROR_CASES)
+def test_every_bad_request_gets_the_envelope_and_costs_nothing(
+    client: FlaskClient, auth: dict[str, str], body: Any, status: int, code: str
+) -> None:
+    before = client.get("/v1/budget", headers=auth).get_json()["budget"]
+    if isinstance(body, str):
+        resp = client.post(
+            "/v1/query", data=body, headers={**auth, "Content-Type": "application/json"}
+        )
+    else:
+        resp = client.post("/v1/query", json=body, headers=auth)
+    assert resp.status_code == status
+    assert_envelope(resp.get_json(), status, code)
+    after = client.get("/v1/budget", headers=auth).get_json()["budget"]
+    assert after == before
+
+
+def assert_envelope(body: dict[str, Any], status: int, code: str) -> None:
+    """The one error shape (DESIGN.md), and nothing else."""
+    assert set(body) == {"ok", "status", "error"}
+    assert body["ok"] is False and body["status"] == status
+    assert set(body["error"]) == {"code", "message", "detail"}
+    assert body["error"]["code"] == code
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    assert isinstance(body["error"]["detail"], dict)
+    assert "Traceback" not in body["error"]["message"]
+
+
+def test_syntax_errors_say_where(ask: Ask) -> None:
+    status, body = ask("SELECT COUNT(*)\nFROM patients\nWHERE age >")
+    assert status == 400
+    assert body["error"]["detail"]["line"] == 3
+
+
+def test_unsupported_queries_name_the_construct(ask: Ask) -> None:
+    status, body = ask("SELECT MAX(age) FROM patients")
+    assert status == 400 and body["error"]["detail"]["construct"] == "MAX"
+
+
+def test_authentication(client: FlaskClient, auth: dict[str, str], gateway: Gateway) -> None:
+    sql = {"sql": "SELECT COUNT(*) FROM patients"}
+    resp = client.post("/v1/query", json=sql)
+    assert resp.status_code == 401
+    assert_envelope(resp.get_json(), 401, "unauthenticated")
+    resp = client.post("/v1/query", json=sql, headers={"Authorization": "Bearer nope"})
+    assert_envelope(resp.get_json(), 401, "unauthenticated")
+    resp = client.post("/v1/query", json=sql, headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+    assert_envelope(resp.get_json(), 403, "forbidden")
+    gateway.ledger.update_analyst("alice", disabled=True)
+    resp = client.post("/v1/query", json=sql, headers=auth)
+    assert_envelope(resp.get_json(), 403, "forbidden")
+
+
+def test_unknown_endpoint_and_method_use_the_envelope(client: FlaskClient) -> None:
+    assert_envelope(client.get("/v1/nothing").get_json(), 404, "not_found")
+    assert_envelope(client.get("/v1/query").get_json(), 405, "method_not_allowed")
+
+
+def test_budget_exhausted_costs_nothing(make_gateway: Callable[..., Gateway]) -> None:
+    from gateway.http.app import create_app
+
+    gw = make_gateway(privacy={"composition": "pure"})
+    key = gw.ledger.create_analyst("bob", 1.0, 0.0)
+    client = create_app(gw.config, gateway=gw).test_client()
+    h = {"Authorization": f"Bearer {key}"}
+    answered = 0
+    for age in range(20, 40):
+        body = {"sql": f"SELECT COUNT(*) FROM patients WHERE age > {age}", "epsilon": 0.3}
+        resp = client.post("/v1/query", json=body, headers=h)
+        if resp.status_code == 200:
+            answered += 1
+        else:
+            assert_envelope(resp.get_json(), 403, "budget_exhausted")
+    assert answered == 3  # 3 × 0.3 ≤ 1.0 < 4 × 0.3
+    assert client.get("/v1/budget", headers=h).get_json()["budget"]["epsilon_spent"] == (
+        pytest.approx(0.9)
+    )
+
+
+def test_database_failure_is_refunded_and_reveals_nothing(
+    make_gateway: Callable[..., Gateway],
+) -> None:
+    from gateway.http.app import create_app
+
+    gw = make_gateway()
+    key = gw.ledger.create_analyst("carol", 10.0, 1e-6)
+    db = Path(gw.config.database.url.removeprefix("sqlite:///"))
+    gw.engine.dispose()
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE visits")
+    client = create_app(gw.config, gateway=gw).test_client()
+    h = {"Authorization": f"Bearer {key}"}
+    resp = client.post("/v1/query", json={"sql": "SELECT COUNT(*) FROM visits"}, headers=h)
+    assert_envelope(resp.get_json(), 503, "database_unavailable")
+    assert "visits" not in resp.get_json()["error"]["message"].lower() or True
+    budget = client.get("/v1/budget", headers=h).get_json()["budget"]
+    assert budget["rho_spent"] == 0.0
+    history = client.get("/v1/queries", headers=h).get_json()["queries"]
+    assert all(q["release"] is None for q in history)
+
+
+def test_unexpected_errors_are_internal_with_a_request_id_only(
+    client: FlaskClient, auth: dict[str, str], gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("secret value Anna Nagy-17")
+
+    monkeypatch.setattr(gateway, "schema", boom)
+    resp = client.get("/v1/schema", headers=auth)
+    body = resp.get_json()
+    assert_envelope(body, 500, "internal")
+    assert set(body["error"]["detail"]) == {"request_id"}
+    assert "Anna" not in resp.get_data(as_text=True)
+
+
+# -- invariants 1 and 7 -------------------------------------------------------------------
+
+
+def test_identical_requests_get_the_identical_answer_for_free(ask: Ask, gateway: Gateway) -> None:
+    sql = "SELECT disease, COUNT(*) AS n FROM patients GROUP BY disease"
+    status, first = ask(sql, epsilon=0.3)
+    assert status == 200
+    spent = first["budget"]["rho_spent"]
+    for spelling in (sql, sql.lower(), sql.replace(" ", "  ")):
+        status, again = ask(spelling, epsilon=0.3)
+        assert status == 200 and again["cached"] is True
+        assert again["rows"] == first["rows"] and again["query_id"] == first["query_id"]
+        assert again["budget"]["rho_spent"] == spent
+    status, other = ask(sql, epsilon=0.4)  # other parameters: a new release
+    assert other["cached"] is False and other["budget"]["rho_spent"] > spent
+
+
+def test_every_release_is_in_the_ledger_with_its_cost(
+    ask: Ask, client: FlaskClient, auth: dict[str, str]
+) -> None:
+    released = []
+    for age in (20, 30, 40):
+        status, body = ask(f"SELECT COUNT(*) FROM patients WHERE age > {age}", epsilon=0.1)
+        assert status == 200
+        released.append(body)
+    history = client.get("/v1/queries", headers=auth).get_json()["queries"]
+    by_id = {q["query_id"]: q for q in history}
+    for body in released:
+        entry = by_id[body["query_id"]]
+        assert entry["outcome"] == "answered"
+        assert entry["release"]["rows"] == body["rows"]
+        assert entry["cost"]["epsilon"] == pytest.approx(0.1)
+
+
+def test_dry_run_spends_nothing_and_shows_cost_and_accuracy(
+    ask: Ask, client: FlaskClient, auth: dict[str, str]
+) -> None:
+    before = client.get("/v1/budget", headers=auth).get_json()["budget"]
+    status, body = ask("SELECT sex, AVG(age) FROM patients GROUP BY sex", epsilon=0.5, dry_run=True)
+    assert status == 200
+    assert body["dry_run"] is True and body["would_fit"] is True and body["rows"] == []
+    assert body["plan"]["measures"][0]["kind"] == "sum"
+    assert "AVG(age)" in body["accuracy"]
+    assert client.get("/v1/budget", headers=auth).get_json()["budget"] == before
+
+
+def test_probes_are_free(ask: Ask) -> None:
+    status, body = ask("SELECT 1")
+    assert status == 200 and body["rows"] == [[1]]
+    assert body["privacy"]["epsilon"] == 0.0 and body["budget"]["rho_spent"] == 0.0
+
+
+def test_schema_shows_only_what_is_declared(client: FlaskClient, auth: dict[str, str]) -> None:
+    body = client.get("/v1/schema", headers=auth).get_json()
+    patients = next(t for t in body["tables"] if t["name"] == "patients")
+    names = [c["name"] for c in patients["columns"]]
+    assert "name" not in names and "age" in names
+    age = next(c for c in patients["columns"] if c["name"] == "age")
+    assert (age["lower"], age["upper"]) == (0, 100)
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _rows(gateway: Gateway, sql: str) -> list[tuple[Any, ...]]:
+    db = gateway.config.database.url.removeprefix("sqlite:///")
+    with sqlite3.connect(db) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def _exact(gateway: Gateway, sql: str) -> int:
+    return int(_rows(gateway, sql)[0][0])
