@@ -46,6 +46,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": record.getMessage(),
+            "pid": record.process,  # which worker process served it
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
