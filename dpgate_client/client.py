@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from typing import Any, Literal
 
@@ -17,6 +19,10 @@ from dpgate_client.results import Budget, QueryResult, Schema
 from dpgate_client.transport import DEFAULT_TIMEOUT, URL_ENVIRONMENT_VARIABLE, Transport
 
 __all__ = ["Client", "Mechanism"]
+
+# DEBUG records every SQL text sent: what a BI tool really asks is the first thing to
+# look at when a dashboard and the gateway disagree.
+log = logging.getLogger("dpgate_client")
 
 Mechanism = Literal["laplace", "gaussian"]
 
@@ -77,6 +83,7 @@ class Client:
             body["mechanism"] = mechanism
         if dry_run:
             body["dry_run"] = True
+        log.debug("POST %s/v1/query %s", self.url, json.dumps(body))
         payload = self._transport.request("POST", "/v1/query", body)
         return QueryResult.from_json(payload, dry_run=dry_run)
 

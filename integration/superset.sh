@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Apache Superset against a real dpgate, through Superset's own code paths.
+#
+# Not part of `make test`: it installs Superset (hundreds of MB) into its own venv.
+#
+#   integration/superset.sh            # everything under $WORK (default /tmp/dpgate-superset)
+#
+# Environment:
+#   WORK              working folder (venv, Superset metadata DB, dpgate demo, logs)
+#   SUPERSET_VERSION  PyPI version to install (default 6.1.0)
+#   SUPERSET_VENV     reuse an existing venv that already has apache-superset
+#   DPGATE_PYTHON     Python with dpgate installed (default: the repo's .venv)
+#
+# Steps: install Superset + this repo's client (no deps) into the Superset venv → build
+# the dpgate demo and serve it on a free port → initialise Superset (SQLite metadata) →
+# run integration/superset_check.py: test connection, register dpgate by URL, list
+# schemas/tables, read table metadata, create a dataset, run a bar-chart GROUP BY via
+# /api/v1/chart/data and an aggregate via SQL Lab. The SQL Superset sent is printed from
+# the dpgate_client debug log and dpgate's own request history.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+WORK="${WORK:-/tmp/dpgate-superset}"
+SUPERSET_VERSION="${SUPERSET_VERSION:-6.1.0}"
+SUPERSET_VENV="${SUPERSET_VENV:-$WORK/venv}"
+DPGATE_PYTHON="${DPGATE_PYTHON:-$REPO/.venv/bin/python}"
+mkdir -p "$WORK"
+LOG="$WORK/logs"
+mkdir -p "$LOG"
+
+say() { printf '\n== %s\n' "$*"; }
+
+# --- 1. Superset and the dpgate client in their own venv --------------------------------
+if [ ! -x "$SUPERSET_VENV/bin/superset" ]; then
+  say "installing apache-superset==$SUPERSET_VERSION into $SUPERSET_VENV"
+  python3 -m venv "$SUPERSET_VENV"
+  "$SUPERSET_VENV/bin/pip" install --quiet --upgrade pip
+  "$SUPERSET_VENV/bin/pip" install --quiet "apache-superset==$SUPERSET_VERSION"
+fi
+say "installing the dpgate client (dialect entry points) into the Superset venv"
+"$SUPERSET_VENV/bin/pip" install --quiet --no-deps -e "$REPO"
+"$SUPERSET_VENV/bin/python" - <<'EOF'
+import sqlalchemy
+from sqlalchemy.dialects import registry
+print("SQLAlchemy", sqlalchemy.__version__, "dialect:", registry.load("dpgate"))
+EOF
+
+# --- 2. a dpgate demo on a free port -----------------------------------------------------
+PORT="$("$DPGATE_PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+export DPGATE_ADMIN_KEY="${DPGATE_ADMIN_KEY:-it-admin-$(date +%s)-$RANDOM$RANDOM}"
+say "building the dpgate demo in $WORK/demo"
+"$DPGATE_PYTHON" -m gateway.cli demo --dir "$WORK/demo" --no-serve --port "$PORT" | tee "$LOG/demo.txt"
+KEY="$(sed -n 's/^ *demo analyst key: *//p' "$LOG/demo.txt" | head -1)"
+[ -n "$KEY" ] || { echo "could not read the demo analyst key" >&2; exit 1; }
+say "serving dpgate on 127.0.0.1:$PORT"
+"$DPGATE_PYTHON" -m gateway.cli serve --config "$WORK/demo/dpgate.yaml" \
+  --host 127.0.0.1 --port "$PORT" --workers 1 >"$LOG/dpgate.log" 2>&1 &
+DPGATE_PID=$!
+trap 'kill "$DPGATE_PID" 2>/dev/null || true' EXIT
+for _ in $(seq 1 100); do
+  curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
+  kill -0 "$DPGATE_PID" 2>/dev/null || { cat "$LOG/dpgate.log"; exit 1; }
+  sleep 0.3
+done
+
+# --- 3. Superset metadata DB and admin user ----------------------------------------------
+cat >"$WORK/superset_config.py" <<EOF
+SECRET_KEY = "dpgate-integration-$(date +%s)-not-a-production-secret"
+SQLALCHEMY_DATABASE_URI = "sqlite:///$WORK/superset.db"
+WTF_CSRF_ENABLED = False
+TALISMAN_ENABLED = False
+PREVENT_UNSAFE_DB_CONNECTIONS = False
+EOF
+export SUPERSET_CONFIG_PATH="$WORK/superset_config.py"
+export FLASK_APP=superset
+say "initialising Superset (db upgrade, admin user, roles)"
+"$SUPERSET_VENV/bin/superset" db upgrade >"$LOG/superset-init.log" 2>&1
+"$SUPERSET_VENV/bin/superset" fab create-admin --username admin --firstname a --lastname b \
+  --email admin@example.com --password admin >>"$LOG/superset-init.log" 2>&1 || true
+"$SUPERSET_VENV/bin/superset" init >>"$LOG/superset-init.log" 2>&1
+
+# --- 4. Superset's own paths against dpgate ----------------------------------------------
+# The key travels as the URL password so Superset masks it in its UI.
+URI="dpgate://demo:$KEY@127.0.0.1:$PORT?epsilon=0.2"
+say "superset test-db (Superset's dialect checklist)"
+"$SUPERSET_VENV/bin/superset" test-db "$URI" -c '{}' >"$LOG/test-db.txt" 2>&1 || true
+sed 's/\x1b\[[0-9;]*m//g' "$LOG/test-db.txt" | tail -40
+say "registering dpgate and charting through Superset's REST API"
+set +e
+"$SUPERSET_VENV/bin/python" "$REPO/integration/superset_check.py" "$URI" "$WORK/report.json" \
+  2>"$LOG/superset-check.log"
+STATUS=$?
+set -e
+
+say "SQL Superset sent to dpgate (dpgate_client debug log)"
+grep -o 'POST http[^ ]*/v1/query .*' "$LOG/superset-check.log" | sed 's/^POST [^ ]* //' || true
+say "dpgate's own history for the demo analyst"
+curl -fsS "http://127.0.0.1:$PORT/v1/queries" -H "Authorization: Bearer $KEY" \
+  | "$DPGATE_PYTHON" -c 'import json,sys; [print(q["outcome"], "|", q["sql"]) for q in json.load(sys.stdin)["queries"]]' || true
+echo
+echo "report: $WORK/report.json   logs: $LOG"
+[ "$STATUS" -eq 0 ] && echo "SUPERSET INTEGRATION: OK" || echo "SUPERSET INTEGRATION: FAILED"
+exit "$STATUS"

@@ -1,0 +1,156 @@
+"""Drive Apache Superset's own REST API against a running dpgate (run in Superset's venv).
+
+Usage: python superset_check.py DPGATE_SQLALCHEMY_URI REPORT_JSON
+
+What it does, as a user would in the UI:
+  1. tests the connection (Databases → + Database → Test connection),
+  2. registers the database,
+  3. lists schemas and tables, reads the table metadata (dataset creation screen),
+  4. creates a dataset on ``main.patients``,
+  5. runs a bar-chart query (COUNT(*) by disease, ordered, row limit) through
+     ``POST /api/v1/chart/data`` — Superset's own query path (QueryContext →
+     SqlaTable.get_sqla_query → dpgate dialect → DB-API cursor),
+  6. runs the same aggregate through SQL Lab (``POST /api/v1/sqllab/execute/``),
+and writes every response (plus the SQL Superset generated) to REPORT_JSON.
+Exit status 0 only if steps 1–5 succeed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+DPGATE_URI, REPORT = sys.argv[1], sys.argv[2]
+
+logging.basicConfig(level=logging.WARNING)
+logging.getLogger("dpgate_client").setLevel(logging.DEBUG)
+
+from superset.app import create_app  # noqa: E402
+
+app = create_app()
+report: dict[str, Any] = {"steps": []}
+failed = False
+
+
+def step(name: str, response: Any, *, required: bool = True) -> Any:
+    global failed
+    try:
+        body = response.get_json()
+    except Exception:  # pragma: no cover - diagnostic only
+        body = response.data.decode(errors="replace")[:2000]
+    ok = 200 <= response.status_code < 300
+    report["steps"].append({"step": name, "status": response.status_code, "ok": ok, "body": body})
+    print(f"[{'ok' if ok else 'FAIL'}] {name}: HTTP {response.status_code}")
+    if not ok:
+        print(json.dumps(body, indent=2)[:3000])
+        if required:
+            failed = True
+    return body
+
+
+with app.test_client() as client:
+    login = client.post(
+        "/api/v1/security/login",
+        json={"username": "admin", "password": "admin", "provider": "db", "refresh": True},
+    )
+    token = login.get_json()["access_token"]
+    headers = {"Authorization": f"Bearer {token}"}
+
+    step(
+        "test connection",
+        client.post(
+            "/api/v1/database/test_connection/",
+            json={"database_name": "dpgate", "sqlalchemy_uri": DPGATE_URI},
+            headers=headers,
+        ),
+    )
+    created = step(
+        "register database",
+        client.post(
+            "/api/v1/database/",
+            json={
+                "database_name": "dpgate demo",
+                "sqlalchemy_uri": DPGATE_URI,
+                "expose_in_sqllab": True,
+            },
+            headers=headers,
+        ),
+    )
+    db_id = created.get("id") if isinstance(created, dict) else None
+    if db_id is None:
+        with open(REPORT, "w") as f:
+            json.dump(report, f, indent=2, default=str)
+        sys.exit(1)
+    step("list schemas", client.get(f"/api/v1/database/{db_id}/schemas/", headers=headers))
+    step(
+        "list tables",
+        client.get(f"/api/v1/database/{db_id}/tables/?q=(schema_name:main)", headers=headers),
+    )
+    step(
+        "table metadata",
+        client.get(
+            f"/api/v1/database/{db_id}/table_metadata/?name=patients&schema=main",
+            headers=headers,
+        ),
+    )
+    step(
+        "select star (preview SQL text)",
+        client.get(f"/api/v1/database/{db_id}/select_star/patients/main/", headers=headers),
+        required=False,
+    )
+    dataset = step(
+        "create dataset main.patients",
+        client.post(
+            "/api/v1/dataset/",
+            json={"database": db_id, "schema": "main", "table_name": "patients"},
+            headers=headers,
+        ),
+    )
+    ds_id = dataset.get("id") if isinstance(dataset, dict) else None
+    if ds_id is not None:
+        query = {
+            "columns": ["disease"],
+            "metrics": [{"expressionType": "SQL", "sqlExpression": "COUNT(*)", "label": "count"}],
+            "orderby": [
+                [{"expressionType": "SQL", "sqlExpression": "COUNT(*)", "label": "count"}, False]
+            ],
+            "row_limit": 10000,
+            "filters": [{"col": "age", "op": ">=", "val": 18}],
+        }
+        for result_type in ("query", "full"):
+            step(
+                f"bar chart COUNT(*) BY disease (chart/data, result_type={result_type})",
+                client.post(
+                    "/api/v1/chart/data",
+                    json={
+                        "datasource": {"id": ds_id, "type": "table"},
+                        "force": True,
+                        "queries": [query],
+                        "result_format": "json",
+                        "result_type": result_type,
+                    },
+                    headers=headers,
+                ),
+            )
+    step(
+        "SQL Lab aggregate",
+        client.post(
+            "/api/v1/sqllab/execute/",
+            json={
+                "database_id": db_id,
+                "sql": "SELECT sex, COUNT(*) AS n FROM patients GROUP BY sex",
+                "schema": "main",
+                "runAsync": False,
+                "client_id": "dpgateIT1",
+            },
+            headers=headers,
+        ),
+        required=False,
+    )
+
+report["ok"] = not failed
+with open(REPORT, "w") as f:
+    json.dump(report, f, indent=2, default=str)
+sys.exit(1 if failed else 0)
