@@ -61,6 +61,61 @@ t_analysts = schema.analysts
 t_ledger = schema.ledger
 t_audit = schema.audit_log
 
+# The statements of the hot path, built once (SQLAlchemy then reuses their compiled form).
+_c = t_ledger.c
+_ANALYST = sa.select(t_analysts).where(t_analysts.c.name == sa.bindparam("name"))
+_ANALYST_FOR_UPDATE = _ANALYST.with_for_update()
+_SPENT_ALL = sa.select(
+    sa.func.coalesce(sa.func.sum(_c.epsilon), 0.0),
+    sa.func.coalesce(sa.func.sum(_c.delta), 0.0),
+    sa.func.coalesce(sa.func.sum(_c.rho), 0.0),
+    sa.func.coalesce(sa.func.sum(_c.selection_delta), 0.0),
+    sa.func.coalesce(sa.func.sum(sa.case((_c.kind == "charge", 1), else_=-1)), 0),
+).where(_c.kind.in_(("charge", "refund")))
+_SPENT_ANALYST = _SPENT_ALL.where(_c.analyst_id == sa.bindparam("analyst_id"))
+_LOCK_GLOBAL = (
+    sa.select(schema.global_lock.c.id).where(schema.global_lock.c.id == 1).with_for_update()
+)
+_INSERT_ENTRY = sa.insert(t_ledger)
+_SETTLE_COLUMNS = [
+    "reservation_id",
+    "settles",
+    "analyst_id",
+    "kind",
+    "epsilon",
+    "delta",
+    "rho",
+    "selection_delta",
+    "mechanism",
+    "query_key",
+    "sql",
+    "data_version",
+    "release",
+    "reason",
+    "created_at",
+]
+# An outcome row copies its charge's identity; a refund also negates its cost (sign −1).
+_SETTLE = sa.insert(t_ledger).from_select(
+    _SETTLE_COLUMNS,
+    sa.select(
+        _c.reservation_id,
+        _c.reservation_id,
+        _c.analyst_id,
+        sa.bindparam("kind", type_=sa.String),
+        _c.epsilon * sa.bindparam("sign", type_=sa.Float),
+        _c.delta * sa.bindparam("sign", type_=sa.Float),
+        _c.rho * sa.bindparam("sign", type_=sa.Float),
+        _c.selection_delta * sa.bindparam("sign", type_=sa.Float),
+        _c.mechanism,
+        _c.query_key,
+        _c.sql,
+        _c.data_version,
+        sa.bindparam("release", type_=sa.Text),
+        sa.bindparam("reason", type_=sa.Text),
+        sa.bindparam("now", type_=sa.DateTime),
+    ).where(_c.reservation_id == sa.bindparam("rid"), _c.kind == "charge"),
+)
+
 
 def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int) -> None:
     """Let dpgate, not pysqlite, emit BEGIN: IMMEDIATE for writes, DEFERRED for reads."""
@@ -74,14 +129,22 @@ def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         cursor.execute("PRAGMA journal_mode = WAL")
-        cursor.execute(f"PRAGMA synchronous = {synchronous}")
         cursor.execute("PRAGMA foreign_keys = ON")
         cursor.close()
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        write = conn.get_execution_options().get("dpgate_write", False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN DEFERRED")
+        options = conn.get_execution_options()
+        if not options.get("dpgate_write", False):
+            conn.exec_driver_sql("BEGIN DEFERRED")
+            return
+        # Charges and admin changes are fsynced at commit; outcomes and the request log
+        # may ride on the next fsync (a crash of the process loses nothing either way).
+        level = synchronous if options.get("dpgate_durable", True) else "NORMAL"
+        if conn.info.get("dpgate_synchronous") != level:
+            conn.exec_driver_sql(f"PRAGMA synchronous = {level}")
+            conn.info["dpgate_synchronous"] = level
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _check_budget(epsilon: float, delta: float) -> None:
@@ -143,12 +206,17 @@ class Ledger:
     # -- plumbing ---------------------------------------------------------------------
 
     @contextmanager
-    def _transaction(self, *, write: bool) -> Iterator[Connection]:
-        """One transaction; database failures become ``LedgerUnavailable``."""
+    def _transaction(self, *, write: bool, durable: bool = True) -> Iterator[Connection]:
+        """One transaction; database failures become ``LedgerUnavailable``.
+
+        ``write`` takes the write lock up front (SQLite ``BEGIN IMMEDIATE``); ``durable``
+        False lets SQLite skip the commit's fsync (WAL ``synchronous=NORMAL``): used for
+        outcomes and the request log, never for charges or admin changes.
+        """
         try:
             with self.engine.connect() as conn:
                 if write:
-                    conn.execution_options(dpgate_write=True)
+                    conn.execution_options(dpgate_write=True, dpgate_durable=durable)
                 with conn.begin():
                     yield conn
         except _UNAVAILABLE as exc:
@@ -165,27 +233,19 @@ class Ledger:
             conn.execute(sa.select(schema.schema_version.c.version).limit(1))
 
     def _analyst_row(self, conn: Connection, name: str, *, lock: bool = False) -> Any:
-        query = sa.select(t_analysts).where(t_analysts.c.name == name)
-        if lock:
-            query = query.with_for_update()
-        row = conn.execute(query).first()
+        query = _ANALYST_FOR_UPDATE if lock else _ANALYST
+        row = conn.execute(query, {"name": name}).first()
         if row is None:
             raise UnknownAnalyst(f"no analyst named {name!r}")
         return row
 
     def _spent(self, conn: Connection, analyst_id: int | None) -> tuple[PrivacyCost, int]:
         """Σ of the charge and refund rows (refunds are stored negated), and their count."""
-        c = t_ledger.c
-        query = sa.select(
-            sa.func.coalesce(sa.func.sum(c.epsilon), 0.0),
-            sa.func.coalesce(sa.func.sum(c.delta), 0.0),
-            sa.func.coalesce(sa.func.sum(c.rho), 0.0),
-            sa.func.coalesce(sa.func.sum(c.selection_delta), 0.0),
-            sa.func.coalesce(sa.func.sum(sa.case((c.kind == "charge", 1), else_=-1)), 0),
-        ).where(c.kind.in_(("charge", "refund")))
-        if analyst_id is not None:
-            query = query.where(c.analyst_id == analyst_id)
-        eps, delta, rho, sel, count = conn.execute(query).one()
+        if analyst_id is None:
+            result = conn.execute(_SPENT_ALL)
+        else:
+            result = conn.execute(_SPENT_ANALYST, {"analyst_id": analyst_id})
+        eps, delta, rho, sel, count = result.one()
         # Clamp the float residue a refund can leave (Σ charges − Σ refunds of equal values).
         return (
             PrivacyCost(max(0.0, eps), max(0.0, delta), max(0.0, rho), max(0.0, sel)),
@@ -407,32 +467,31 @@ class Ledger:
             if row.disabled:
                 raise AnalystDisabled(f"analyst {analyst!r} is disabled")
             if self.global_budget is not None:
-                conn.execute(
-                    sa.select(schema.global_lock.c.id)
-                    .where(schema.global_lock.c.id == 1)
-                    .with_for_update()
-                ).first()
+                conn.execute(_LOCK_GLOBAL).first()
             spent, n = self._spent(conn, row.id)
             self._admit("analyst", row.epsilon, row.delta, spent, cost, mechanism)
             if self.global_budget is not None:
                 global_spent, _ = self._spent(conn, None)
                 self._admit("global", *self.global_budget, global_spent, cost, mechanism)
             conn.execute(
-                sa.insert(t_ledger).values(
-                    reservation_id=reservation_id,
-                    settles=None,
-                    analyst_id=row.id,
-                    kind="charge",
-                    epsilon=cost.epsilon,
-                    delta=cost.delta,
-                    rho=cost.rho,
-                    selection_delta=cost.selection_delta,
-                    mechanism=mechanism,
-                    query_key=query_key,
-                    sql=sql,
-                    data_version=data_version,
-                    created_at=now,
-                )
+                _INSERT_ENTRY,
+                {
+                    "reservation_id": reservation_id,
+                    "settles": None,
+                    "analyst_id": row.id,
+                    "kind": "charge",
+                    "epsilon": cost.epsilon,
+                    "delta": cost.delta,
+                    "rho": cost.rho,
+                    "selection_delta": cost.selection_delta,
+                    "mechanism": mechanism,
+                    "query_key": query_key,
+                    "sql": sql,
+                    "data_version": data_version,
+                    "release": None,
+                    "reason": None,
+                    "created_at": now,
+                },
             )
         status = self._status(row.name, False, row.epsilon, row.delta, spent + cost, n + 1)
         return Reservation(
@@ -480,30 +539,17 @@ class Ledger:
         release: dict[str, Any] | None,
         reason: str | None,
     ) -> None:
-        c = t_ledger.c
-        sign = -1.0 if kind == "refund" else 0.0
-        release_json = None if release is None else json.dumps(release, default=str)
-        charge = sa.select(
-            sa.literal(reservation.id).label("reservation_id"),
-            c.reservation_id.label("settles"),
-            c.analyst_id,
-            sa.literal(kind).label("kind"),
-            (c.epsilon * sign).label("epsilon"),
-            (c.delta * sign).label("delta"),
-            (c.rho * sign).label("rho"),
-            (c.selection_delta * sign).label("selection_delta"),
-            c.mechanism,
-            c.query_key,
-            c.sql,
-            c.data_version,
-            sa.literal(release_json, sa.Text).label("release"),
-            sa.literal(reason, sa.Text).label("reason"),
-            sa.literal(schema.utcnow(), sa.DateTime).label("created_at"),
-        ).where(c.reservation_id == reservation.id, c.kind == "charge")
-        names = [col.name for col in charge.selected_columns]
+        params = {
+            "rid": reservation.id,
+            "kind": kind,
+            "sign": -1.0 if kind == "refund" else 0.0,
+            "release": None if release is None else json.dumps(release, default=str),
+            "reason": reason,
+            "now": schema.utcnow(),
+        }
         try:
-            with self._transaction(write=True) as conn:
-                result = conn.execute(sa.insert(t_ledger).from_select(names, charge))
+            with self._transaction(write=True, durable=False) as conn:
+                result = conn.execute(_SETTLE, params)
                 if result.rowcount == 0:
                     raise ValueError(f"no reservation {reservation.id!r} in this ledger")
         except sa.exc.IntegrityError as exc:
@@ -672,7 +718,7 @@ class Ledger:
         status: int,
     ) -> None:
         """Append one request, answered or not, to the audit log."""
-        with self._transaction(write=True) as conn:
+        with self._transaction(write=True, durable=False) as conn:
             conn.execute(
                 sa.insert(t_audit).values(
                     request_id=request_id[:64],

@@ -74,7 +74,16 @@ ledger = sa.Table(
     sa.CheckConstraint(
         "kind IN ('charge', 'answered', 'withheld', 'refund')", name="dpgate_ledger_kind"
     ),
-    sa.Index("dpgate_ledger_analyst", "analyst_id", "kind"),
+    # Covering: the per-charge sums read only this index.
+    sa.Index(
+        "dpgate_ledger_analyst",
+        "analyst_id",
+        "kind",
+        "rho",
+        "epsilon",
+        "delta",
+        "selection_delta",
+    ),
     sa.Index("dpgate_ledger_reservation", "reservation_id"),
     sa.Index("dpgate_ledger_query", "query_key", "data_version", "kind"),
 )

@@ -28,15 +28,15 @@ def scipy_cks_log_delta(rho: float, epsilon: float) -> float:
             + alpha * math.log1p(-1 / alpha)
         )
 
-    best = math.inf
-    # The minimiser sits near α = (ε + ρ) / (2ρ) (it is exactly that without the
-    # polynomial factors); search a wide bracket around it in two pieces.
-    centre = max(1.0 + 1e-9, (epsilon + rho) / (2 * rho))
-    for lo, hi in ((1.0 + 1e-12, centre), (centre, 50 * centre + 10)):
-        res = optimize.minimize_scalar(
-            log_delta, bounds=(lo, hi), method="bounded", options={"xatol": 1e-12}
-        )
-        best = min(best, float(res.fun))
+    # A coarse scan over α = 1 + 10^u, then scipy's bounded Brent search around the best.
+    grid = [1.0 + 10.0 ** (u / 20.0) for u in range(-300, 301)]
+    values = [log_delta(a) for a in grid]
+    i = min(range(len(grid)), key=values.__getitem__)
+    lo, hi = grid[max(0, i - 1)], grid[min(len(grid) - 1, i + 1)]
+    res = optimize.minimize_scalar(
+        log_delta, bounds=(lo, hi), method="bounded", options={"xatol": 1e-12 * hi}
+    )
+    best = min(values[i], float(res.fun))
     return min(0.0, best)
 
 
