@@ -39,6 +39,10 @@ def _float(value: Any) -> float | None:
         return None
 
 
+def _first(*values: float | None) -> float | None:
+    return next((v for v in values if v is not None), None)
+
+
 def _convert(value: Any, type_name: str) -> Any:
     """Turn a JSON value into the Python value its gateway type promises."""
     if value is None:
@@ -143,12 +147,12 @@ class Budget:
         analyst = data.get("name", data.get("analyst"))
         queries = data.get("queries")
         return cls(
-            epsilon_total=pick("epsilon_total", "epsilon") or nested("total", "epsilon"),
-            epsilon_spent=pick("epsilon_spent") or nested("spent", "epsilon"),
-            epsilon_remaining=pick("epsilon_remaining") or nested("remaining", "epsilon"),
-            delta_total=pick("delta_total", "delta") or nested("total", "delta"),
-            delta_spent=pick("delta_spent") or nested("spent", "delta"),
-            delta_remaining=pick("delta_remaining") or nested("remaining", "delta"),
+            epsilon_total=_first(pick("epsilon_total", "epsilon"), nested("total", "epsilon")),
+            epsilon_spent=_first(pick("epsilon_spent"), nested("spent", "epsilon")),
+            epsilon_remaining=_first(pick("epsilon_remaining"), nested("remaining", "epsilon")),
+            delta_total=_first(pick("delta_total", "delta"), nested("total", "delta")),
+            delta_spent=_first(pick("delta_spent"), nested("spent", "delta")),
+            delta_remaining=_first(pick("delta_remaining"), nested("remaining", "delta")),
             composition=str(composition) if isinstance(composition, str) else None,
             analyst=str(analyst) if isinstance(analyst, str) else None,
             queries=queries if isinstance(queries, int) and not isinstance(queries, bool) else None,

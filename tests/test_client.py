@@ -108,6 +108,15 @@ def test_budget_and_schema(gateway: FakeGateway) -> None:
     assert sex is not None and sex.values == ("F", "M")
 
 
+def test_a_fresh_budget_reports_zero_spent_not_unknown(gateway: FakeGateway) -> None:
+    gateway.routes[("GET", "/v1/budget")] = (
+        200,
+        {"ok": True, "budget": {"epsilon": 5.0, "epsilon_spent": 0.0, "delta_spent": 0.0}},
+    )
+    budget = Client(gateway.url, "k").budget()
+    assert (budget.epsilon_total, budget.epsilon_spent, budget.delta_spent) == (5.0, 0.0, 0.0)
+
+
 def test_nested_budget_shapes_are_understood(gateway: FakeGateway) -> None:
     gateway.routes[("GET", "/v1/budget")] = (
         200,
