@@ -1,0 +1,363 @@
+"""Unit tests of the mechanisms package: public API, calibration, accuracy, grid, pools."""
+
+from __future__ import annotations
+
+import math
+import os
+from decimal import Decimal, getcontext
+from fractions import Fraction
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mechanisms
+from mechanisms import (
+    Noise,
+    Sensitivity,
+    accuracy,
+    analytic_gaussian_delta,
+    analytic_gaussian_mu,
+    calibrate_query,
+    calibrate_query_rho,
+    grid_resolution,
+    grid_sensitivity,
+    halfwidth,
+    prefill,
+    ratio_interval,
+    sample,
+    selection_delta,
+    zcdp_epsilon,
+)
+from mechanisms.exact import exp_neg_bounds
+from mechanisms.pool import POOLS
+
+
+def sens(v: int | Fraction) -> Sensitivity:
+    f = Fraction(v)
+    return Sensitivity(f, f, f)
+
+
+def test_public_api_is_pinned() -> None:
+    assert sorted(mechanisms.__all__) == sorted(
+        [
+            "Accuracy",
+            "MechanismName",
+            "Noise",
+            "PartitionSelection",
+            "PrivacyCost",
+            "QueryCalibration",
+            "Sensitivity",
+            "accuracy",
+            "analytic_gaussian_delta",
+            "analytic_gaussian_mu",
+            "calibrate_query",
+            "calibrate_query_rho",
+            "grid_resolution",
+            "grid_sensitivity",
+            "halfwidth",
+            "prefill",
+            "ratio_interval",
+            "sample",
+            "selection_delta",
+            "zcdp_epsilon",
+        ]
+    )
+    for name in mechanisms.__all__:
+        assert hasattr(mechanisms, name)
+
+
+# --- Laplace calibration ----------------------------------------------------------------
+
+
+def test_laplace_count_gets_scale_sensitivity_over_epsilon() -> None:
+    cal = calibrate_query("laplace", 0.5, 0.0, [sens(1)])
+    assert cal.noises == (Noise("laplace", Fraction(2)),)
+    assert cal.selection is None
+    assert cal.cost.epsilon == 0.5 and cal.cost.delta == 0.0
+    assert cal.cost.rho == pytest.approx(0.125)
+    assert cal.cost.selection_delta == 0.0
+
+
+def test_laplace_avg_splits_epsilon_over_sum_and_count() -> None:
+    cal = calibrate_query("laplace", 1.0, 0.0, [sens(120), sens(1)])
+    assert [n.scale for n in cal.noises] == [Fraction(240), Fraction(2)]
+    # The parts' ε add up to exactly the query's ε.
+    assert sum(Fraction(1) / n.scale * s for n, s in zip(cal.noises, (120, 1), strict=True)) == 1
+
+
+def test_laplace_with_partition_selection() -> None:
+    cal = calibrate_query("laplace", 1.0, 1e-6, [sens(3)], max_groups_per_unit=3)
+    sel = cal.selection
+    assert sel is not None
+    assert sel.max_groups_per_unit == 3
+    assert sel.noise == Noise("laplace", Fraction(3) / Fraction(1, 2))
+    assert cal.noises == (Noise("laplace", Fraction(6)),)
+    eps_s = Fraction(1, 2)
+    assert selection_delta(eps_s, sel.threshold, 3) <= 1e-6
+    assert selection_delta(eps_s, sel.threshold - 1, 3) > 1e-6 * (1 - 1e-9)
+    assert 0 < cal.cost.selection_delta <= 1e-6
+    assert cal.cost.delta == 0.0
+
+
+def test_selection_delta_matches_a_single_unit_release_probability() -> None:
+    # g = 1: a group with one unit is released with P(1 + Z ≥ τ) = q^(τ−1)/(1+q).
+    eps = Fraction(1)
+    q = math.exp(-1)
+    p = q**4 / (1 + q)
+    assert selection_delta(eps, 5, 1) == pytest.approx(math.e * p / (1 - p))
+
+
+def test_selection_needs_delta_with_laplace() -> None:
+    with pytest.raises(ValueError, match="delta"):
+        calibrate_query("laplace", 1.0, 0.0, [sens(1)], max_groups_per_unit=1)
+
+
+# --- Gaussian calibration ---------------------------------------------------------------
+
+
+def test_analytic_gaussian_matches_balle_wang() -> None:
+    # ε = 1, δ = 1e-5, Δ = 1: the analytic σ ≈ 3.73 (the classical bound gives 4.84).
+    mu = analytic_gaussian_mu(1.0, 1e-5)
+    assert 1 / mu == pytest.approx(3.7306, abs=1e-3)
+    assert analytic_gaussian_delta(mu, 1.0) <= 1e-5
+    assert analytic_gaussian_delta(mu * (1 + 1e-6), 1.0) > 1e-5
+
+
+def test_gaussian_calibration_is_joint_and_rounds_sigma_up() -> None:
+    eps, delta = 0.7, 1e-7
+    s = [sens(1), sens(100)]
+    cal = calibrate_query("gaussian", eps, delta, s)
+    mu = analytic_gaussian_mu(eps, delta)
+    ratio2 = Fraction(0)
+    for noise, si in zip(cal.noises, s, strict=True):
+        assert noise.mechanism == "gaussian"
+        assert noise.sigma2 == noise.scale * noise.scale
+        exact = float(si.l2) * math.sqrt(2) / mu
+        assert exact <= float(noise.scale) <= exact * (1 + 1e-6) + 2**-19
+        ratio2 += si.l2 * si.l2 / noise.sigma2
+    assert float(ratio2) <= mu * mu
+    assert cal.cost.rho == pytest.approx(float(ratio2) / 2)
+    assert (cal.cost.epsilon, cal.cost.delta) == (eps, delta)
+
+
+def test_gaussian_with_selection_splits_epsilon_and_delta() -> None:
+    cal = calibrate_query("gaussian", 1.0, 1e-6, [sens(1)], max_groups_per_unit=2)
+    assert cal.selection is not None
+    assert cal.selection.noise.mechanism == "laplace"
+    assert cal.selection.noise.scale == Fraction(2) / Fraction(1, 2)
+    assert cal.cost.selection_delta <= 0.5e-6
+    assert cal.cost.delta == pytest.approx(0.5e-6)
+    mu = analytic_gaussian_mu(0.5, 0.5e-6)
+    assert float(cal.noises[0].scale) >= 1 / mu
+    assert cal.cost.rho == pytest.approx(1 / (2 * float(cal.noises[0].sigma2)) + 0.125)
+
+
+def test_calibrate_from_rho() -> None:
+    cal = calibrate_query_rho(0.5, [sens(1), sens(10)], delta=1e-6)
+    for noise, d in zip(cal.noises, (1, 10), strict=True):
+        assert float(noise.scale) == pytest.approx(d / math.sqrt(0.5), rel=1e-6)
+    assert cal.cost.rho <= 0.5
+    assert cal.cost.rho == pytest.approx(0.5, rel=1e-5)
+    assert cal.cost.epsilon == pytest.approx(zcdp_epsilon(cal.cost.rho, 1e-6))
+
+
+def test_zcdp_conversion_beats_the_simple_bound() -> None:
+    rho, delta = 0.1, 1e-6
+    eps = zcdp_epsilon(rho, delta)
+    assert eps < rho + 2 * math.sqrt(rho * math.log(1 / delta))
+    assert eps > rho
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "epsilon", "delta", "sensitivities", "groups"),
+    [
+        ("laplace", 0.0, 0.0, [sens(1)], None),
+        ("laplace", -1.0, 0.0, [sens(1)], None),
+        ("laplace", math.nan, 0.0, [sens(1)], None),
+        ("laplace", math.inf, 0.0, [sens(1)], None),
+        ("laplace", 1e3, 0.0, [sens(1)], None),
+        ("laplace", True, 0.0, [sens(1)], None),
+        ("laplace", 1.0, -0.1, [sens(1)], None),
+        ("laplace", 1.0, 1.0, [sens(1)], None),
+        ("laplace", 1.0, 0.0, [], None),
+        ("laplace", 1.0, 0.0, [Sensitivity(Fraction(0), Fraction(0), Fraction(0))], None),
+        ("laplace", 1.0, 1e-6, [sens(1)], 0),
+        ("gaussian", 1.0, 0.0, [sens(1)], None),
+        ("gaussian", 1.0, 1.0, [sens(1)], None),
+        ("gaussian", 1.0, math.nan, [sens(1)], None),
+        ("exponential", 1.0, 0.0, [sens(1)], None),
+        ("laplace", 1e-15, 0.0, [sens(1)], None),  # scale beyond 2^40
+    ],
+)
+def test_invalid_parameters_raise_value_error(
+    mechanism, epsilon, delta, sensitivities, groups
+) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError):
+        calibrate_query(mechanism, epsilon, delta, sensitivities, max_groups_per_unit=groups)
+
+
+@pytest.mark.parametrize("rho", [0.0, -1.0, math.nan, math.inf])
+def test_invalid_rho_raises(rho: float) -> None:
+    with pytest.raises(ValueError):
+        calibrate_query_rho(rho, [sens(1)], delta=1e-6)
+
+
+# --- Accuracy ---------------------------------------------------------------------------
+
+
+def _pmf(noise: Noise, top: int) -> dict[int, float]:
+    if noise.mechanism == "laplace":
+        w = {x: math.exp(-abs(x) / float(noise.scale)) for x in range(-top, top + 1)}
+    else:
+        s2 = float(noise.sigma2 or noise.scale**2)
+        w = {x: math.exp(-x * x / (2 * s2)) for x in range(-top, top + 1)}
+    z = math.fsum(w.values())
+    return {x: v / z for x, v in w.items()}
+
+
+@pytest.mark.parametrize(
+    "noise",
+    [
+        Noise("laplace", Fraction(1)),
+        Noise("laplace", Fraction(1, 3)),
+        Noise("laplace", Fraction(250, 7)),
+        Noise("gaussian", Fraction(1, 2), Fraction(1, 4)),
+        Noise("gaussian", Fraction(3), Fraction(9)),
+        Noise("gaussian", Fraction(40), Fraction(1600)),
+    ],
+    ids=str,
+)
+def test_accuracy_matches_brute_force_pmf(noise: Noise) -> None:
+    pmf = _pmf(noise, int(60 * float(noise.scale)) + 40)
+    sd = math.sqrt(math.fsum(x * x * p for x, p in pmf.items()))
+    acc = accuracy(noise)
+    assert acc.stddev == pytest.approx(sd, rel=1e-9)
+    h = int(acc.ci95_halfwidth)
+    inside = math.fsum(p for x, p in pmf.items() if abs(x) <= h)
+    assert inside >= 0.95
+    if h > 0:
+        assert math.fsum(p for x, p in pmf.items() if abs(x) <= h - 1) < 0.95
+
+
+def test_laplace_mae_closed_form() -> None:
+    # The benchmark's reference: E|X| = 2q/(1−q²), q = e^−ε for a COUNT at ε.
+    q = math.exp(-1)
+    pmf = _pmf(Noise("laplace", Fraction(1)), 80)
+    assert math.fsum(abs(x) * p for x, p in pmf.items()) == pytest.approx(2 * q / (1 - q * q))
+
+
+def test_large_sigma_accuracy_agrees_with_direct_summation() -> None:
+    from mechanisms.accuracy import _gaussian_stddev_halfwidth
+
+    sigma = 1.5e5
+    noise = Noise("gaussian", Fraction(sigma), Fraction(sigma) ** 2)
+    direct = accuracy(noise)
+    sd, h = _gaussian_stddev_halfwidth(sigma * sigma * 4, 0.95)  # closed-form path
+    assert sd == pytest.approx(2 * direct.stddev, rel=1e-9)
+    assert abs(h - 2 * direct.ci95_halfwidth) <= 2
+
+
+def test_ratio_interval_box() -> None:
+    lap = Noise("laplace", Fraction(2))
+    h1, h2 = halfwidth(lap, 0.975), halfwidth(lap, 0.975)
+    lo, hi = ratio_interval(1000, lap, 100, lap)
+    assert lo == pytest.approx((1000 - h1) / (100 + h2))
+    assert hi == pytest.approx((1000 + h1) / (100 - h2))
+    assert lo < 10 < hi
+    assert ratio_interval(10, lap, -50, lap) == (-math.inf, math.inf)
+    neg_lo, _ = ratio_interval(-1000, lap, 100, lap)
+    assert neg_lo == pytest.approx((-1000 - h1) / (100 - h2))
+
+
+def test_ratio_interval_covers_at_least_95_percent() -> None:
+    num_noise, den_noise = Noise("laplace", Fraction(50)), Noise("laplace", Fraction(2))
+    true_sum, true_count = 5000, 60
+    trials = 2000
+    nums = sample(num_noise, trials)
+    dens = sample(den_noise, trials)
+    hits = 0
+    for a, b in zip(nums, dens, strict=True):
+        lo, hi = ratio_interval(true_sum + a, num_noise, true_count + b, den_noise)
+        hits += lo <= true_sum / true_count <= hi
+    assert hits / trials >= 0.95 - 0.03  # 0.03 ≈ 6 binomial standard errors
+
+
+# --- Real-valued columns ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("lower", "upper"), [(2.0, 20.0), (-1e6, 3.0), (0.0, 1e-9), (-0.75, 0.5)])
+def test_grid_resolution_is_a_power_of_two_with_2_20_steps(lower: float, upper: float) -> None:
+    g = grid_resolution(lower, upper)
+    k = math.log2(g)
+    assert k == int(k)
+    bound = Fraction(max(abs(lower), abs(upper)))
+    assert 2**20 <= bound / g < 2**21
+
+
+@pytest.mark.parametrize(
+    ("lower", "upper"), [(1.0, 0.0), (0.0, 0.0), (math.nan, 1.0), (0.0, math.inf)]
+)
+def test_grid_resolution_rejects_bad_bounds(lower: float, upper: float) -> None:
+    with pytest.raises(ValueError):
+        grid_resolution(lower, upper)
+
+
+def test_grid_sensitivity_rounds_up() -> None:
+    g = Fraction(1, 4)
+    assert grid_sensitivity(-2.3, 1.0, g, 3) == Fraction(10 * 3)  # ⌈2.3·4⌉ = 10
+    assert grid_sensitivity(0.0, 20.0, grid_resolution(0.0, 20.0), 1) == 20 / grid_resolution(0, 20)
+
+
+# --- Exact arithmetic -------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.fractions(min_value=0, max_value=80, max_denominator=10**9),
+    st.sampled_from([16, 64, 128, 192]),
+)
+def test_exp_neg_bounds_bracket_the_true_value(x: Fraction, p: int) -> None:
+    getcontext().prec = 150
+    lo, hi = exp_neg_bounds(x, p)
+    true = (-(Decimal(x.numerator) / Decimal(x.denominator))).exp() * (Decimal(2) ** p)
+    assert Decimal(lo) <= true <= Decimal(hi)
+    assert hi - lo <= 4
+
+
+# --- Pools ------------------------------------------------------------------------------
+
+
+def test_sample_consumes_pre_drawn_values() -> None:
+    noise = Noise("laplace", Fraction(17, 3))
+    prefill(noise, 500)
+    pool = POOLS._pool(noise)
+    with pool.lock:
+        upcoming = list(pool.values[pool.start : pool.start + 300])
+    assert sample(noise, 300) == upcoming
+    assert all(type(x + 0) is int for x in upcoming)
+    assert sample(noise, 0) == []
+    with pytest.raises(ValueError):
+        sample(noise, -1)
+
+
+def test_sample_rejects_an_invalid_noise_spec() -> None:
+    with pytest.raises(ValueError):
+        sample(Noise("laplace", Fraction(0)), 1)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_never_reuses_the_parents_pool() -> None:
+    noise = Noise("laplace", Fraction(11, 7))
+    prefill(noise, 100)
+    pool = POOLS._pool(noise)
+    with pool.lock:
+        parent_next = list(pool.values[pool.start : pool.start + 50])
+    pid = os.fork()
+    if pid == 0:  # child: must draw fresh noise, never the parent's next values
+        try:
+            ok = not POOLS._pools and sample(noise, 50) != parent_next
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
