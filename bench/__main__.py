@@ -202,6 +202,15 @@ def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
                 "dpgate latency per query, cache hit (median / p99)",
                 f"{fmt(ch['median_ms'])} / {fmt(ch['p99_ms'])} ms",
             )
+    st = dp.get("stages")
+    if st and st.get("stages_ms"):
+        parts = ", ".join(f"{k} {v:.2g}" for k, v in st["stages_ms"].items())
+        add(
+            "PUMS",
+            "dpgate time per stage, cache-miss COUNT under cProfile (ms per query; "
+            "profiler inflates Python-heavy stages)",
+            f"total {st['profiled_ms_per_query']:.3g}: {parts}",
+        )
     if sn.get("queries"):
         la = sn["latency_all"]
         add(

@@ -138,6 +138,61 @@ def run(reps: int, cache_reps: int = 50, count_reps: int = 0, epsilon: float = 1
                     answers.append(ans.rows)
             errs = Q.errors_against_exact(q, exact, answers)
             out["count_all_mae_large"] = mae_summary(errs["abs_errors"])  # type: ignore[arg-type]
+        out["stages"] = stage_breakdown(gw, 100 if reps >= 100 else 30, epsilon)
         return out
     finally:
         gw.close()
+
+
+# (path suffix, function name) of the pipeline stages, in pipeline order. Internal names:
+# if dpgate renames one, its stage is simply missing from the breakdown.
+STAGES = (
+    ("analyze", "gateway/analyze/__init__.py", "analyze"),
+    ("cache lookup", "gateway/pipeline.py", "_cached"),
+    ("calibrate", "gateway/pipeline.py", "_calibrate"),
+    ("ledger reserve", "gateway/pipeline.py", "_reserve"),
+    ("compile", "gateway/compile.py", "compile_plan"),
+    ("execute", "gateway/execute.py", "run_aggregate"),
+    ("noise", "gateway/noising.py", "add_noise"),
+    ("release", "gateway/pipeline.py", "_release"),
+    ("ledger commit", "budget/ledger.py", "commit"),
+)
+
+
+def stage_breakdown(gw: InProcess, n: int, epsilon: float) -> dict[str, Any]:
+    """Where one cache-miss COUNT spends its time: ``n`` fresh-analyst queries under
+    cProfile (which inflates Python-heavy stages; read the shares, not the absolutes).
+    Also the time inside sqlite3 ``commit`` calls (the ledger's durable writes)."""
+    import cProfile
+    import pstats
+
+    names = [gw.new_analyst() for _ in range(n)]
+    sql = "SELECT COUNT(*) AS n FROM pums WHERE age >= 40"
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    prof.enable()
+    for name in names:
+        gw.query(name, sql, epsilon)
+    prof.disable()
+    wall = time.perf_counter() - t
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    per_query: dict[str, float] = {}
+    total = 0.0
+    for (path, _line, func), (_cc, _nc, _tt, ct, _callers) in stats.items():
+        norm = path.replace("\\", "/")
+        if norm.endswith("gateway/pipeline.py") and func == "query":
+            total = max(total, ct)
+        if func == "<method 'commit' of 'sqlite3.Connection' objects>":
+            per_query["(of which sqlite3 commit)"] = ct / n * 1e3
+        for label, suffix, fname in STAGES:
+            if func == fname and norm.endswith(suffix):
+                per_query[label] = per_query.get(label, 0.0) + ct / n * 1e3
+    order = [label for label, _, _ in STAGES] + ["(of which sqlite3 commit)"]
+    per_query = {k: per_query[k] for k in order if k in per_query}
+    return {
+        "queries": n,
+        "sql": sql,
+        "profiled_ms_per_query": total / n * 1e3,
+        "wall_ms_per_query_under_profiler": wall / n * 1e3,
+        "stages_ms": per_query,
+    }
