@@ -282,13 +282,18 @@ def _findings(
             estimate = 0.0
             unknown = False
             extra = 0.0
+            bounds: set[int] = set()
             for c, row_id in used:
                 info = new.info[row_id]
                 if info.pending:
                     if c > 0:
                         contains = ~np.any(members[row_id][None, :] & ~members, axis=1) & counted
-                        hi = float(np.min(counts[contains])) if contains.any() else math.inf
-                        extra += c * hi
+                        if contains.any():
+                            best = int(np.nonzero(contains)[0][np.argmin(counts[contains])])
+                            bounds.add(best)
+                            extra += c * float(counts[best])
+                        else:
+                            extra = math.inf
                 elif info.count is None:
                     unknown = True
                 else:
@@ -296,11 +301,15 @@ def _findings(
             if pre:
                 upper = math.inf if unknown else estimate + extra
                 small = min(upper, upper_direct) < k
+                if small and upper_direct < upper:
+                    used = [(1.0, int(np.nonzero(supersets)[0][np.argmin(counts[supersets])]))]
+                    bounds = set()
             elif unknown:
                 small = lower_direct < k
             else:
                 small = estimate < k
             if small:
-                ids = tuple(sorted({new.info[r].query_id for _, r in used} - {""}))
+                rows = {r for _, r in used} | bounds
+                ids = tuple(sorted({new.info[r].query_id for r in rows} - {""}))
                 out.append(Finding(ids))
     return out

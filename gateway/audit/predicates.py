@@ -259,8 +259,8 @@ class FormulaBuilder:
             return self._compare(node.this, "in", values)
         if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
             dim = self._column_dim(node.this)
-            if dim is None:
-                return None
+            if dim is None or not self._nullable(dim):
+                return None  # opaque: NULLs are modelled only where declared
             return Formula("leaf", leaf=Condition(dim, "isnull"))
         return None
 
@@ -280,11 +280,15 @@ class FormulaBuilder:
             op = "in"
         return Formula("leaf", leaf=Condition(dim, op, norm))
 
+    def _nullable(self, dim: DimensionKey) -> bool:
+        col = self.table.columns.get(dim.column) if dim.column else None
+        return bool(getattr(col, "nullable", False))
+
     def group_condition(self, key: exp.Expr, value: Any) -> Formula:
         """The formula ``key = value`` of one GROUP BY cell (``value`` None: IS NULL)."""
         dim = self._column_dim(key)
         if value is None:
-            if dim is not None:
+            if dim is not None and self._nullable(dim):
                 return Formula("leaf", leaf=Condition(dim, "isnull"))
             return self._opaque(exp.Is(this=key.copy(), expression=exp.Null()))
         if (isinstance(value, float) and not isinstance(value, bool)) or (

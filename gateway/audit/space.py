@@ -4,8 +4,10 @@ Each dimension of a scope's space is partitioned into *pieces* on which every co
 the scope's queries used is constant: for an ordered column, the points and open
 intervals between its constants (clipped to the declared bounds; empty integer intervals
 dropped); for a categorical column, its declared values (or the constants seen plus
-"anything else"); for an opaque condition, TRUE / FALSE / UNKNOWN. Every dimension also
-has a NULL piece (SQL's three-valued logic decides what a predicate does with it).
+"anything else"); for an opaque condition, TRUE / FALSE / UNKNOWN. A column declared
+``nullable`` also has a NULL piece (SQL's three-valued logic decides what a predicate
+does with it); other columns are taken to hold only declared values, like the rest of
+the public schema, and ``IS NULL`` on them is an opaque condition.
 
 The space is the product of the pieces of the dimensions the scope has used, kept as a
 dense grid that maps each cell to its *atom*: cells no answered region tells apart are
@@ -63,6 +65,7 @@ class Dimension:
         self.integer = col is not None and col.type == "integer"
         self.lower = Fraction(col.lower) if col is not None and col.lower is not None else None
         self.upper = Fraction(col.upper) if col is not None and col.upper is not None else None
+        self.nullable = bool(getattr(col, "nullable", False))
         if col is not None and col.type == "date":
             self.lower = self.upper = None
         self.declared: tuple[Any, ...] | None = None
@@ -77,13 +80,13 @@ class Dimension:
 
     def _pieces(self) -> list[Piece]:
         if self.key.kind == "opaque":
-            return [Piece(T), Piece(F), Piece(U)]
+            return [Piece(T), Piece(F)]
         if self.key.kind == "categorical":
             named = self.declared if self.declared is not None else sorted(self.constants, key=repr)
             out = [Piece(v) for v in named]
             if self.declared is None:
                 out.append(Piece(OTHER))
-            return [*out, Piece(None)]
+            return [*out, Piece(None)] if self.nullable else out
         points = set(self.constants)
         if self.lower is not None:
             points.add(self.lower)
@@ -99,7 +102,7 @@ class Dimension:
                 cands.append(Piece(sample, lo, hi, point=False))
             if hi is not None and self._point_ok(hi):
                 cands.append(Piece(hi, hi, hi))
-        return [*cands, Piece(None)]
+        return [*cands, Piece(None)] if self.nullable else cands
 
     def _point_ok(self, v: Fraction) -> bool:
         if self.integer and v.denominator != 1:

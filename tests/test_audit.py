@@ -1,0 +1,230 @@
+"""The differencing auditor on the demo schema, with no database at all.
+
+Every test constructs the auditor from the public schema only and feeds it noisy
+answers by hand: that it works here is also the proof that it needs no handle on the
+protected data (DESIGN.md invariant 8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.analyze import analyze
+from gateway.audit import AnsweredCell, AnsweredQuery, AuditDecision, Auditor
+from gateway.config import TableConfig, parse_config
+from gateway.demo.hospital import config_yaml
+from gateway.plan import QueryPlan
+
+K = 5
+
+
+@pytest.fixture(scope="module")
+def tables() -> dict[str, TableConfig]:
+    cfg = parse_config(yaml.safe_load(config_yaml("demo.db", "ledger.db")))
+    return dict(cfg.tables)
+
+
+@pytest.fixture
+def auditor(tables: dict[str, TableConfig]) -> Auditor:
+    return Auditor(tables, min_group_size=K)
+
+
+class Session:
+    """An analyst talking to the auditor the way the pipeline does."""
+
+    def __init__(self, auditor: Auditor, tables: dict[str, TableConfig], scope: str = "alice"):
+        self.auditor = auditor
+        self.tables = tables
+        self.scope = scope
+        self.n = 0
+        self.remember_anyway = False
+
+    def plan(self, sql: str) -> QueryPlan:
+        plan = analyze(sql, self.tables)
+        assert isinstance(plan, QueryPlan)
+        return plan
+
+    def ask(
+        self, sql: str, counts: float | Sequence[tuple[tuple[Any, ...], float | None]] | None
+    ) -> tuple[AuditDecision, AuditDecision | None]:
+        """pre-audit, then (if allowed) post-audit and remember; returns both decisions."""
+        self.n += 1
+        plan = self.plan(sql)
+        pre = self.auditor.pre_audit(self.scope, plan)
+        if not pre.allowed:
+            return pre, None
+        if counts is None or isinstance(counts, int | float):
+            cells: tuple[AnsweredCell, ...] = (AnsweredCell((), counts, {}),)
+        else:
+            cells = tuple(AnsweredCell(v, c, {}) for v, c in counts)
+        answer = AnsweredQuery(f"q{self.n}", plan, cells)
+        post = self.auditor.post_audit(self.scope, answer)
+        if post.allowed or self.remember_anyway:
+            self.auditor.remember(self.scope, answer)
+        return pre, post
+
+
+def refused(result: tuple[AuditDecision, AuditDecision | None]) -> bool:
+    pre, post = result
+    return not pre.allowed or (post is not None and not post.allowed)
+
+
+@pytest.fixture
+def alice(auditor: Auditor, tables: dict[str, TableConfig]) -> Session:
+    return Session(auditor, tables)
+
+
+def test_crohn_pair_is_refused_after_the_noise(alice: Session) -> None:
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE disease = 'Crohn'", 41.3))
+    pre, post = alice.ask(
+        "SELECT COUNT(*) FROM patients WHERE disease = 'Crohn' AND city = 'Budapest'", 39.8
+    )
+    assert pre.allowed  # Crohn-not-in-Budapest cannot be sized before the answer
+    assert post is not None and not post.allowed
+    assert post.combined_with == ("q1",)
+    assert "41" not in post.reason and "39" not in post.reason and "1.5" not in post.reason
+
+
+def test_crohn_pair_is_refused_before_spending_when_the_group_is_known_small(
+    alice: Session,
+) -> None:
+    alice.ask("SELECT COUNT(*) FROM patients WHERE disease = 'Crohn'", 3.2)
+    pre, post = alice.ask(
+        "SELECT COUNT(*) FROM patients WHERE disease = 'Crohn' AND zip = '1051'", 2.0
+    )
+    assert not pre.allowed and post is None
+    assert pre.combined_with == ("q1",)
+
+
+def test_large_differences_are_answered(alice: Session) -> None:
+    alice.ask("SELECT COUNT(*) FROM patients WHERE disease = 'Crohn'", 412.0)
+    assert not refused(
+        alice.ask(
+            "SELECT COUNT(*) FROM patients WHERE disease = 'Crohn' AND city = 'Budapest'", 101.0
+        )
+    )
+
+
+def test_avg_over_everyone_but_one_is_refused(alice: Session) -> None:
+    assert not refused(alice.ask("SELECT AVG(income) FROM patients", 2999.0))
+    _pre, post = alice.ask("SELECT AVG(income) FROM patients WHERE age <> 37", 2998.0)
+    assert post is not None and not post.allowed and post.combined_with == ("q1",)
+
+
+def test_sum_without_counts_is_refused_when_the_difference_cannot_be_sized(alice: Session) -> None:
+    alice.ask("SELECT SUM(income) FROM patients", None)
+    assert refused(alice.ask("SELECT SUM(income) FROM patients WHERE age <> 37", None))
+
+
+def test_honest_nested_queries_are_answered(alice: Session) -> None:
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients", 3001.0))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30", 2010.0))
+    assert not refused(alice.ask("SELECT AVG(glucose) FROM patients WHERE age > 30", 2011.0))
+    assert not refused(
+        alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30 AND sex = 'F'", 1003.0)
+    )
+
+
+def test_repeated_identical_queries_determine_nothing_new(alice: Session) -> None:
+    for _ in range(20):
+        assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE disease = 'Crohn'", 3.0))
+
+
+def test_denning_general_tracker_is_refused(alice: Session) -> None:
+    # q(C) = q(C ∨ T) + q(C ∨ ¬T) − q(everyone): the third query completes the tracker
+    target = "sex = 'F' AND age = 37 AND city = 'Eger'"
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients", 3000.0))
+    assert not refused(
+        alice.ask(f"SELECT COUNT(*) FROM patients WHERE ({target}) OR smoker", 901.0)
+    )
+    pre, post = alice.ask(f"SELECT COUNT(*) FROM patients WHERE ({target}) OR NOT smoker", 2101.0)
+    assert pre.allowed and post is not None and not post.allowed
+    assert post.combined_with == ("q1", "q2")
+
+
+def test_tracker_fourth_query_is_refused_before_spending(alice: Session) -> None:
+    # in flag mode the pipeline releases and remembers refused answers too; the 4th
+    # tracker query (T) would then pin C ∧ T, whose size the earlier answers already bound
+    target = "sex = 'F' AND age = 37 AND city = 'Eger'"
+    alice.remember_anyway = True
+    alice.ask("SELECT COUNT(*) FROM patients", 3000.0)
+    alice.ask(f"SELECT COUNT(*) FROM patients WHERE ({target}) OR smoker", 901.0)
+    alice.ask(f"SELECT COUNT(*) FROM patients WHERE ({target}) OR NOT smoker", 2101.0)
+    pre, post = alice.ask("SELECT COUNT(*) FROM patients WHERE smoker", 899.0)
+    assert not pre.allowed and post is None
+    assert pre.combined_with == ("q1", "q2", "q3")
+
+
+def test_splitting_a_small_released_group_is_refused_before_spending(alice: Session) -> None:
+    alice.ask("SELECT COUNT(*) FROM patients WHERE sex = 'F' AND age = 37 AND city = 'Eger'", 1.4)
+    pre, post = alice.ask(
+        "SELECT COUNT(*) FROM patients WHERE sex = 'F' AND age = 37 AND city = 'Eger' AND smoker",
+        1.0,
+    )
+    assert not pre.allowed and post is None and pre.combined_with == ("q1",)
+
+
+def test_group_by_cells_are_regions(alice: Session, tables: dict[str, TableConfig]) -> None:
+    cities = tables["patients"].columns["city"].values
+    assert cities is not None
+    alice.ask("SELECT city, COUNT(*) FROM patients GROUP BY city", [((c,), 375.0) for c in cities])
+    # everyone minus every city but one: fine, that city was released itself
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE city <> 'Eger'", 2625.0))
+    # a city's Crohn patients, then Crohn elsewhere by city: Crohn in Eger is determined
+    alice.ask("SELECT COUNT(*) FROM patients WHERE disease = 'Crohn'", 40.0)
+    result = alice.ask(
+        "SELECT city, COUNT(*) FROM patients WHERE disease = 'Crohn' AND city <> 'Eger' "
+        "GROUP BY city",
+        [((c,), 5.5 if c != "Eger" else None) for c in cities if c != "Eger"],
+    )
+    assert refused(result)
+
+
+def test_scopes_are_separate_and_forgettable(
+    auditor: Auditor, tables: dict[str, TableConfig]
+) -> None:
+    alice, bob = Session(auditor, tables, "alice"), Session(auditor, tables, "bob")
+    alice.ask("SELECT COUNT(*) FROM patients WHERE disease = 'Crohn'", 41.0)
+    assert not refused(
+        bob.ask("SELECT COUNT(*) FROM patients WHERE disease = 'Crohn' AND city = 'Eger'", 2.0)
+    )
+    auditor.forget_scope("alice")
+    assert not refused(
+        alice.ask("SELECT COUNT(*) FROM patients WHERE disease = 'Crohn' AND city = 'Eger'", 2.0)
+    )
+    auditor.reset()
+    assert not auditor.knows("alice", "q1")
+
+
+def test_remember_is_idempotent_by_query_id(
+    auditor: Auditor, tables: dict[str, TableConfig]
+) -> None:
+    s = Session(auditor, tables)
+    plan = s.plan("SELECT COUNT(*) FROM patients WHERE disease = 'Crohn'")
+    answer = AnsweredQuery("same", plan, (AnsweredCell((), 40.0, {}),))
+    for _ in range(3):
+        auditor.remember("alice", answer)
+    other = AnsweredQuery(
+        "other",
+        s.plan("SELECT COUNT(*) FROM patients WHERE disease = 'Crohn' AND city = 'Eger'"),
+        (AnsweredCell((), 38.0, {}),),
+    )
+    decision = auditor.post_audit("alice", other)
+    assert not decision.allowed and decision.combined_with == ("same",)
+
+
+def test_tables_do_not_combine(alice: Session) -> None:
+    alice.ask("SELECT COUNT(*) FROM visits WHERE year = 2020", 400.0)
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age = 20", 30.0))
+
+
+def test_opaque_conditions_are_their_own_dimension(alice: Session) -> None:
+    alice.ask("SELECT COUNT(*) FROM patients WHERE zip LIKE '10%'", 700.0)
+    assert refused(
+        alice.ask("SELECT COUNT(*) FROM patients WHERE zip LIKE '10%' AND age <> 44", 698.0)
+    )
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE zip LIKE '11%'", 3.0))
