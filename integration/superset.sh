@@ -37,6 +37,8 @@ if [ ! -x "$SUPERSET_VENV/bin/superset" ]; then
   "$SUPERSET_VENV/bin/pip" install --quiet --upgrade pip
   "$SUPERSET_VENV/bin/pip" install --quiet "apache-superset==$SUPERSET_VERSION"
 fi
+# Superset's CLI imports `rich` (for `superset test-db`) without declaring it.
+"$SUPERSET_VENV/bin/python" -c 'import rich' 2>/dev/null || "$SUPERSET_VENV/bin/pip" install --quiet rich
 say "installing the dpgate client (dialect entry points) into the Superset venv"
 "$SUPERSET_VENV/bin/pip" install --quiet --no-deps -e "$REPO"
 "$SUPERSET_VENV/bin/python" - <<'EOF'
