@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,8 @@ class Gateway:
         for a in config.analysts:
             self.ledger.ensure_analyst(a.name, a.epsilon, a.delta)
         self.auditor = Auditor(config.tables, min_group_size=config.audit.min_group_size)
+        self._synced: dict[str, int] = {}
+        self._sync_lock = threading.Lock()
 
     # -- identity ------------------------------------------------------------------------
 
@@ -331,27 +334,39 @@ class Gateway:
             ) from None
 
     def _sync_auditor(self, scope: str) -> None:
-        """Replay answers other workers recorded, so every process audits the same history."""
+        """Replay answers other workers released since the last sync, so every process
+        audits the same history (incremental: only ledger entries past the last one seen).
+        Withheld answers are not replayed: nobody saw them."""
         analyst = None if scope == GLOBAL_SCOPE else scope
-        entries = _ledger_call(self.ledger.releases, analyst, self.config.database.data_version)
-        for entry in entries:
-            if self.auditor.knows(scope, entry.reservation_id) or entry.release is None:
-                continue
-            cells = entry.release.get("audit_cells")
-            if cells is None:
-                continue
-            try:
-                plan = analyze(entry.sql, self.config.tables)
-            except GatewayError:
-                continue
-            if not isinstance(plan, QueryPlan):
-                continue
-            answered = AnsweredQuery(
-                query_id=entry.reservation_id,
-                plan=plan,
-                cells=NoisyResult.cells_from_json(cells),
+        with self._sync_lock:
+            after = self._synced.get(scope)
+            entries = _ledger_call(
+                lambda: self.ledger.releases(
+                    analyst, self.config.database.data_version, after=after
+                )
             )
-            self.auditor.remember(scope, answered)
+            for entry in entries:
+                self._synced[scope] = max(self._synced.get(scope, 0), entry.seq)
+                if entry.outcome != "answered" or entry.release is None:
+                    continue
+                if self.auditor.knows(scope, entry.reservation_id):
+                    continue
+                cells = entry.release.get("audit_cells")
+                if cells is None:
+                    continue
+                try:
+                    plan = analyze(entry.sql, self.config.tables)
+                except GatewayError:
+                    continue
+                if isinstance(plan, QueryPlan):
+                    self.auditor.remember(
+                        scope,
+                        AnsweredQuery(
+                            query_id=entry.reservation_id,
+                            plan=plan,
+                            cells=NoisyResult.cells_from_json(cells),
+                        ),
+                    )
 
     def _release(
         self,
