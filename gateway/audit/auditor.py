@@ -142,6 +142,11 @@ class Auditor:
         with self._lock:
             return any(query_id in kn.query_ids for (s, _), kn in self._state.items() if s == scope)
 
+    def knowledge(self, scope: str, table: str) -> Knowledge:
+        """What ``scope`` knows about ``table`` (an immutable snapshot, for inspection)."""
+        with self._lock:
+            return self._knowledge((scope, table))
+
     # -- internals ----------------------------------------------------------------------
 
     def _knowledge(self, key: tuple[str, str]) -> Knowledge:

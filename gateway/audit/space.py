@@ -256,7 +256,7 @@ class CellSpace:
                 parents = d.refine(consts)
                 if parents is not None:
                     atom_of = np.take(atom_of, parents, axis=axis)
-        self.atom_of = np.ascontiguousarray(atom_of)
+        self.atom_of = np.require(atom_of, requirements="C")
 
     def truth(self, f: Formula) -> np.ndarray:
         """The Kleene value of ``f`` on every cell (the space must be refined for it)."""
