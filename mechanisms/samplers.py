@@ -184,18 +184,21 @@ class DiscreteGaussian:
     """Exact sampler of P(X = x) ∝ exp(−x² / (2σ²)) on the integers, rational σ² > 0.
 
     CKS 2020, Algorithm 3, vectorised. The rejection step accepts Y with probability
-    a(Y) = exp(−γ(Y)), γ(Y) = (|Y| − σ²/t)² / (2σ²), by comparing a 64-bit uniform prefix u
-    (U ∈ [u/2^64, (u+1)/2^64)) with a float approximation â of a(Y):
+    a(Y) = exp(−γ(Y)), γ(Y) = (|Y| − σ²/t)² / (2σ²). Deciding U < a(Y) for all proposals
+    with rational arithmetic would be slow in Python, so a float fast path decides when it
+    provably agrees with the exact comparison and hands everything else to the exact path:
 
-    - Error bound of the float path (|Y| < 2^50): σ²/t, σ² are rounded once to float, the
-      difference, square and quotient add three roundings, so |γ̂ − γ| ≤ 2^−50 (γ + 1)·
-      (1 + (|Y| + σ²/t)/σ)² … which, multiplied by exp(−min(γ, γ̂)) ≤ 1, leaves
-      |â − a| ≤ 2^−40 for any representable Y (the factor γ·e^−γ is ≤ 1); numpy's exp adds
-      a few ulps, and converting u to float adds ≤ 2^−53. The fast path is taken only when
-      |u/2^64 − â| > 2^−30, a margin 2^10 times larger than the worst error, so its
-      decision equals the exact one.
-    - Otherwise (probability ≈ 2^−29 per proposal) the decision is made exactly with
-      ``LazyUniform`` and the rational γ.
+    - u is the 64-bit prefix of U, so |u·2^−64 − U| < 2^−64, and converting u to float64
+      adds ≤ 2^−53. The float γ̂ is computed from |Y| < 2^50 (exact in float64) and
+      σ²/t, 2σ² rounded once each, with three further roundings: |γ̂ − γ| ≤ 2^−50·(γ + C)
+      with C = (|Y| + σ²/t)²/σ² — and a(Y)·|γ̂ − γ| is tiny because e^−γ·γ ≤ 1 and the
+      proposals that matter have C ≪ 2^10 (for |Y| ≫ σ, a(Y) underflows to 0 on both
+      sides). numpy's float64 exp is accurate to a few ulps. All together the float error
+      |â − a(Y)| is below 2^−40.
+    - The fast path decides only when |u·2^−64 − â| > 2^−30 (1,000× the error bound); the
+      remaining proposals (probability ≈ 2^−29 each), and any |Y| ≥ 2^50, are decided
+      exactly by ``accept_exact`` (LazyUniform against rigorous bounds of exp(−γ), γ
+      rational). The forced-exact test in tests/statistical runs a whole sample this way.
     """
 
     def __init__(self, sigma2: Fraction) -> None:
