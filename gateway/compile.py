@@ -43,12 +43,20 @@ class CompiledQuery:
     has_unit_count: bool
 
 
-def compile_plan(plan: QueryPlan, table: TableConfig, dialect: str) -> CompiledQuery:
-    """Build the one statement that computes ``plan``'s exact measures in ``dialect``."""
+def compile_plan(
+    plan: QueryPlan, table: TableConfig, dialect: str, *, unit_unique: bool = False
+) -> CompiledQuery:
+    """Build the one statement that computes ``plan``'s exact measures in ``dialect``.
+
+    ``unit_unique``: the database itself keeps the privacy unit column unique (primary key
+    or unique constraint) and the bound is one row per unit, so no window is needed.
+    """
     keys = [_portable(k.expression, table) for k in plan.group_keys]
     where = _portable(plan.where, table) if plan.where is not None else None
     inputs = [_measure_input(m, table) for m in plan.measures]
     rows_bound = table.max_rows_per_unit if table.privacy_unit else None
+    if unit_unique and rows_bound == 1:
+        rows_bound = None  # one row per unit, enforced by the database's own constraint
     groups_bound = None
     if table.privacy_unit and keys and table.max_groups_per_unit is not None:
         groups_bound = min(table.max_groups_per_unit, table.max_rows_per_unit)
@@ -62,9 +70,11 @@ def compile_plan(plan: QueryPlan, table: TableConfig, dialect: str) -> CompiledQ
     needs_units = any(m.kind == "count_units" for m in plan.measures) or selection
 
     if rows_bound is None:
-        # Row-level privacy: each row is its own unit, nothing to bound.
+        # Each row is its own unit (row-level privacy, or a unique unit column).
+        unit_column = exp.column(table.privacy_unit, quoted=True) if table.privacy_unit else None
         aggregates = [
-            _aggregate(m, inp, unit=None) for m, inp in zip(plan.measures, inputs, strict=True)
+            _aggregate(m, inp, unit=unit_column)
+            for m, inp in zip(plan.measures, inputs, strict=True)
         ]
         if selection:
             aggregates.append(exp.Count(this=exp.Star()))

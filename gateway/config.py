@@ -431,6 +431,8 @@ class _Validator:
         self, raw: Mapping[str, Any], path: str, options: tuple[str, ...], default: str | None
     ) -> str | None:
         value = raw.get(path.rsplit(".", 1)[-1], default)
+        if value is False and "off" in options:
+            value = "off"  # YAML 1.1 reads a bare `off` as false
         if value is None:
             self.problem(f"{path}: missing (one of {', '.join(options)})")
             return None

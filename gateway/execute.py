@@ -21,11 +21,13 @@ import logging
 import sqlite3
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from gateway.config import TableConfig
 from gateway.errors import DatabaseUnavailable
 
 log = logging.getLogger("dpgate.execute")
@@ -118,6 +120,43 @@ def _disarm(raw: Any, timer: threading.Timer | None) -> None:
         timer.cancel()
     if isinstance(raw, sqlite3.Connection):
         raw.set_progress_handler(None, 0)
+
+
+def units_unique_by_schema(engine: sa.Engine, tables: Mapping[str, TableConfig]) -> set[str]:
+    """The tables whose privacy unit column the database itself keeps unique.
+
+    A primary key or unique constraint (or unique index) on exactly the unit column makes
+    every unit one row by the database's own enforcement, so a bound of one row per unit
+    holds without a window function in the compiled SQL. Read once, at start-up, from the
+    catalogue (schema metadata, never rows).
+    """
+    unique: set[str] = set()
+    try:
+        inspector = sa.inspect(engine)
+        for key, t in tables.items():
+            if t.privacy_unit is None or t.max_rows_per_unit != 1:
+                continue
+            if not inspector.has_table(t.sql_name, schema=t.schema):
+                continue
+            unit = t.privacy_unit.lower()
+            candidates = [
+                inspector.get_pk_constraint(t.sql_name, schema=t.schema).get("constrained_columns")
+                or []
+            ]
+            candidates += [
+                c.get("column_names") or []
+                for c in inspector.get_unique_constraints(t.sql_name, schema=t.schema)
+            ]
+            candidates += [
+                i.get("column_names") or []
+                for i in inspector.get_indexes(t.sql_name, schema=t.schema)
+                if i.get("unique")
+            ]
+            if any([str(c).lower() for c in cols] == [unit] for cols in candidates):
+                unique.add(key)
+    except (sa.exc.SQLAlchemyError, NotImplementedError):
+        log.warning("could not read the protected database's constraints; bounding in SQL")
+    return unique
 
 
 def ping(engine: sa.Engine) -> bool:

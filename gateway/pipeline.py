@@ -17,6 +17,7 @@ import json
 import math
 import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,13 +37,20 @@ from gateway.errors import (
     LedgerUnavailable,
     Unauthenticated,
 )
-from gateway.execute import open_protected_engine, ping, run_aggregate, sqlglot_dialect
+from gateway.execute import (
+    open_protected_engine,
+    ping,
+    run_aggregate,
+    sqlglot_dialect,
+    units_unique_by_schema,
+)
 from gateway.noising import NoisyResult, add_noise, expected_accuracy
 from gateway.plan import ProbePlan, QueryPlan, QueryRequest
 from gateway.release import ColumnInfo, Release
 from mechanisms import QueryCalibration, calibrate_query
 
 GLOBAL_SCOPE = "*"
+PLAN_CACHE_SIZE = 1024
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,8 @@ class Gateway:
             config.database.url, statement_timeout_ms=config.database.statement_timeout_ms
         )
         self.dialect = sqlglot_dialect(self.engine)
+        self.unique_units = units_unique_by_schema(self.engine, config.tables)
+        self._plans: OrderedDict[str, QueryPlan | ProbePlan] = OrderedDict()
         self.ledger = ledger or budget.Ledger.from_url(
             config.ledger.url,
             composition=config.privacy.composition,
@@ -168,7 +178,7 @@ class Gateway:
 
     def query(self, analyst: str, request: QueryRequest) -> Release:
         """Answer one request of ``analyst``, or raise the ``GatewayError`` that says why not."""
-        plan = analyze(request.sql, self.config.tables)
+        plan = self.analyze(request.sql)
         if isinstance(plan, ProbePlan):
             return self._probe(analyst, plan)
         self._check_parameters(request)
@@ -199,7 +209,9 @@ class Gateway:
         try:
             from gateway.compile import compile_plan
 
-            compiled = compile_plan(plan, table, self.dialect)
+            compiled = compile_plan(
+                plan, table, self.dialect, unit_unique=plan.table in self.unique_units
+            )
             exact = run_aggregate(
                 self.engine, compiled.sql, timeout_ms=self.config.database.statement_timeout_ms
             )
@@ -239,6 +251,16 @@ class Gateway:
         return release
 
     # -- stages --------------------------------------------------------------------------
+
+    def analyze(self, sql: str) -> QueryPlan | ProbePlan:
+        """``gateway.analyze.analyze`` against this config, remembering recent plans."""
+        plan = self._plans.get(sql)
+        if plan is None:
+            plan = analyze(sql, self.config.tables)  # refusals raise and are not kept
+            self._plans[sql] = plan
+            if len(self._plans) > PLAN_CACHE_SIZE:
+                self._plans.popitem(last=False)
+        return plan
 
     def _check_parameters(self, request: QueryRequest) -> None:
         p = self.config.privacy
@@ -355,7 +377,7 @@ class Gateway:
                 if cells is None:
                     continue
                 try:
-                    plan = analyze(entry.sql, self.config.tables)
+                    plan = self.analyze(entry.sql)
                 except GatewayError:
                     continue
                 if isinstance(plan, QueryPlan):
