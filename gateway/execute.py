@@ -139,7 +139,7 @@ def units_unique_by_schema(engine: sa.Engine, tables: Mapping[str, TableConfig])
             if not inspector.has_table(t.sql_name, schema=t.schema):
                 continue
             unit = t.privacy_unit.lower()
-            candidates = [
+            candidates: list[list[Any]] = [
                 inspector.get_pk_constraint(t.sql_name, schema=t.schema).get("constrained_columns")
                 or []
             ]
