@@ -16,6 +16,7 @@ the limit across a window boundary.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Literal
@@ -31,10 +32,11 @@ from sqlalchemy import (
     Table,
     delete,
     insert,
+    inspect,
     select,
     update,
 )
-from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from gateway.errors import LedgerUnavailable, RateLimited
 
@@ -70,6 +72,7 @@ class RateLimiter:
         }
         self.clock = clock
         self._schema_ready = False
+        self._schema_lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
@@ -79,16 +82,20 @@ class RateLimiter:
         """Create the counters table if it is missing (safe when workers race to do it)."""
         if self._schema_ready or not self.enabled:
             return
-        for attempt in range(3):
-            try:
-                _metadata.create_all(self.engine, checkfirst=True)
-                break
-            except OperationalError:
-                # Another worker created it between our check and our CREATE.
-                if attempt == 2:
-                    raise
-                time.sleep(0.05)
-        self._schema_ready = True
+        with self._schema_lock:
+            for attempt in range(3):
+                try:
+                    _metadata.create_all(self.engine, checkfirst=True)
+                    break
+                except SQLAlchemyError:
+                    # Another worker may have created it between our check and our
+                    # CREATE (PostgreSQL then reports a duplicate, SQLite "exists").
+                    if inspect(self.engine).has_table(RATE_LIMITS.name):
+                        break
+                    if attempt == 2:
+                        raise
+                    time.sleep(0.05 * (attempt + 1))
+            self._schema_ready = True
 
     def hit(self, scope: Scope, who: str) -> None:
         """Count one request; raise ``RateLimited`` if it is over the scope's limit.
