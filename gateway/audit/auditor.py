@@ -116,7 +116,7 @@ class Auditor:
                 return
             try:
                 self._state[key] = _extend(base, self._rows(answer))[1]
-            except (SpaceTooLarge, Doubt):
+            except (SpaceTooLarge, Doubt):  # cannot follow: refuse everything after
                 self._saturated.add(key)
                 self._state[key] = Knowledge(
                     space=base.space, query_ids=base.query_ids | {answer.query_id}
@@ -264,24 +264,25 @@ def _in_old_span(old: Knowledge, region: np.ndarray) -> bool:
 def _findings(
     old: Knowledge, new: Knowledge, touched: set[int], k: int, *, pre: bool
 ) -> list[Finding]:
-    asked = new.asked_keys()
-    members = new.members
-    counted = np.array([r.count is not None and not r.pending for r in new.info], dtype=bool)
-    counts = np.array([r.count if r.count is not None else np.nan for r in new.info], dtype=float)
     out: list[Finding] = []
     for b in sorted(touched):
         block = new.blocks[b]
-        for region_local in determined_regions(block):
+        asked = block.asked
+        infos = [new.info[i] for i in block.asked_ids]
+        counted = np.array([r.count is not None and not r.pending for r in infos], dtype=bool)
+        counts = np.array([r.count if r.count is not None else np.nan for r in infos])
+        position = {row_id: j for j, row_id in enumerate(block.asked_ids)}
+        for local in determined_regions(block):
+            if np.any(np.all(asked == local[None, :], axis=1)):
+                continue  # released directly, with its own noise
             region = np.zeros(new.space.n_atoms, dtype=bool)
-            region[block.cols[region_local]] = True
-            if np.packbits(region).tobytes() in asked:
-                continue
+            region[block.cols[local]] = True
             if _in_old_span(old, region):
                 continue
-            coefs = coefficients(block, region_local)
+            coefs = coefficients(block, local)
             used = [(c, block.members[i]) for i, c in enumerate(coefs) if abs(c) > COEF_TOL]
-            supersets = ~np.any(region[None, :] & ~members, axis=1) & counted
-            subsets = ~np.any(members & ~region[None, :], axis=1) & counted & members.any(axis=1)
+            supersets = ~np.any(local[None, :] & ~asked, axis=1) & counted
+            subsets = ~np.any(asked & ~local[None, :], axis=1) & counted
             upper_direct = float(np.min(counts[supersets])) if supersets.any() else math.inf
             lower_direct = float(np.max(counts[subsets])) if subsets.any() else -math.inf
             estimate = 0.0
@@ -292,10 +293,11 @@ def _findings(
                 info = new.info[row_id]
                 if info.pending:
                     if c > 0:
-                        contains = ~np.any(members[row_id][None, :] & ~members, axis=1) & counted
+                        mine = asked[position[row_id]]
+                        contains = ~np.any(mine[None, :] & ~asked, axis=1) & counted
                         if contains.any():
                             best = int(np.nonzero(contains)[0][np.argmin(counts[contains])])
-                            bounds.add(best)
+                            bounds.add(block.asked_ids[best])
                             extra += c * float(counts[best])
                         else:
                             extra = math.inf
@@ -307,7 +309,8 @@ def _findings(
                 upper = math.inf if unknown else estimate + extra
                 small = min(upper, upper_direct) < k
                 if small and upper_direct < upper:
-                    used = [(1.0, int(np.nonzero(supersets)[0][np.argmin(counts[supersets])]))]
+                    best = int(np.nonzero(supersets)[0][np.argmin(counts[supersets])])
+                    used = [(1.0, block.asked_ids[best])]
                     bounds = set()
             elif unknown:
                 small = lower_direct < k

@@ -16,13 +16,15 @@ the caller refuses (``Doubt``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import numpy as np
 
 ZERO_TOL = 1e-9
 DOUBT_TOL = 1e-6
+EXACT_MAX_ROWS = 400
+"""Blocks with more answered rows than this are not recomputed exactly (doubt refuses)."""
 EXHAUSTIVE_ATOMS = 12
 """Blocks with at most this many atoms get every minimal determined region, exactly."""
 
@@ -35,13 +37,17 @@ class Doubt(Exception):
 class Block:
     """One connected part of the span: ``cols`` (atom ids), RREF ``basis`` rows, their
     ``pivots`` (column positions) and ``origin`` (basis row → answered-row coefficients
-    over ``members``, the answered rows that were independent when added)."""
+    over ``members``, the answered rows that were independent when added). ``asked``
+    holds every answered region inside the block (dependent ones too) as a Boolean
+    matrix over ``cols``, with their row ids in ``asked_ids``."""
 
     cols: np.ndarray
     basis: np.ndarray
     pivots: np.ndarray
     origin: np.ndarray
     members: tuple[int, ...]
+    asked: np.ndarray
+    asked_ids: tuple[int, ...]
 
     @staticmethod
     def empty(cols: np.ndarray) -> Block:
@@ -51,6 +57,8 @@ class Block:
             np.zeros((0, n)),
             np.zeros(0, dtype=np.intp),
             np.zeros((0, 0)),
+            (),
+            np.zeros((0, n), dtype=bool),
             (),
         )
 
@@ -69,10 +77,15 @@ class Block:
         res = self.residual(x)
         o = -(x[self.pivots] @ self.origin) if self.rank else np.zeros(0)
         big = float(np.max(np.abs(res))) if res.size else 0.0
+        asked = np.vstack([self.asked, x[None, :] > 0.5])
+        asked_ids = (*self.asked_ids, row_id)
         if big < ZERO_TOL:
-            return self, False
+            return replace(self, asked=asked, asked_ids=asked_ids), False
         if big < DOUBT_TOL:
-            raise Doubt
+            if len(asked_ids) > EXACT_MAX_ROWS:
+                raise Doubt
+            rebuilt = exact_block(replace(self, asked=asked, asked_ids=asked_ids))
+            return rebuilt, rebuilt.rank > self.rank
         p = int(np.argmax(np.abs(res)))
         scale = res[p]
         res = res / scale
@@ -89,6 +102,8 @@ class Block:
                 np.append(self.pivots, p).astype(np.intp),
                 np.vstack([origin, o]),
                 (*self.members, row_id),
+                asked,
+                asked_ids,
             ),
             True,
         )
@@ -99,7 +114,15 @@ class Block:
         for j, t in enumerate(take.tolist()):
             first.setdefault(t, j)
         pivots = np.array([first[int(p)] for p in self.pivots], dtype=np.intp)
-        return Block(cols, self.basis[:, take], pivots, self.origin, self.members)
+        return Block(
+            cols,
+            self.basis[:, take],
+            pivots,
+            self.origin,
+            self.members,
+            self.asked[:, take],
+            self.asked_ids,
+        )
 
 
 def merge(blocks: list[Block], free: np.ndarray) -> Block:
@@ -111,19 +134,34 @@ def merge(blocks: list[Block], free: np.ndarray) -> Block:
     origin = np.zeros((r, r))
     pivots: list[int] = []
     members: list[int] = []
-    ro, co = 0, 0
+    asked = np.zeros((sum(len(b.asked_ids) for b in blocks), n), dtype=bool)
+    asked_ids: list[int] = []
+    ro, co, ao = 0, 0, 0
     for b in blocks:
         basis[ro : ro + b.rank, co : co + len(b.cols)] = b.basis
         origin[ro : ro + b.rank, ro : ro + b.rank] = b.origin
+        asked[ao : ao + len(b.asked_ids), co : co + len(b.cols)] = b.asked
         pivots.extend((b.pivots + co).tolist())
         members.extend(b.members)
+        asked_ids.extend(b.asked_ids)
         ro += b.rank
         co += len(b.cols)
-    return Block(cols, basis, np.array(pivots, dtype=np.intp), origin, tuple(members))
+        ao += len(b.asked_ids)
+    return Block(
+        cols,
+        basis,
+        np.array(pivots, dtype=np.intp),
+        origin,
+        tuple(members),
+        asked,
+        tuple(asked_ids),
+    )
 
 
-def exact_block(cols: np.ndarray, rows: list[tuple[int, np.ndarray]]) -> Block:
+def exact_block(block: Block) -> Block:
     """The block rebuilt in exact rational arithmetic from its answered rows."""
+    cols = block.cols
+    rows = list(zip(block.asked_ids, block.asked, strict=True))
     n = len(cols)
     basis: list[list[Fraction]] = []
     origin: list[dict[int, Fraction]] = []
@@ -161,7 +199,15 @@ def exact_block(cols: np.ndarray, rows: list[tuple[int, np.ndarray]]) -> Block:
         for k, w in coeffs.items():
             origin_f[i, k] = float(w)
     fb = np.array([[float(a) for a in b] for b in basis]) if r else np.zeros((0, n))
-    return Block(cols, fb, np.array(pivots, dtype=np.intp), origin_f, tuple(members))
+    return Block(
+        cols,
+        fb,
+        np.array(pivots, dtype=np.intp),
+        origin_f,
+        tuple(members),
+        block.asked,
+        block.asked_ids,
+    )
 
 
 def classify(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
