@@ -72,6 +72,11 @@ SQLALCHEMY_DATABASE_URI = "sqlite:///$WORK/superset.db"
 WTF_CSRF_ENABLED = False
 TALISMAN_ENABLED = False
 PREVENT_UNSAFE_DB_CONNECTIONS = False
+# In-process caches: Superset's default metastore cache breaks with the newest
+# flask-caching (unexpected 'ignore_delete_many_errors'), and nothing here needs it.
+_SIMPLE = {"CACHE_TYPE": "SimpleCache", "CACHE_DEFAULT_TIMEOUT": 300}
+CACHE_CONFIG = DATA_CACHE_CONFIG = _SIMPLE
+FILTER_STATE_CACHE_CONFIG = EXPLORE_FORM_DATA_CACHE_CONFIG = _SIMPLE
 EOF
 export SUPERSET_CONFIG_PATH="$WORK/superset_config.py"
 export FLASK_APP=superset
