@@ -59,15 +59,19 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: int | str = logging.INFO) -> None:
-    """Send dpgate's logs to stderr as JSON lines (idempotent)."""
-    root = logging.getLogger("dpgate")
-    root.setLevel(level)
-    if not any(getattr(h, "_dpgate", False) for h in root.handlers):
+    """Send dpgate's logs to stderr as JSON lines (idempotent).
+
+    Records still propagate to the root logger, so an embedding application's logging
+    (or pytest's ``caplog``) sees them too; under ``dpgate serve`` the root logger has no
+    handler and each record is written once.
+    """
+    logger = logging.getLogger("dpgate")
+    logger.setLevel(level)
+    if not any(getattr(h, "_dpgate", False) for h in logger.handlers):
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonFormatter())
         handler._dpgate = True  # type: ignore[attr-defined]
-        root.addHandler(handler)
-    root.propagate = False
+        logger.addHandler(handler)
 
 
 def log_request(entry: RequestLog) -> None:
