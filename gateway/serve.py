@@ -169,12 +169,16 @@ def _run_gunicorn(factory: Callable[[], Flask], *, host: str, port: int, workers
         "loglevel": "info",
         "child_exit": child_exit,
         "preload_app": False,  # each worker opens its own database connections
+        # gunicorn ≥ 25's control socket lives at one path per user: two gateways on a
+        # host would fight over it, and dpgate is managed by signals, not gunicornc.
+        "control_socket_disable": True,
     }
 
     class GatewayServer(BaseApplication):
         def load_config(self) -> None:
             for key, value in options.items():
-                self.cfg.set(key, value)
+                if key in self.cfg.settings:  # older gunicorns lack some settings
+                    self.cfg.set(key, value)
 
         def load(self) -> Flask:
             return factory()
