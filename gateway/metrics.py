@@ -66,6 +66,7 @@ RATE_LIMITED = Counter(
     ["scope"],
 )
 
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 BACKEND_OF_CODE = {"database_unavailable": "database", "ledger_unavailable": "ledger"}
 
 
@@ -78,6 +79,8 @@ def record_request(
     *, endpoint: str, method: str, status: int, outcome: str, duration_s: float
 ) -> None:
     """Count one HTTP request and its latency; count backend failures by their code."""
+    if method not in _METHODS:
+        method = "OTHER"  # any token is a valid method: keep the label set bounded
     HTTP_REQUESTS.labels(endpoint, method, str(status), outcome).inc()
     HTTP_LATENCY.labels(endpoint).observe(duration_s)
     backend = BACKEND_OF_CODE.get(outcome)

@@ -163,6 +163,15 @@ def test_metrics_count_requests_queries_refusals_and_backend_errors(tmp_path: Pa
     assert "alice" in after and "Bearer" not in after
 
 
+def test_metric_labels_stay_bounded_whatever_clients_send(tmp_path: Path) -> None:
+    client = make_app(tmp_path).test_client()
+    for i in range(3):
+        client.open(f"/random/path/{i}", method=f"BREW{i}")
+    text = client.get("/metrics").get_data(as_text=True)
+    assert "BREW" not in text and "/random/path" not in text
+    assert metric(text, "dpgate_http_requests_total", endpoint="<unmatched>", method="OTHER") >= 3
+
+
 def test_readiness_reports_which_backend_is_down(tmp_path: Path) -> None:
     app = make_app(tmp_path)
     client = app.test_client()
