@@ -4,9 +4,11 @@
     python -m bench.bench_ledger --seconds 5 --postgres postgresql+psycopg://…/test
     python -m bench.bench_ledger --skip-http          # ledger level only
 
-Two levels, each on a SQLite ledger (synchronous=FULL: every commit is fsynced) and,
-when ``--postgres`` or ``DPGATE_TEST_POSTGRES_URL`` gives one, a PostgreSQL ledger (in a
-fresh schema, dropped afterwards):
+Two levels, each on a SQLite ledger (default ``synchronous=full``: every charge is
+fsynced before it returns; outcomes are not), the same with ``?synchronous=normal`` (no
+fsync at commit: safe against a killed process, not against a power cut) and, when
+``--postgres`` or ``DPGATE_TEST_POSTGRES_URL`` gives one, a PostgreSQL ledger (in a fresh
+schema, dropped afterwards):
 
 - ``ledger``: reserve + commit cycles (two durable write transactions) straight on
   ``budget.Ledger``: one thread, then 2 processes × 4 threads on one analyst (every
@@ -310,7 +312,13 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": args.seconds,
     }
     with tempfile.TemporaryDirectory(prefix="dpgate-bench-ledger-") as tmp:
-        backends: list[tuple[str, Any]] = [("sqlite", lambda: _nullctx(f"sqlite:///{tmp}/l.db"))]
+        backends: list[tuple[str, Any]] = [
+            ("sqlite", lambda: _nullctx(f"sqlite:///{tmp}/{uuid.uuid4().hex}.db")),
+            (
+                "sqlite-synchronous-normal",
+                lambda: _nullctx(f"sqlite:///{tmp}/{uuid.uuid4().hex}.db?synchronous=normal"),
+            ),
+        ]
         if args.postgres:
             backends.append(("postgresql", lambda: postgres_schema(args.postgres)))
         for name, make_url in backends:
@@ -320,8 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.skip_http:
                 log(f"http level, {name} …")
                 with make_url() as url:
-                    http_url = url if name != "sqlite" else f"sqlite:///{tmp}/http-ledger.db"
-                    results[f"http/{name}"] = bench_http(http_url, args.seconds)
+                    results[f"http/{name}"] = bench_http(url, args.seconds)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2))
     print("| figure | value |\n|---|---|")

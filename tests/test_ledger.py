@@ -115,6 +115,17 @@ def test_sqlite_uses_wal(tmp_path: object) -> None:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
 
 
+def test_sqlite_synchronous_url_option(tmp_path: object) -> None:
+    led = Ledger.from_url(f"sqlite:///{tmp_path}/n.db?synchronous=normal")
+    led.migrate()
+    led.create_analyst("a", 1.0, 1e-6)
+    charge(led, "a", laplace(0.1))
+    with led.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+    with pytest.raises(ValueError):
+        Ledger.from_url(f"sqlite:///{tmp_path}/n.db?synchronous=off")
+
+
 def test_in_memory_sqlite_works() -> None:
     led = Ledger.from_url("sqlite://")
     led.migrate()
