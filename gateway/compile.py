@@ -86,7 +86,10 @@ def compile_plan(
         inner_cols: list[exp.Expr] = [exp.alias_(unit, UNIT, quoted=True)]
         inner_cols += _aliased(keys, "k")
         inner_cols += _aliased([i for i in inputs if i is not None], "v")
-        order = [k.copy() for k in keys] or [unit.copy()]
+        # Which rows a unit keeps must be a deterministic function of that unit's rows
+        # (the same on every backend, and for the cache): order by every kept column.
+        order = [k.copy() for k in keys] + [i.copy() for i in inputs if i is not None]
+        order = order or [unit.copy()]
         inner_cols.append(
             exp.alias_(
                 exp.Window(

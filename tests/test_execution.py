@@ -1,0 +1,267 @@
+"""Execution: contribution bounding enforced in SQL (invariant 6), read-only access,
+statement timeouts, and the same exact aggregates on SQLite, PostgreSQL and DuckDB.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+import yaml
+
+from gateway.analyze import analyze
+from gateway.compile import compile_plan
+from gateway.config import Config, parse_config
+from gateway.demo.hospital import config_yaml
+from gateway.errors import DatabaseUnavailable
+from gateway.execute import (
+    open_protected_engine,
+    run_aggregate,
+    sqlglot_dialect,
+    units_unique_by_schema,
+)
+from gateway.plan import QueryPlan
+
+REPRESENTATIVE = [
+    "SELECT COUNT(*) FROM patients",
+    "SELECT COUNT(*) FROM patients WHERE age > 30 AND sex = 'F'",
+    "SELECT COUNT(glucose), SUM(glucose), AVG(income) FROM patients "
+    "WHERE disease IN ('Diabetes', 'Crohn')",
+    "SELECT sex, COUNT(*), SUM(income) FROM patients GROUP BY sex",
+    "SELECT age / 10, COUNT(*) FROM patients GROUP BY age / 10",
+    "SELECT CASE WHEN age < 40 THEN 'young' ELSE 'old' END, COUNT(*) FROM patients GROUP BY 1",
+    "SELECT COUNT(*) FROM patients WHERE zip LIKE '1%' OR city = 'Szeged' OR glucose IS NULL",
+    "SELECT COUNT(*) FROM patients WHERE age BETWEEN 20 AND 40 AND NOT smoker",
+    "SELECT COUNT(*) FROM patients WHERE (age * 3 + 1) / 7 = 9 AND ABS(age - 40) < 30",
+    "SELECT zip, COUNT(*) FROM patients GROUP BY zip",
+    "SELECT COUNT(*), COUNT(DISTINCT patient_id), SUM(cost), AVG(length_of_stay) FROM visits",
+    "SELECT department, COUNT(*), SUM(length_of_stay) FROM visits GROUP BY department",
+    "SELECT year, department, COUNT(DISTINCT patient_id) FROM visits GROUP BY year, department",
+]
+
+
+def demo_config(db_url: str, schema: str | None = None) -> Config:
+    raw = yaml.safe_load(config_yaml("/unused.db", "/unused-ledger.db"))
+    raw["database"]["url"] = db_url
+    if schema:
+        for t in raw["tables"].values():
+            t["schema"] = schema
+    return parse_config(raw)
+
+
+def exact(engine: sa.Engine, config: Config, sql: str, unique: set[str]) -> list[tuple[Any, ...]]:
+    plan = analyze(sql, config.tables)
+    assert isinstance(plan, QueryPlan)
+    compiled = compile_plan(
+        plan,
+        config.tables[plan.table],
+        sqlglot_dialect(engine),
+        unit_unique=plan.table in unique,
+    )
+    rows = run_aggregate(engine, compiled.sql, timeout_ms=30_000)
+    return sorted((tuple(_normal(v) for v in r) for r in rows), key=repr)
+
+
+def _normal(v: Any) -> Any:
+    if isinstance(v, Decimal):
+        v = float(v)
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+# -- invariant 6: bounding in SQL -----------------------------------------------------------
+
+
+@pytest.fixture
+def heavy_db(tmp_path: Path) -> Path:
+    """Person 1 has 50 visits in 10 departments; persons 2..4 have 1 visit each."""
+    db = tmp_path / "heavy.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "CREATE TABLE visits (visit_id INTEGER PRIMARY KEY, patient_id INTEGER, "
+            "year INTEGER, department TEXT, length_of_stay INTEGER, cost REAL)"
+        )
+        rows = [(i, 1, 2020, f"D{i % 10}", 30, 1e9) for i in range(50)]
+        rows += [(100 + p, p, 2021, "D0", 2, 100.0) for p in (2, 3, 4)]
+        conn.executemany("INSERT INTO visits VALUES (?,?,?,?,?,?)", rows)
+    return db
+
+
+def test_bounds_are_enforced_in_the_executed_sql(heavy_db: Path) -> None:
+    raw = yaml.safe_load(config_yaml("/unused.db", "/unused.db"))
+    raw["database"]["url"] = f"sqlite:///{heavy_db}"
+    raw["tables"] = {
+        "visits": {
+            "privacy_unit": "patient_id",
+            "max_rows_per_unit": 5,
+            "max_groups_per_unit": 2,
+            "columns": {
+                "patient_id": {"type": "integer"},
+                "department": {"type": "text"},
+                "length_of_stay": {"type": "integer", "lower": 0, "upper": 30},
+                "cost": {"type": "real", "lower": 0.0, "upper": 1000.0},
+            },
+        }
+    }
+    config = parse_config(raw)
+    engine = open_protected_engine(config.database.url, statement_timeout_ms=5000)
+    # Person 1 contributes at most 5 rows, however many they have.
+    assert exact(engine, config, "SELECT COUNT(*) FROM visits", set()) == [(5 + 3,)]
+    # Their clamped values: 5 rows × 30 days, 5 rows × 1000 (not 1e9) in cost.
+    total = exact(engine, config, "SELECT SUM(length_of_stay), SUM(cost) FROM visits", set())
+    stay, cost = total[0]
+    assert stay == 5 * 30 + 3 * 2
+    assert cost * float(config_cost_resolution(config)) == pytest.approx(5 * 1000 + 3 * 100)
+    # And they appear in at most 2 departments.
+    per_group = exact(
+        engine,
+        config,
+        "SELECT department, COUNT(DISTINCT patient_id) FROM visits GROUP BY department",
+        set(),
+    )
+    assert sum(1 for _key, _n, units in per_group if units) <= 2 + 1
+    assert sum(n for _key, n, _u in per_group) <= 5 + 3
+
+
+def config_cost_resolution(config: Config) -> Any:
+    plan = analyze("SELECT SUM(cost) FROM visits", config.tables)
+    assert isinstance(plan, QueryPlan)
+    return plan.measures[0].resolution
+
+
+def test_a_unique_unit_column_is_recognised_from_the_schema(demo_db: Path) -> None:
+    config = demo_config(f"sqlite:///{demo_db}")
+    engine = open_protected_engine(config.database.url, statement_timeout_ms=5000)
+    # patients.patient_id is the primary key; visits.patient_id repeats.
+    assert units_unique_by_schema(engine, config.tables) == {"patients"}
+    plan = analyze("SELECT COUNT(*) FROM visits", config.tables)
+    assert isinstance(plan, QueryPlan)
+    assert "ROW_NUMBER" in compile_plan(plan, config.tables["visits"], "sqlite").sql
+
+
+# -- read-only and timeouts -----------------------------------------------------------------
+
+
+def test_the_protected_database_is_opened_read_only(demo_db: Path) -> None:
+    engine = open_protected_engine(f"sqlite:///{demo_db}", statement_timeout_ms=5000)
+    with pytest.raises(DatabaseUnavailable) as info:
+        run_aggregate(engine, "DELETE FROM patients", timeout_ms=5000)
+    assert "patients" not in info.value.message
+    assert run_aggregate(engine, "SELECT COUNT(*) FROM patients", timeout_ms=5000)[0][0] > 0
+
+
+def test_a_slow_statement_is_cut_at_the_timeout(demo_db: Path) -> None:
+    engine = open_protected_engine(f"sqlite:///{demo_db}", statement_timeout_ms=100)
+    slow = (
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000000) "
+        "SELECT COUNT(*) FROM n"
+    )
+    with pytest.raises(DatabaseUnavailable) as info:
+        run_aggregate(engine, slow, timeout_ms=100)
+    assert info.value.detail.get("reason") == "timeout"
+
+
+# -- the same answers on every backend ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sqlite_reference(demo_db: Path) -> tuple[sa.Engine, Config]:
+    config = demo_config(f"sqlite:///{demo_db}")
+    return open_protected_engine(config.database.url, statement_timeout_ms=30_000), config
+
+
+def _copy_demo(demo_db: Path, target: sa.Engine, schema: str | None) -> None:
+    source = sa.create_engine(f"sqlite:///{demo_db}")
+    meta = sa.MetaData()
+    meta.reflect(source)
+    with source.connect() as src, target.begin() as dst:
+        for table in meta.sorted_tables:
+            columns = []
+            for c in table.columns:
+                ctype: Any = c.type
+                if c.name == "smoker":
+                    ctype = sa.Boolean()
+                columns.append(
+                    sa.Column(c.name, ctype, primary_key=c.primary_key, autoincrement=False)
+                )
+            copy = sa.Table(table.name, sa.MetaData(schema=schema), *columns)
+            copy.create(dst)
+            rows = [dict(r._mapping) for r in src.execute(sa.select(table))]
+            for r in rows:
+                if "smoker" in r:
+                    r["smoker"] = bool(r["smoker"])
+            dst.execute(copy.insert(), rows)
+
+
+@pytest.fixture(scope="module")
+def postgres_copy(demo_db: Path) -> Iterator[tuple[sa.Engine, Config]]:
+    import os
+
+    url = os.environ.get("DPGATE_TEST_POSTGRES_URL")
+    if not url:
+        pytest.skip("set DPGATE_TEST_POSTGRES_URL to run PostgreSQL tests")
+    schema = f"dpgate_test_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(url)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        _copy_demo(demo_db, admin, schema)
+        config = demo_config(url, schema=schema)
+        yield open_protected_engine(url, statement_timeout_ms=30_000), config
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def duckdb_copy(
+    demo_db: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[sa.Engine, Config]:
+    pytest.importorskip("duckdb_engine")
+    path = tmp_path_factory.mktemp("duck") / "hospital.duckdb"
+    writer = sa.create_engine(f"duckdb:///{path}")
+    _copy_demo(demo_db, writer, None)
+    writer.dispose()
+    config = demo_config(f"duckdb:///{path}")
+    return open_protected_engine(config.database.url, statement_timeout_ms=30_000), config
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("sql", REPRESENTATIVE)
+def test_postgres_computes_the_same_exact_aggregates(
+    sql: str,
+    sqlite_reference: tuple[sa.Engine, Config],
+    postgres_copy: tuple[sa.Engine, Config],
+) -> None:
+    ref_engine, ref_config = sqlite_reference
+    pg_engine, pg_config = postgres_copy
+    reference = exact(
+        ref_engine, ref_config, sql, units_unique_by_schema(ref_engine, ref_config.tables)
+    )
+    assert (
+        exact(pg_engine, pg_config, sql, units_unique_by_schema(pg_engine, pg_config.tables))
+        == reference
+    )
+    # And with the bounding window forced on, where the schema would let it be skipped.
+    assert exact(pg_engine, pg_config, sql, set()) == exact(ref_engine, ref_config, sql, set())
+
+
+@pytest.mark.parametrize("sql", REPRESENTATIVE)
+def test_duckdb_computes_the_same_exact_aggregates(
+    sql: str,
+    sqlite_reference: tuple[sa.Engine, Config],
+    duckdb_copy: tuple[sa.Engine, Config],
+) -> None:
+    ref_engine, ref_config = sqlite_reference
+    duck_engine, duck_config = duckdb_copy
+    assert exact(duck_engine, duck_config, sql, set()) == exact(ref_engine, ref_config, sql, set())
