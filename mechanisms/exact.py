@@ -122,7 +122,7 @@ class LazyUniform:
 def bernoulli_exp_neg(gamma: Fraction, u: LazyUniform | None = None) -> bool:
     """One exact draw of Bernoulli(exp(−γ)) for rational γ ≥ 0."""
     uniform = LazyUniform() if u is None else u
-    return uniform.less_than(lambda p: exp_neg_bounds(gamma, p))
+    return uniform.less_than(lambda p: exp_neg_bounds_cached(gamma, p))
 
 
 def ratio_bounds(inner: Bounds) -> Bounds:

@@ -40,7 +40,6 @@ import numpy.typing as npt
 from mechanisms.exact import (
     Bounds,
     LazyUniform,
-    exp_neg_bounds,
     exp_neg_bounds_cached,
     ratio_bounds,
 )
@@ -217,7 +216,7 @@ class DiscreteGaussian:
         """The rejection step decided exactly: U < exp(−(|y| − σ²/t)²/(2σ²))."""
         d = abs(y) - self._shift
         gamma = d * d / (2 * self.sigma2)
-        return u.less_than(lambda p: exp_neg_bounds(gamma, p))
+        return u.less_than(lambda p: exp_neg_bounds_cached(gamma, p))
 
     def sample(self, n: int) -> IntArray:
         """n independent exact draws."""
