@@ -55,7 +55,7 @@ def cks_epsilon(rho: float, delta: float) -> float:
     """The smallest ε such that ρ-zCDP implies (ε, δ)-DP, by the CKS conversion.
 
     Canonne, Kamath, Steinke, "The Discrete Gaussian for Differential Privacy", NeurIPS
-    2020, Proposition 12 (via Asoodeh et al. 2020): ρ-zCDP implies (ε, δ)-DP with
+    2020, §2.3 (after Asoodeh et al. 2020): ρ-zCDP implies (ε, δ)-DP with
 
         δ = inf_{α>1} exp((α−1)(αρ−ε)) / (α−1) · (1 − 1/α)^α,
 

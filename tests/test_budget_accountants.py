@@ -19,7 +19,7 @@ from mechanisms.types import PrivacyCost
 
 
 def scipy_cks_log_delta(rho: float, epsilon: float) -> float:
-    """ln δ, δ = inf_{α>1} exp((α−1)(αρ−ε)) / (α−1) · (1 − 1/α)^α  (CKS 2020, Prop. 12)."""
+    """ln δ, δ = inf_{α>1} exp((α−1)(αρ−ε)) / (α−1) · (1 − 1/α)^α  (CKS 2020, §2.3)."""
 
     def log_delta(alpha: float) -> float:
         return (
