@@ -25,6 +25,7 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from mechanisms.samplers import DiscreteGaussian, DiscreteLaplace
 from mechanisms.types import Noise
@@ -38,10 +39,12 @@ MAX_POOLS = 64
 
 def make_sampler(noise: Noise) -> DiscreteLaplace | DiscreteGaussian:
     """The exact sampler for a noise spec (raises ValueError for an invalid spec)."""
+    # Fraction(...) is exact for ints and floats too, so a loosely typed spec stays exact.
     if noise.mechanism == "laplace":
-        return DiscreteLaplace(noise.scale)
+        return DiscreteLaplace(Fraction(noise.scale))
     if noise.mechanism == "gaussian":
-        sigma2 = noise.sigma2 if noise.sigma2 is not None else noise.scale * noise.scale
+        scale = Fraction(noise.scale)
+        sigma2 = Fraction(noise.sigma2) if noise.sigma2 is not None else scale * scale
         return DiscreteGaussian(sigma2)
     raise ValueError(f"unknown mechanism {noise.mechanism!r}")
 
