@@ -37,8 +37,10 @@ if [ ! -x "$SUPERSET_VENV/bin/superset" ]; then
   "$SUPERSET_VENV/bin/pip" install --quiet --upgrade pip
   "$SUPERSET_VENV/bin/pip" install --quiet "apache-superset==$SUPERSET_VERSION"
 fi
-# Superset's CLI imports `rich` (for `superset test-db`) without declaring it.
-"$SUPERSET_VENV/bin/python" -c 'import rich' 2>/dev/null || "$SUPERSET_VENV/bin/pip" install --quiet rich
+# Superset 6.1 from PyPI resolves flask-caching 2.5, whose cache-key API it does not
+# match (TypeError in `superset db upgrade`); its own lock file uses 2.3. And its CLI
+# imports `rich` (for `superset test-db`) without declaring it.
+"$SUPERSET_VENV/bin/pip" install --quiet "flask-caching>=2.1,<2.4" rich
 say "installing the dpgate client (dialect entry points) into the Superset venv"
 "$SUPERSET_VENV/bin/pip" install --quiet --no-deps -e "$REPO"
 "$SUPERSET_VENV/bin/python" - <<'EOF'
@@ -72,8 +74,7 @@ SQLALCHEMY_DATABASE_URI = "sqlite:///$WORK/superset.db"
 WTF_CSRF_ENABLED = False
 TALISMAN_ENABLED = False
 PREVENT_UNSAFE_DB_CONNECTIONS = False
-# In-process caches: Superset's default metastore cache breaks with the newest
-# flask-caching (unexpected 'ignore_delete_many_errors'), and nothing here needs it.
+# In-process caches: nothing here needs Superset's metastore cache.
 _SIMPLE = {"CACHE_TYPE": "SimpleCache", "CACHE_DEFAULT_TIMEOUT": 300}
 CACHE_CONFIG = DATA_CACHE_CONFIG = _SIMPLE
 FILTER_STATE_CACHE_CONFIG = EXPLORE_FORM_DATA_CACHE_CONFIG = _SIMPLE
