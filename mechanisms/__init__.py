@@ -71,6 +71,7 @@ def prefill(noise: Noise, size: int) -> None:
     """Make ``size`` values of ``noise`` ready before a release (call after calibration).
 
     Optional: ``sample`` refills an empty pool itself; calling ``prefill`` early keeps even
-    the first release with a new noise spec free of sampling work.
+    the first release with a new noise spec free of sampling work. Draws noise only (no
+    data), so it has no privacy effect; the values drawn are those ``sample`` returns next.
     """
     POOLS.prefill(noise, size)

@@ -84,7 +84,13 @@ def _gaussian_stddev_halfwidth(sigma2: float, coverage: float) -> tuple[float, i
 
 @lru_cache(maxsize=1024)
 def halfwidth(noise: Noise, coverage: float) -> int:
-    """Smallest integer h with P(|noise| ≤ h) ≥ coverage, from the exact PMF."""
+    """Smallest integer h with P(|noise| ≤ h) ≥ coverage, from the exact PMF.
+
+    Guarantee: a released v + X lies within h of v with probability ≥ ``coverage`` (closed
+    form for the discrete Laplace, PMF summation for the discrete Gaussian; CKS 2020,
+    Sec. 2). A function of public noise parameters only, so free under add/remove-one-unit
+    DP.
+    """
     if not 0 < coverage < 1:
         raise ValueError("coverage must be in (0, 1)")
     if noise.mechanism == "laplace":
@@ -127,7 +133,8 @@ def ratio_interval(num: int, num_noise: Noise, den: int, den_noise: Noise) -> tu
     extreme ratios over that box, where the count is also at least 1 (an average of no rows
     is not released). If the count box has no value ≥ 1 the interval is (−inf, inf).
     Units are those of ``num``/``den`` (multiply by the grid resolution for real columns).
-    Post-processing of released values: no privacy cost.
+    Post-processing of released values: no privacy cost under add/remove-one-unit DP
+    (post-processing theorem, Dwork & Roth 2014, Prop. 2.1).
     """
     h1 = halfwidth(num_noise, 0.975)
     h2 = halfwidth(den_noise, 0.975)

@@ -113,7 +113,9 @@ def analytic_gaussian_delta(mu: float, epsilon: float) -> float:
     """δ(ε) of the Gaussian mechanism with sensitivity/σ ratio ``mu`` (Balle & Wang 2018, Thm 8).
 
     δ = Φ(μ/2 − ε/μ) − e^ε Φ(−μ/2 − ε/μ), the exact privacy profile of adding N(0, σ²) to a
-    statistic of L2 sensitivity Δ = μσ.
+    statistic of L2 sensitivity Δ = μσ, i.e. whose value moves by at most Δ in L2 norm when
+    one privacy unit is added or removed. Continuous Gaussian; see ``calibrate_query`` for
+    the discrete one.
     """
     a = math.exp(_log_phi_neg(epsilon / mu - mu / 2))
     b = math.exp(min(epsilon + _log_phi_neg(mu / 2 + epsilon / mu), 700.0))
@@ -124,7 +126,9 @@ def analytic_gaussian_mu(epsilon: float, delta: float) -> float:
     """The largest Δ/σ for which the Gaussian mechanism is (ε, δ)-DP (analytic calibration).
 
     δ(μ) is increasing in μ, so a bisection on log μ finds it; the returned μ is on the
-    safe side (δ(μ) ≤ δ) of the bisection bracket.
+    safe side (δ(μ) ≤ δ) of the bisection bracket. Guarantee (Balle & Wang 2018, Thm 8):
+    N(0, (Δ/μ)²) noise on a statistic of L2 sensitivity Δ under add/remove one privacy unit
+    is (ε, δ)-DP.
     """
     lo, hi = 1e-6, 1.0
     while analytic_gaussian_delta(hi, epsilon) <= delta:
@@ -149,7 +153,8 @@ def zcdp_epsilon(rho: float, delta: float) -> float:
 
     ε = min over α > 1 of ρα + (log(1/δ) + (α−1) log(1 − 1/α) − log α) / (α − 1).
     The objective is convex in α on the range that matters; a golden-section search on
-    log α gives the minimum to well below display precision.
+    log α gives the minimum to well below display precision. Holds for whatever
+    neighbouring relation the ρ was computed under (here add/remove one privacy unit).
     """
     if rho <= 0:
         return 0.0
@@ -241,6 +246,7 @@ def selection_delta(epsilon: Fraction, threshold: int, max_groups_per_unit: int)
     probability p that any is released is ≤ g·q^(τ−1)/(1+q). Conditioning on "none is
     released" gives the two directions of (ε_s, δ)-DP with δ = e^ε_s · p/(1 − p), and
     δ-approximate (ε_s²/2)-zCDP (Bun & Steinke 2016, Def. 8) with the smaller δ = p.
+    Neighbours: add/remove one privacy unit, with at most g groups per unit enforced in SQL.
     """
     eps = float(epsilon)
     q = math.exp(-eps / max_groups_per_unit)
@@ -420,7 +426,8 @@ def grid_resolution(lower: float, upper: float) -> Fraction:
     clamped v has magnitude < 2^21: relative rounding error ≤ 2^−21 per row, and integer
     sums stay exact in 64 bits for up to 2^42 rows. Noise is calibrated in grid units with
     ``grid_sensitivity``; see docs/mechanisms.md for why the rounding is inside the
-    sensitivity argument (it is a per-row function applied before aggregation).
+    sensitivity argument (it is a per-row function applied before aggregation). g depends
+    on the public bounds only, so it costs no privacy (add/remove-one-unit DP unaffected).
     """
     for name, v in (("lower", lower), ("upper", upper)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
@@ -443,6 +450,7 @@ def grid_sensitivity(
     One unit adds at most ``max_rows_per_unit`` rows, each contributing an integer whose
     magnitude is at most ⌈max(|lower|, |upper|)/g⌉ whatever the database's rounding mode
     (half-even, half-away) — rounding is monotone and never crosses the next integer.
+    Adding or removing one privacy unit thus moves the integer sum by at most this much.
     """
     if max_rows_per_unit < 1:
         raise ValueError("max_rows_per_unit must be >= 1")
