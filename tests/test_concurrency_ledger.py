@@ -155,7 +155,7 @@ def test_concurrent_processes_never_overspend_the_global_budget(ledger_url: str)
     kw = {"composition": "pure", "global_budget": (N * COST.epsilon, 0.0)}
     total = race(ledger_url, kw, ["alice", "bob"])
     assert total == {"answered": N, "exhausted": 4 * N - N, "error": 0}
-    capped = Ledger.from_url(ledger_url, **kw)  # type: ignore[arg-type]
+    capped = Ledger.from_url(ledger_url, **kw)
     status = capped.global_status()
     assert status is not None and status.queries == N
     assert status.epsilon_spent == pytest.approx(N * COST.epsilon)

@@ -1,0 +1,73 @@
+"""The public API of ``budget`` (what the gateway imports) is pinned here."""
+
+from __future__ import annotations
+
+import inspect
+
+import budget
+
+
+def test_public_names_are_pinned() -> None:
+    assert sorted(budget.__all__) == sorted(
+        [
+            "GLOBAL_NAME",
+            "SCHEMA_VERSION",
+            "SLACK",
+            "Accountant",
+            "Accounting",
+            "Analyst",
+            "AnalystDisabled",
+            "AnalystExists",
+            "AuditEntry",
+            "BudgetExhausted",
+            "BudgetStatus",
+            "CompositionName",
+            "HistoryEntry",
+            "HistoryOutcome",
+            "Ledger",
+            "LedgerError",
+            "LedgerUnavailable",
+            "Outcome",
+            "PureFilter",
+            "ReleaseEntry",
+            "Reservation",
+            "ReservationSettled",
+            "SchemaTooNew",
+            "UnknownAnalyst",
+            "UnsupportedCost",
+            "ZcdpFilter",
+            "accountant",
+            "cks_epsilon",
+            "zcdp_rho_budget",
+        ]
+    )
+    for name in budget.__all__:
+        assert hasattr(budget, name), name
+
+
+def test_ledger_signatures_match_the_architecture_contract() -> None:
+    def params(fn: object) -> list[str]:
+        return list(inspect.signature(fn).parameters)  # type: ignore[arg-type]
+
+    L = budget.Ledger
+    assert params(L.reserve) == [
+        "self", "analyst", "cost", "query_key", "sql", "mechanism", "data_version"
+    ]  # fmt: skip
+    assert params(L.commit) == ["self", "reservation", "release", "outcome"]
+    assert params(L.refund) == ["self", "reservation", "reason"]
+    assert params(L.find_release) == ["self", "query_key", "analyst", "data_version"]
+    assert params(L.create_analyst) == ["self", "name", "epsilon", "delta"]
+    assert params(L.update_analyst) == ["self", "name", "epsilon", "delta", "disabled"]
+    assert params(L.audit_log) == ["self", "analyst", "since", "until", "limit"]
+    assert params(L.log_request)[1:] == [
+        "request_id", "analyst", "endpoint", "sql", "outcome", "error_code", "status"
+    ]  # fmt: skip
+
+
+def test_budget_knows_nothing_of_http_or_the_gateway() -> None:
+    import pathlib
+
+    for path in pathlib.Path(budget.__file__).parent.glob("*.py"):
+        text = path.read_text()
+        assert "import flask" not in text and "from flask" not in text, path
+        assert "from gateway" not in text and "import gateway" not in text, path
