@@ -11,9 +11,9 @@ from fractions import Fraction
 
 import pytest
 
-from mechanisms import Noise, Sensitivity, calibrate_query, sample
+from mechanisms import Noise, Sensitivity, calibrate_query, sample, selection_delta
 
-from .dp_harness import check_release
+from .dp_harness import check_release, cp_lower
 
 pytestmark = pytest.mark.slow
 
@@ -146,3 +146,22 @@ def test_point_nine_scale_laplace_is_refuted_by_the_profile_alone_at_200k(
     release, many = _releases(statistic, _scaled(claimed, Fraction(9, 10)))
     result = check_release(release, ROWS, db1, epsilon=epsilon, n=200_000, release_many=many)
     assert result.profile.rejected, result.summary()
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+def test_partition_selection_releases_one_unit_groups_within_the_charged_delta(
+    groups: int,
+) -> None:
+    # With a large δ the probability that a unit's private groups get released is
+    # measurable: each has unit count 1; at most `groups` of them.
+    cal = calibrate_query("laplace", 1.0, 0.05, _one(groups), max_groups_per_unit=groups)
+    sel = cal.selection
+    assert sel is not None
+    n = 100_000
+    draws = sample(sel.noise, n * groups)
+    released = sum(
+        any(1 + draws[i * groups + j] >= sel.threshold for j in range(groups)) for i in range(n)
+    )
+    assert cp_lower(released, n, 1e-6) <= cal.cost.selection_delta <= 0.05
+    # …and the threshold is not wastefully high: one less would overspend δ.
+    assert selection_delta(Fraction(1, 2), sel.threshold - 1, groups) > 0.05 * (1 - 1e-9)
