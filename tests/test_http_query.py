@@ -330,3 +330,16 @@ def _rows(gateway: Gateway, sql: str) -> list[tuple[Any, ...]]:
 
 def _exact(gateway: Gateway, sql: str) -> int:
     return int(_rows(gateway, sql)[0][0])
+
+
+def test_every_request_is_in_the_audit_log(client: FlaskClient, auth: dict[str, str]) -> None:
+    client.post("/v1/query", json={"sql": "SELECT COUNT(*) FROM patients"}, headers=auth)
+    client.post("/v1/query", json={"sql": "SELECT * FROM patients"}, headers=auth)
+    client.post("/v1/query", json={"sql": "SELECT 1"})
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    entries = client.get("/v1/admin/audit-log", headers=admin).get_json()
+    rows = entries["entries"]
+    outcomes = [(e["analyst"], e["status"], e.get("error_code")) for e in rows]
+    assert ("alice", 200, None) in outcomes
+    assert ("alice", 400, "unsupported_query") in outcomes
+    assert (None, 401, "unauthenticated") in outcomes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -26,6 +27,7 @@ from gateway.openapi import document, ref, register_schema
 from gateway.plan import QueryRequest
 
 bp = Blueprint("analyst", __name__)
+log = logging.getLogger("dpgate.http")
 
 QUERY_FIELDS = {"sql", "epsilon", "delta", "mechanism", "dry_run"}
 
@@ -164,6 +166,27 @@ def queries() -> Response:
         raise InvalidRequest("limit must be a whole number from 1 to 10000")
     entries = gateway().history(analyst, limit=int(raw_limit))
     return jsonify({"ok": True, "queries": entries})
+
+
+@bp.after_request
+def record_in_audit_log(response: Response) -> Response:
+    """Append every analyst request, answered or not, to the ledger's audit log."""
+    body = response.get_json(silent=True) if response.is_json else None
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    try:
+        gateway().ledger.log_request(
+            request_id=str(g.get("request_id") or ""),
+            analyst=g.get("analyst_name"),
+            endpoint=f"{request.method} {request.path}",
+            sql=g.get("sql"),
+            outcome=str(g.get("query_outcome") or ("ok" if code is None else code)),
+            error_code=code,
+            status=response.status_code,
+        )
+    except Exception:  # the audit log must never turn an answer into an error
+        log.warning("could not append to the audit log (request %s)", g.get("request_id"))
+    return response
 
 
 def parse_query_request(body: Any, raw: bytes) -> QueryRequest:
