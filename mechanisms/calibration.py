@@ -75,6 +75,11 @@ def _check_sensitivities(sensitivities: Sequence[Sensitivity]) -> None:
             v = getattr(s, name)
             if not isinstance(v, (Fraction, int)) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"sensitivities[{i}].{name} must be a Fraction > 0, got {v!r}")
+        if not s.linf <= s.l2 <= s.l1:
+            raise ValueError(
+                f"sensitivities[{i}] is inconsistent: need linf <= l2 <= l1, got "
+                f"l1={s.l1}, l2={s.l2}, linf={s.linf}"
+            )
 
 
 def _check_groups(max_groups_per_unit: int | None) -> None:

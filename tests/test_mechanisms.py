@@ -188,6 +188,7 @@ def test_zcdp_conversion_beats_the_simple_bound() -> None:
         ("gaussian", 1.0, math.nan, [sens(1)], None),
         ("exponential", 1.0, 0.0, [sens(1)], None),
         ("laplace", 1e-15, 0.0, [sens(1)], None),  # scale beyond 2^40
+        ("laplace", 1.0, 0.0, [Sensitivity(Fraction(1), Fraction(2), Fraction(1))], None),
     ],
 )
 def test_invalid_parameters_raise_value_error(
