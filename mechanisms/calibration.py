@@ -41,6 +41,8 @@ _SIGMA_GRID = 1 << 20
 # Relative slack added to σ to absorb floating-point error in the analytic-Gaussian search
 # and in the δ evaluations (measured discrepancies are ~3e-8 relative in δ).
 _SIGMA_SLACK = 1e-6
+# Smallest non-zero δ accepted.
+_MIN_DELTA = 1e-30
 # Grid values of a real column stay below 2^21 in magnitude (see grid_resolution).
 _GRID_BITS = 20
 
@@ -62,6 +64,9 @@ def _check_delta(delta: float, *, positive: bool, what: str) -> float:
         raise ValueError(f"delta must be finite and in [0, 1), got {delta!r}")
     if positive and delta <= 0:
         raise ValueError(f"delta must be > 0 {what}, got {delta!r}")
+    if 0 < delta < _MIN_DELTA:
+        # Below this the float evaluations of Gaussian tails and of δ lose their precision.
+        raise ValueError(f"delta must be 0 or >= {_MIN_DELTA:g}, got {delta!r}")
     return float(delta)
 
 
@@ -267,13 +272,14 @@ def _partition_selection(
     g = max_groups_per_unit
     scale = Fraction(g) / epsilon
     _check_scale(scale)
-    # Closed-form first guess, then walk to the smallest τ ≥ 2 meeting the target with a
-    # relative safety margin against rounding in the float evaluation.
+    # Closed form: δ_s = e^ε p/(1−p) ≤ target ⇔ p ≤ target/(e^ε + target), and
+    # p = g q^(τ−1)/(1+q); then walk to the exact smallest τ ≥ 2 (a few steps at most),
+    # with a relative safety margin against rounding in the float evaluation.
     target = delta * (1 - 1e-9)
     eps = float(epsilon)
     q = math.exp(-eps / g)
-    guess = math.log(target * math.exp(-eps) * (1 + q) / g / 2) / math.log(q) + 1
-    tau = max(2, math.ceil(guess) - 2)
+    p_max = target / (math.exp(eps) + target)
+    tau = max(2, math.ceil(math.log(p_max * (1 + q) / g) / math.log(q)) + 1)
     while selection_delta(epsilon, tau, g) > target:
         tau += 1
     while tau > 2 and selection_delta(epsilon, tau - 1, g) <= target:
