@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import threading
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +28,7 @@ import sqlalchemy as sa
 import budget
 from budget import Reservation
 from gateway.analyze import analyze
-from gateway.audit import AnsweredQuery, Auditor
+from gateway.audit import AnsweredQuery, AuditDecision, Auditor
 from gateway.config import Config
 from gateway.errors import (
     AuditRefused,
@@ -50,6 +52,7 @@ from gateway.release import ColumnInfo, Release
 from mechanisms import QueryCalibration, calibrate_query
 
 GLOBAL_SCOPE = "*"
+log = logging.getLogger("dpgate.pipeline")
 PLAN_CACHE_SIZE = 1024
 
 
@@ -194,7 +197,7 @@ class Gateway:
         flags: list[str] = []
         if self.config.audit.mode != "off":
             self._sync_auditor(scope)
-            decision = self.auditor.pre_audit(scope, plan)
+            decision = self._audit(lambda: self.auditor.pre_audit(scope, plan))
             if not decision.allowed:
                 if self.config.audit.mode == "refuse":
                     raise AuditRefused(
@@ -224,7 +227,7 @@ class Gateway:
         noisy = add_noise(plan, compiled, exact, calibration)
         answered = AnsweredQuery(query_id=query_id, plan=plan, cells=noisy.cells)
         if self.config.audit.mode != "off":
-            decision = self.auditor.post_audit(scope, answered)
+            decision = self._audit(lambda: self.auditor.post_audit(scope, answered))
             if not decision.allowed:
                 if self.config.audit.mode == "refuse":
                     _ledger_call(
@@ -261,6 +264,18 @@ class Gateway:
             if len(self._plans) > PLAN_CACHE_SIZE:
                 self._plans.popitem(last=False)
         return plan
+
+    def _audit(self, decide: Callable[[], AuditDecision]) -> AuditDecision:
+        """Run one audit decision; an auditor that cannot decide refuses (fails closed)."""
+        try:
+            return decide()
+        except Exception as e:
+            log.error("the auditor failed (%s); refusing", type(e).__name__, exc_info=True)
+            return AuditDecision(
+                allowed=False,
+                combined_with=(),
+                reason="The auditor could not decide on this query, so it is refused.",
+            )
 
     def _check_parameters(self, request: QueryRequest) -> None:
         p = self.config.privacy

@@ -343,3 +343,17 @@ def test_every_request_is_in_the_audit_log(client: FlaskClient, auth: dict[str, 
     assert ("alice", 200, None) in outcomes
     assert ("alice", 400, "unsupported_query") in outcomes
     assert (None, 401, "unauthenticated") in outcomes
+
+
+def test_an_auditor_that_cannot_decide_refuses_for_free(
+    ask: Ask, gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*_: Any, **__: Any) -> Any:
+        raise KeyError("auditor bug")
+
+    monkeypatch.setattr(gateway.auditor, "pre_audit", broken)
+    status, body = ask("SELECT COUNT(*) FROM patients WHERE age > 50")
+    assert status == 403 and body["error"]["code"] == "audit_refused"
+    assert body["error"]["detail"]["charged"] is False
+    status, budget = 0, gateway.budget("alice")
+    assert budget["rho_spent"] == 0.0
