@@ -39,8 +39,8 @@ if [ ! -x "$SUPERSET_VENV/bin/superset" ]; then
 fi
 # Superset 6.1 from PyPI resolves flask-caching 2.5, whose cache-key API it does not
 # match (TypeError in `superset db upgrade`); its own lock file uses 2.3. And its CLI
-# imports `rich` (for `superset test-db`) without declaring it.
-"$SUPERSET_VENV/bin/pip" install --quiet "flask-caching>=2.1,<2.4" rich
+# imports `rich` (for `superset test-db`) and its engine specs `cachetools`, undeclared.
+"$SUPERSET_VENV/bin/pip" install --quiet "flask-caching>=2.1,<2.4" rich cachetools
 say "installing the dpgate client (dialect entry points) into the Superset venv"
 "$SUPERSET_VENV/bin/pip" install --quiet --no-deps -e "$REPO"
 "$SUPERSET_VENV/bin/python" - <<'EOF'
