@@ -72,7 +72,59 @@ _SPENT_ALL = sa.select(
     sa.func.coalesce(sa.func.sum(_c.selection_delta), 0.0),
     sa.func.coalesce(sa.func.sum(sa.case((_c.kind == "charge", 1), else_=-1)), 0),
 ).where(_c.kind.in_(("charge", "refund")))
-_SPENT_ANALYST = _SPENT_ALL.where(_c.analyst_id == sa.bindparam("analyst_id"))
+_cp = schema.checkpoints
+_LATEST_CHECKPOINT = (
+    sa.select(_cp)
+    .where(_cp.c.analyst_id == sa.bindparam("analyst_id"))
+    .order_by(_cp.c.id.desc())
+    .limit(1)
+    .subquery("cp")
+)
+_SINCE_CHECKPOINT = (
+    sa.select(
+        sa.func.coalesce(sa.func.sum(_c.epsilon), 0.0).label("epsilon"),
+        sa.func.coalesce(sa.func.sum(_c.delta), 0.0).label("delta"),
+        sa.func.coalesce(sa.func.sum(_c.rho), 0.0).label("rho"),
+        sa.func.coalesce(sa.func.sum(_c.selection_delta), 0.0).label("selection_delta"),
+        sa.func.coalesce(sa.func.sum(sa.case((_c.kind == "charge", 1), else_=-1)), 0).label("n"),
+        sa.func.count(_c.id).label("rows"),
+        sa.func.max(_c.id).label("max_id"),
+    )
+    .where(
+        _c.kind.in_(("charge", "refund")),
+        _c.analyst_id == sa.bindparam("analyst_id"),
+        _c.id
+        > sa.func.coalesce(
+            sa.select(_LATEST_CHECKPOINT.c.upto_id).scalar_subquery(), sa.literal(0)
+        ),
+    )
+    .subquery("since")
+)
+# One statement, so the checkpoint and the rows after it come from one snapshot.
+_SPENT_ANALYST = sa.select(
+    _SINCE_CHECKPOINT,
+    _LATEST_CHECKPOINT.c.upto_id.label("cp_upto"),
+    _LATEST_CHECKPOINT.c.epsilon.label("cp_epsilon"),
+    _LATEST_CHECKPOINT.c.delta.label("cp_delta"),
+    _LATEST_CHECKPOINT.c.rho.label("cp_rho"),
+    _LATEST_CHECKPOINT.c.selection_delta.label("cp_selection_delta"),
+    _LATEST_CHECKPOINT.c.charges.label("cp_charges"),
+).select_from(_SINCE_CHECKPOINT.outerjoin(_LATEST_CHECKPOINT, sa.true()))
+_INSERT_CHECKPOINT = sa.insert(_cp)
+# Rows summed past the latest checkpoint before a charge writes a new one.
+CHECKPOINT_EVERY = 256
+# A refund locks its analyst like a charge does: every cost-bearing row of an analyst is
+# then appended under that analyst's lock, which is what makes checkpoints exact.
+_LOCK_ANALYST_OF_RESERVATION = (
+    sa.select(t_analysts.c.id)
+    .where(
+        t_analysts.c.id
+        == sa.select(_c.analyst_id)
+        .where(_c.reservation_id == sa.bindparam("rid"), _c.kind == "charge")
+        .scalar_subquery()
+    )
+    .with_for_update()
+)
 _LOCK_GLOBAL = (
     sa.select(schema.global_lock.c.id).where(schema.global_lock.c.id == 1).with_for_update()
 )
@@ -255,18 +307,48 @@ class Ledger:
             raise UnknownAnalyst(f"no analyst named {name!r}")
         return row
 
-    def _spent(self, conn: Connection, analyst_id: int | None) -> tuple[PrivacyCost, int]:
-        """Σ of the charge and refund rows (refunds are stored negated), and their count."""
+    def _spent(
+        self, conn: Connection, analyst_id: int | None, *, locked: bool = False
+    ) -> tuple[PrivacyCost, int]:
+        """Σ of the charge and refund rows (refunds are stored negated), and their count.
+
+        Per analyst: the latest checkpoint plus the rows after it; with ``locked`` (the
+        caller holds the analyst's charge lock) a new checkpoint is written once enough
+        rows follow the last one. The global scope sums every row.
+        """
         if analyst_id is None:
-            result = conn.execute(_SPENT_ALL)
-        else:
-            result = conn.execute(_SPENT_ANALYST, {"analyst_id": analyst_id})
-        eps, delta, rho, sel, count = result.one()
-        # Clamp the float residue a refund can leave (Σ charges − Σ refunds of equal values).
-        return (
-            PrivacyCost(max(0.0, eps), max(0.0, delta), max(0.0, rho), max(0.0, sel)),
-            int(count),
-        )
+            eps, delta, rho, sel, count = conn.execute(_SPENT_ALL).one()
+            return _clamped(eps, delta, rho, sel), int(count)
+        r = conn.execute(_SPENT_ANALYST, {"analyst_id": analyst_id}).one()
+        eps = (r.cp_epsilon or 0.0) + r.epsilon
+        delta = (r.cp_delta or 0.0) + r.delta
+        rho = (r.cp_rho or 0.0) + r.rho
+        sel = (r.cp_selection_delta or 0.0) + r.selection_delta
+        count = int(r.cp_charges or 0) + int(r.n)
+        if locked and r.rows >= CHECKPOINT_EVERY:
+            conn.execute(
+                _INSERT_CHECKPOINT,
+                {
+                    "analyst_id": analyst_id,
+                    "upto_id": int(r.max_id),
+                    "epsilon": eps,
+                    "delta": delta,
+                    "rho": rho,
+                    "selection_delta": sel,
+                    "charges": count,
+                    "created_at": schema.utcnow(),
+                },
+            )
+        return _clamped(eps, delta, rho, sel), count
+
+    def recompute_spent(self, analyst: str) -> tuple[PrivacyCost, int]:
+        """Σ of every charge and refund row of the analyst, ignoring checkpoints (audits)."""
+        with self._transaction(write=False) as conn:
+            row = self._analyst_row(conn, analyst)
+            eps, delta, rho, sel, count = conn.execute(
+                _SPENT_ALL.where(_c.analyst_id == row.id)
+            ).one()
+        return _clamped(eps, delta, rho, sel), int(count)
 
     def _status(
         self, name: str, disabled: bool, epsilon: float, delta: float, spent: PrivacyCost, n: int
@@ -406,49 +488,14 @@ class Ledger:
 
     def list_analysts(self) -> list[BudgetStatus]:
         """Every analyst's budget status, by name."""
-        c = t_ledger.c
-        sums = (
-            sa.select(
-                c.analyst_id,
-                sa.func.sum(c.epsilon).label("epsilon"),
-                sa.func.sum(c.delta).label("delta"),
-                sa.func.sum(c.rho).label("rho"),
-                sa.func.sum(c.selection_delta).label("selection_delta"),
-                sa.func.sum(sa.case((c.kind == "charge", 1), else_=-1)).label("n"),
-            )
-            .where(c.kind.in_(("charge", "refund")))
-            .group_by(c.analyst_id)
-            .subquery()
-        )
-        a = t_analysts.c
-        query = (
-            sa.select(
-                a.name,
-                a.disabled,
-                a.epsilon,
-                a.delta,
-                sums.c.epsilon.label("spent_epsilon"),
-                sums.c.delta.label("spent_delta"),
-                sums.c.rho.label("spent_rho"),
-                sums.c.selection_delta.label("spent_selection_delta"),
-                sums.c.n,
-            )
-            .select_from(t_analysts.outerjoin(sums, sums.c.analyst_id == a.id))
-            .order_by(a.name)
-        )
-        with self._transaction(write=False) as conn:
-            rows = conn.execute(query).all()
         statuses = []
-        for r in rows:
-            spent = PrivacyCost(
-                max(0.0, r.spent_epsilon or 0.0),
-                max(0.0, r.spent_delta or 0.0),
-                max(0.0, r.spent_rho or 0.0),
-                max(0.0, r.spent_selection_delta or 0.0),
-            )
-            statuses.append(
-                self._status(r.name, bool(r.disabled), r.epsilon, r.delta, spent, int(r.n or 0))
-            )
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(sa.select(t_analysts).order_by(t_analysts.c.name)).all()
+            for r in rows:
+                spent, n = self._spent(conn, r.id)
+                statuses.append(
+                    self._status(r.name, bool(r.disabled), r.epsilon, r.delta, spent, n)
+                )
         return statuses
 
     # -- charging ----------------------------------------------------------------------
@@ -484,7 +531,7 @@ class Ledger:
                 raise AnalystDisabled(f"analyst {analyst!r} is disabled")
             if self.global_budget is not None:
                 conn.execute(_LOCK_GLOBAL).first()
-            spent, n = self._spent(conn, row.id)
+            spent, n = self._spent(conn, row.id, locked=True)
             self._admit("analyst", row.epsilon, row.delta, spent, cost, mechanism)
             if self.global_budget is not None:
                 global_spent, _ = self._spent(conn, None)
@@ -565,6 +612,8 @@ class Ledger:
         }
         try:
             with self._transaction(write=True, durable=False) as conn:
+                if kind == "refund":
+                    conn.execute(_LOCK_ANALYST_OF_RESERVATION, {"rid": reservation.id}).first()
                 result = conn.execute(_SETTLE, params)
                 if result.rowcount == 0:
                     raise ValueError(f"no reservation {reservation.id!r} in this ledger")
@@ -780,6 +829,11 @@ class Ledger:
             )
             for r in rows
         ]
+
+
+def _clamped(eps: float, delta: float, rho: float, sel: float) -> PrivacyCost:
+    # Σ charges − Σ refunds of equal values can leave a float residue just below zero.
+    return PrivacyCost(max(0.0, eps), max(0.0, delta), max(0.0, rho), max(0.0, sel))
 
 
 def _naive_utc(value: datetime) -> datetime:

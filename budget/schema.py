@@ -74,10 +74,12 @@ ledger = sa.Table(
     sa.CheckConstraint(
         "kind IN ('charge', 'answered', 'withheld', 'refund')", name="dpgate_ledger_kind"
     ),
-    # Covering: the per-charge sums read only this index.
+    # Covering, in ledger order per analyst: a charge sums the rows after the analyst's
+    # latest checkpoint from this index alone.
     sa.Index(
-        "dpgate_ledger_analyst",
+        "dpgate_ledger_analyst_seq",
         "analyst_id",
+        "id",
         "kind",
         "rho",
         "epsilon",
@@ -105,6 +107,25 @@ audit_log = sa.Table(
 )
 
 
+# Partial sums of one analyst's charge and refund rows up to ``upto_id`` (schema v2): a
+# cache of what the ledger already says, written under the analyst's lock, so a charge
+# sums only the rows after the latest checkpoint. Deleting them changes nothing but speed.
+checkpoints = sa.Table(
+    "dpgate_checkpoints",
+    metadata,
+    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+    sa.Column("analyst_id", sa.Integer, sa.ForeignKey("dpgate_analysts.id"), nullable=False),
+    sa.Column("upto_id", sa.BigInteger, nullable=False),
+    sa.Column("epsilon", sa.Float, nullable=False),
+    sa.Column("delta", sa.Float, nullable=False),
+    sa.Column("rho", sa.Float, nullable=False),
+    sa.Column("selection_delta", sa.Float, nullable=False),
+    sa.Column("charges", sa.Integer, nullable=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Index("dpgate_checkpoints_analyst", "analyst_id", "id"),
+)
+
+
 def utcnow() -> datetime:
     """Now, as the naive UTC datetime every table stores."""
     return datetime.now(UTC).replace(tzinfo=None)
@@ -121,8 +142,17 @@ def _v1_initial(conn: Connection) -> None:
     conn.execute(sa.insert(global_lock).values(id=1))
 
 
+def _v2_checkpoints(conn: Connection) -> None:
+    # v1 indexed (analyst_id, kind, …); summing from a checkpoint needs (analyst_id, id, …).
+    conn.exec_driver_sql("DROP INDEX IF EXISTS dpgate_ledger_analyst")
+    for index in ledger.indexes:
+        if index.name == "dpgate_ledger_analyst_seq":
+            index.create(conn, checkfirst=True)
+    checkpoints.create(conn, checkfirst=True)
+
+
 # Append new migrations here; never edit an applied one.
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1_initial,)
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1_initial, _v2_checkpoints)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _PG_MIGRATION_LOCK = 0x64706761  # "dpga": serializes concurrent migrate() on PostgreSQL

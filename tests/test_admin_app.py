@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-import pytest
 from flask.testing import FlaskClient
 
 if TYPE_CHECKING:
@@ -109,10 +108,6 @@ def test_admin_routes_are_in_the_openapi_document(client: FlaskClient) -> None:
     assert "get" in paths["/v1/admin/audit-log"]
 
 
-@pytest.mark.xfail(
-    reason="the gateway does not yet append analyst requests to the ledger audit log",
-    strict=False,
-)
 def test_every_request_is_in_the_audit_log(
     client: FlaskClient, analyst_key: str, gateway: Gateway
 ) -> None:

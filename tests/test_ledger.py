@@ -279,6 +279,92 @@ def test_unknown_analyst_cannot_be_charged(ledger: Ledger) -> None:
         charge(ledger, "nobody", laplace(0.1))
 
 
+def test_checkpoints_are_exact_partial_sums(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import budget.ledger
+
+    monkeypatch.setattr(budget.ledger, "CHECKPOINT_EVERY", 4)
+    n = 23
+    ledger.create_analyst("alice", cks_epsilon(n * 0.005, 1e-6) * (1 + 1e-12), 1e-6)
+    ledger.create_analyst("bob", 100.0, 1e-6)
+    for i in range(10 * n):
+        try:
+            r = charge(ledger, "alice", laplace(0.1), key=f"a{i}")
+        except BudgetExhausted:
+            break
+        charge(ledger, "bob", laplace(0.1), key=f"b{i}")  # interleaved rows of another analyst
+        if i % 5 == 0:
+            ledger.refund(r, "database timeout")
+    else:
+        pytest.fail("the budget was never exhausted")
+    status = ledger.budget_status("alice")
+    spent, count = ledger.recompute_spent("alice")
+    assert status.queries == count == n
+    assert status.rho_spent == pytest.approx(spent.rho) == pytest.approx(n * 0.005)
+    with ledger.engine.connect() as conn:
+        checkpoints = conn.exec_driver_sql("SELECT COUNT(*) FROM dpgate_checkpoints").scalar()
+    assert checkpoints and checkpoints >= 5
+    # checkpoints are a cache: without them the figures are the same
+    with ledger.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM dpgate_checkpoints")
+    after = ledger.budget_status("alice")
+    assert after.queries == status.queries
+    assert after.rho_spent == pytest.approx(status.rho_spent, rel=1e-12)
+
+
+def test_migrate_upgrades_a_version_1_ledger(ledger_url: str) -> None:
+    from budget import schema
+
+    engine = sa.create_engine(ledger_url)
+    with engine.begin() as conn:  # a ledger as dpgate's schema version 1 left it
+        schema.schema_version.create(conn)
+        schema._v1_initial(conn)
+        conn.exec_driver_sql("DROP INDEX dpgate_ledger_analyst_seq")
+        conn.exec_driver_sql(
+            "CREATE INDEX dpgate_ledger_analyst ON dpgate_ledger "
+            "(analyst_id, kind, rho, epsilon, delta, selection_delta)"
+        )
+        conn.execute(sa.insert(schema.schema_version).values(version=1, applied_at=schema.utcnow()))
+        now = schema.utcnow()
+        conn.execute(
+            sa.insert(schema.analysts).values(
+                name="alice",
+                key_hash="0" * 64,
+                epsilon=1.0,
+                delta=1e-6,
+                disabled=False,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        conn.execute(
+            sa.insert(schema.ledger).values(
+                reservation_id="r1",
+                analyst_id=1,
+                kind="charge",
+                epsilon=0.1,
+                delta=0.0,
+                rho=0.005,
+                selection_delta=0.0,
+                mechanism="laplace",
+                query_key="k",
+                sql="SELECT COUNT(*) FROM t",
+                data_version="v1",
+                created_at=now,
+            )
+        )
+    engine.dispose()
+    led = Ledger.from_url(ledger_url)
+    assert led.migrate() == SCHEMA_VERSION >= 2
+    indexes = {i["name"] for i in sa.inspect(led.engine).get_indexes("dpgate_ledger")}
+    assert "dpgate_ledger_analyst_seq" in indexes and "dpgate_ledger_analyst" not in indexes
+    assert led.budget_status("alice").rho_spent == pytest.approx(0.005)
+    charge(led, "alice", laplace(0.1))
+    assert led.budget_status("alice").queries == 2
+    led.close()
+
+
 # -- history, releases, cache lookups ----------------------------------------------------
 
 
