@@ -10,7 +10,8 @@ What it does, as a user would in the UI:
   5. runs a bar-chart query (COUNT(*) by disease, ordered, row limit) through
      ``POST /api/v1/chart/data`` — Superset's own query path (QueryContext →
      SqlaTable.get_sqla_query → dpgate dialect → DB-API cursor),
-  6. runs the same aggregate through SQL Lab (``POST /api/v1/sqllab/execute/``),
+  6. runs an aggregate through SQL Lab (``POST /api/v1/sqllab/execute/``), and a
+     row-level ``SELECT *`` that dpgate must refuse, showing what the user sees,
 and writes every response (plus the SQL Superset generated) to REPORT_JSON.
 Exit status 0 only if steps 1–5 succeed.
 """
@@ -149,6 +150,27 @@ with app.test_client() as client:
         ),
         required=False,
     )
+
+    refused = step(
+        "SQL Lab row-level preview (dpgate must refuse it)",
+        client.post(
+            "/api/v1/sqllab/execute/",
+            json={
+                "database_id": db_id,
+                "sql": "SELECT * FROM main.patients LIMIT 100",
+                "schema": "main",
+                "runAsync": False,
+                "client_id": "dpgateIT2",
+            },
+            headers=headers,
+        ),
+        required=False,
+    )
+    shown = json.dumps(refused)
+    print("  what the SQL Lab user sees:", shown[:600])
+    if "unsupported_query" not in shown:
+        print("  [FAIL] the refusal did not reach the user as unsupported_query")
+        failed = True
 
 report["ok"] = not failed
 with open(REPORT, "w") as f:
