@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from fractions import Fraction
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -210,6 +211,7 @@ def discrete_gaussian_delta(sigma2: float, shift: int, epsilon: float) -> float:
     return float(diff[diff > 0].sum()) / z
 
 
+@lru_cache(maxsize=512)
 def _discrete_inflation(sigma: float, shift: int, epsilon: float, delta: float) -> float:
     """Smallest σ' ≥ σ (to 1e-6 relative) whose exact discrete δ(ε) at ``shift`` is ≤ δ."""
     target = delta * (1 - 1e-9)
@@ -265,6 +267,7 @@ def discrete_gaussian_delta_pair(
     return float((pa * np.maximum(inner, 0.0)).sum())
 
 
+@lru_cache(maxsize=512)
 def _discrete_inflation_pair(
     sigmas: tuple[float, float], shifts: tuple[int, int], epsilon: float, delta: float
 ) -> float:
