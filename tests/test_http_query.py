@@ -357,3 +357,18 @@ def test_an_auditor_that_cannot_decide_refuses_for_free(
     assert body["error"]["detail"]["charged"] is False
     status, budget = 0, gateway.budget("alice")
     assert budget["rho_spent"] == 0.0
+
+
+def test_a_ledger_failure_releases_nothing(
+    ask: Ask, gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import budget
+
+    def down(*_: Any, **__: Any) -> Any:
+        raise budget.LedgerUnavailable("connection refused")
+
+    monkeypatch.setattr(gateway.ledger, "reserve", down)
+    status, body = ask("SELECT COUNT(*) FROM patients WHERE age > 60")
+    assert status == 503
+    assert_envelope(body, 503, "ledger_unavailable")
+    assert "rows" not in body
