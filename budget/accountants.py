@@ -181,7 +181,8 @@ class ZcdpFilter:
     Guarantee: if every charged release i is ρᵢ-zCDP conditionally on the earlier
     answers (ρᵢ itself chosen adaptively) and charges stop once Σρᵢ would exceed ρ_B,
     the whole interaction is ρ_B-zCDP (Whitehouse, Ramdas, Rogers, Wu, "Fully adaptive
-    composition in differential privacy", ICML 2023, Thm. for zCDP filters; zCDP and its
+    composition in differential privacy", ICML 2023; equivalently, at every Rényi order
+    α this is the Rényi filter of Feldman & Zrnic, NeurIPS 2021; zCDP and its
     composition: Bun & Steinke, TCC 2016). ρ_B-zCDP implies (ε_B, δ_B − Σδ_sel)-DP by the
     CKS conversion, and the partition-selection δ's add (basic composition of the δ
     part). Laplace(ε) is ε²/2-zCDP (Bun & Steinke 2016, Prop. 1.4); the Gaussian cost

@@ -58,10 +58,11 @@ def _client_process(
     attempts: int,
     start: Any,
     results: Any,
+    refund_every: int = 0,
 ) -> None:
     led = Ledger.from_url(url, **ledger_kw)
     led.migrate()  # every process starts like a gateway worker would
-    outcome: dict[str, int] = {"answered": 0, "exhausted": 0, "error": 0}
+    outcome: dict[str, int] = {"answered": 0, "refunded": 0, "exhausted": 0, "error": 0}
     lock = threading.Lock()
 
     def client(i: int) -> None:
@@ -77,8 +78,12 @@ def _client_process(
                     mechanism="laplace",
                     data_version="v1",
                 )
-                led.commit(r, {"rows": [[j]]}, "answered")
-                key = "answered"
+                if refund_every and j % refund_every == 0:
+                    led.refund(r, "database failure")
+                    key = "refunded"
+                else:
+                    led.commit(r, {"rows": [[j]]}, "answered")
+                    key = "answered"
             except BudgetExhausted:
                 key = "exhausted"
             except Exception:
@@ -95,20 +100,23 @@ def _client_process(
     results.put(outcome)
 
 
-def race(url: str, ledger_kw: dict[str, Any], analysts: list[str]) -> dict[str, int]:
+def race(
+    url: str, ledger_kw: dict[str, Any], analysts: list[str], refund_every: int = 0
+) -> dict[str, int]:
     ctx = mp.get_context("fork")
     start = ctx.Barrier(PROCESSES * THREADS)
     results = ctx.Queue()
     attempts = math.ceil(4 * N / (PROCESSES * THREADS))
     procs = [
         ctx.Process(
-            target=_client_process, args=(url, ledger_kw, analysts, attempts, start, results)
+            target=_client_process,
+            args=(url, ledger_kw, analysts, attempts, start, results, refund_every),
         )
         for _ in range(PROCESSES)
     ]
     for p in procs:
         p.start()
-    total = {"answered": 0, "exhausted": 0, "error": 0}
+    total = {"answered": 0, "refunded": 0, "exhausted": 0, "error": 0}
     for _ in procs:
         for k, v in results.get(timeout=120).items():
             total[k] += v
@@ -137,7 +145,7 @@ def test_concurrent_processes_never_overspend_an_analyst(ledger_url: str) -> Non
     led.migrate()
     led.create_analyst("alice", cks_epsilon(N * COST.rho, 1e-6) * (1 + 1e-12), 1e-6)
     total = race(ledger_url, {}, ["alice"])
-    assert total == {"answered": N, "exhausted": 4 * N - N, "error": 0}
+    assert total == {"answered": N, "refunded": 0, "exhausted": 4 * N - N, "error": 0}
     status = led.budget_status("alice")
     rho, charges = ledger_sum(led, "alice")
     assert charges == status.queries == N
@@ -154,7 +162,7 @@ def test_concurrent_processes_never_overspend_the_global_budget(ledger_url: str)
         led.create_analyst(name, 100.0, 0.0)
     kw = {"composition": "pure", "global_budget": (N * COST.epsilon, 0.0)}
     total = race(ledger_url, kw, ["alice", "bob"])
-    assert total == {"answered": N, "exhausted": 4 * N - N, "error": 0}
+    assert total == {"answered": N, "refunded": 0, "exhausted": 4 * N - N, "error": 0}
     capped = Ledger.from_url(ledger_url, **kw)
     status = capped.global_status()
     assert status is not None and status.queries == N
@@ -162,3 +170,25 @@ def test_concurrent_processes_never_overspend_the_global_budget(ledger_url: str)
     assert ledger_sum(capped)[1] == N
     led.close()
     capped.close()
+
+
+def test_refunds_and_checkpoints_under_concurrency(
+    ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import budget.ledger
+
+    # forked clients inherit this: a checkpoint every few rows, amid concurrent refunds
+    monkeypatch.setattr(budget.ledger, "CHECKPOINT_EVERY", 3)
+    led = Ledger.from_url(ledger_url)
+    led.migrate()
+    led.create_analyst("alice", cks_epsilon(N * COST.rho, 1e-6) * (1 + 1e-12), 1e-6)
+    total = race(ledger_url, {}, ["alice"], refund_every=2)
+    assert total["error"] == 0 and total["refunded"] > 0
+    assert total["answered"] == N  # refunds gave their room back, never more
+    status = led.budget_status("alice")
+    spent, live = led.recompute_spent("alice")
+    assert status.queries == live == N
+    assert status.rho_spent == pytest.approx(spent.rho) == pytest.approx(N * COST.rho)
+    with led.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM dpgate_checkpoints").scalar()
+    led.close()
