@@ -372,3 +372,22 @@ def test_a_ledger_failure_releases_nothing(
     assert status == 503
     assert_envelope(body, 503, "ledger_unavailable")
     assert "rows" not in body
+
+
+def test_cache_scope_global_shares_answers_across_analysts(
+    make_gateway: Callable[..., Gateway],
+) -> None:
+    from gateway.http.app import create_app
+
+    sql = {"sql": "SELECT sex, COUNT(*) FROM patients GROUP BY sex", "epsilon": 0.2}
+    for scope, shared in (("global", True), ("analyst", False)):
+        gw = make_gateway(cache={"scope": scope})
+        client = create_app(gw.config, gateway=gw).test_client()
+        answers = []
+        for name in ("ann", "ben"):
+            key = gw.ledger.create_analyst(name, 5.0, 1e-6)
+            resp = client.post("/v1/query", json=sql, headers={"Authorization": f"Bearer {key}"})
+            answers.append(resp.get_json())
+        assert answers[1]["cached"] is shared
+        assert (answers[1]["rows"] == answers[0]["rows"]) or not shared
+        assert (answers[1]["budget"]["rho_spent"] == 0.0) is shared
