@@ -53,6 +53,7 @@ EOF
 PORT="$("$DPGATE_PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
 export DPGATE_ADMIN_KEY="${DPGATE_ADMIN_KEY:-it-admin-$(date +%s)-$RANDOM$RANDOM}"
 say "building the dpgate demo in $WORK/demo"
+rm -rf "$WORK/demo"
 "$DPGATE_PYTHON" -m gateway.cli demo --dir "$WORK/demo" --no-serve --port "$PORT" | tee "$LOG/demo.txt"
 KEY="$(sed -n 's/^ *demo analyst key: *//p' "$LOG/demo.txt" | head -1)"
 [ -n "$KEY" ] || { echo "could not read the demo analyst key" >&2; exit 1; }
@@ -68,6 +69,8 @@ for _ in $(seq 1 100); do
 done
 
 # --- 3. Superset metadata DB and admin user ----------------------------------------------
+# A fresh metadata DB each run: it holds secrets encrypted with this run's SECRET_KEY.
+rm -f "$WORK/superset.db"
 cat >"$WORK/superset_config.py" <<EOF
 SECRET_KEY = "dpgate-integration-$(date +%s)-not-a-production-secret"
 SQLALCHEMY_DATABASE_URI = "sqlite:///$WORK/superset.db"
