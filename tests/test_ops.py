@@ -97,15 +97,16 @@ def access_log() -> Iterator[Lines]:
 
 
 def metric(text: str, name: str, **labels: str) -> float:
-    """The value of one sample in Prometheus text (0 if absent)."""
+    """The sum of the samples matching ``labels`` in Prometheus text (0 if none)."""
+    total = 0.0
     for line in text.splitlines():
         m = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
         if not m or m.group(1) != name:
             continue
         got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
         if all(got.get(k) == v for k, v in labels.items()):
-            return float(m.group(3))
-    return 0.0
+            total += float(m.group(3))
+    return total
 
 
 def test_every_response_has_a_request_id_and_errors_carry_it(
