@@ -49,7 +49,7 @@ from gateway.execute import (
 from gateway.noising import NoisyResult, add_noise, expected_accuracy
 from gateway.plan import ProbePlan, QueryPlan, QueryRequest
 from gateway.release import ColumnInfo, Release
-from mechanisms import QueryCalibration, calibrate_query
+from mechanisms import QueryCalibration, calibrate_query, prefill
 
 GLOBAL_SCOPE = "*"
 log = logging.getLogger("dpgate.pipeline")
@@ -206,6 +206,7 @@ class Gateway:
                         combined_with=list(decision.combined_with),
                     )
                 flags.append(decision.reason)
+        _prefill(plan, calibration)
         reservation = self._reserve(analyst, plan, request, calibration, key)
         query_id = reservation.id
         table = self.config.tables[plan.table]
@@ -502,6 +503,18 @@ def _describe(plan: QueryPlan, calibration: QueryCalibration) -> dict[str, Any]:
             else None
         ),
     }
+
+
+def _prefill(plan: QueryPlan, calibration: QueryCalibration) -> None:
+    """Have each measure's noise drawn before the data is read, so that the release does
+    no sampling work whose duration could depend on the values (invariant 4)."""
+    cells = 1
+    for g in plan.group_keys:
+        cells *= len(g.domain) if g.domain is not None else 64
+    for noise in calibration.noises:
+        prefill(noise, min(cells, 100_000))
+    if calibration.selection is not None:
+        prefill(calibration.selection.noise, min(cells, 100_000))
 
 
 def _would_fit(status: budget.BudgetStatus, cost: Any, mechanism: str) -> bool:
