@@ -19,7 +19,7 @@ import itertools
 import math
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -82,6 +82,10 @@ class Auditor:
         self._state: dict[tuple[str, str], Knowledge] = {}
         self._saturated: set[tuple[str, str]] = set()
         self._pending: dict[tuple[str, str], tuple[str, Knowledge, Knowledge]] = {}
+        self._tried: dict[
+            tuple[str, str],
+            tuple[Knowledge, tuple[Formula, ...], Knowledge, list[Candidate]],
+        ] = {}
         self._lock = threading.Lock()
 
     # -- public interface -------------------------------------------------------------
@@ -128,6 +132,7 @@ class Auditor:
             for key in [k for k in self._state if k[0] == scope]:
                 self._state.pop(key, None)
                 self._pending.pop(key, None)
+                self._tried.pop(key, None)
                 self._saturated.discard(key)
 
     def reset(self) -> None:
@@ -135,6 +140,7 @@ class Auditor:
         with self._lock:
             self._state.clear()
             self._pending.clear()
+            self._tried.clear()
             self._saturated.clear()
 
     def knows(self, scope: str, query_id: str) -> bool:
@@ -166,6 +172,23 @@ class Auditor:
             for j, c in enumerate(answer.cells)
         ]
 
+    def _extended(
+        self, key: tuple[str, str], base: Knowledge, rows: list[tuple[RowInfo, Formula]]
+    ) -> tuple[Knowledge, list[Candidate]]:
+        """``_extend`` and its candidate regions, reusing the pre-audit's work when the
+        post-audit adds the same regions to the same knowledge (only the counts differ)."""
+        formulas = tuple(f for _, f in rows)
+        tried = self._tried.get(key)
+        if tried is not None and tried[0] is base and tried[1] == formulas:
+            shaped, candidates = tried[2], tried[3]
+            info = shaped.info[: len(shaped.info) - len(rows)] + tuple(r for r, _ in rows)
+            ids = base.query_ids | {r.query_id for r, _ in rows}
+            return replace(shaped, info=info, query_ids=ids), candidates
+        old, new, touched = _extend(base, rows)
+        candidates = _candidates(old, new, touched)
+        self._tried[key] = (base, formulas, new, candidates)
+        return new, candidates
+
     def _decide(
         self,
         scope: str,
@@ -185,8 +208,8 @@ class Auditor:
             if query_id is not None and query_id in base.query_ids:
                 return ALLOWED
             try:
-                old, new, touched = _extend(base, rows)
-                findings = _findings(old, new, touched, self.min_group_size, pre=pre)
+                new, candidates = self._extended(key, base, rows)
+                findings = _findings(new, candidates, self.min_group_size, pre=pre)
             except SpaceTooLarge:
                 return AuditDecision(
                     False, (), "the query's conditions make the audit too large to decide"
@@ -261,63 +284,81 @@ def _in_old_span(old: Knowledge, region: np.ndarray) -> bool:
     return True
 
 
-def _findings(
-    old: Knowledge, new: Knowledge, touched: set[int], k: int, *, pre: bool
-) -> list[Finding]:
-    out: list[Finding] = []
+@dataclass(frozen=True)
+class Candidate:
+    """A determined region never asked and not determined before: where it lies
+    (block, atoms over the block's columns) and its coefficients over block members."""
+
+    block: int
+    local: np.ndarray
+    coefs: np.ndarray
+
+
+def _candidates(old: Knowledge, new: Knowledge, touched: set[int]) -> list[Candidate]:
+    """The regions the new rows determine that must be sized (structure only)."""
+    out: list[Candidate] = []
     for b in sorted(touched):
         block = new.blocks[b]
-        asked = block.asked
-        infos = [new.info[i] for i in block.asked_ids]
-        counted = np.array([r.count is not None and not r.pending for r in infos], dtype=bool)
-        counts = np.array([r.count if r.count is not None else np.nan for r in infos])
-        position = {row_id: j for j, row_id in enumerate(block.asked_ids)}
         for local in determined_regions(block):
-            if np.any(np.all(asked == local[None, :], axis=1)):
+            if np.any(np.all(block.asked == local[None, :], axis=1)):
                 continue  # released directly, with its own noise
             region = np.zeros(new.space.n_atoms, dtype=bool)
             region[block.cols[local]] = True
             if _in_old_span(old, region):
                 continue
-            coefs = coefficients(block, local)
-            used = [(c, block.members[i]) for i, c in enumerate(coefs) if abs(c) > COEF_TOL]
-            supersets = ~np.any(local[None, :] & ~asked, axis=1) & counted
-            subsets = ~np.any(asked & ~local[None, :], axis=1) & counted
-            upper_direct = float(np.min(counts[supersets])) if supersets.any() else math.inf
-            lower_direct = float(np.max(counts[subsets])) if subsets.any() else -math.inf
-            estimate = 0.0
-            unknown = False
-            extra = 0.0
-            bounds: set[int] = set()
-            for c, row_id in used:
-                info = new.info[row_id]
-                if info.pending:
-                    if c > 0:
-                        mine = asked[position[row_id]]
-                        contains = ~np.any(mine[None, :] & ~asked, axis=1) & counted
-                        if contains.any():
-                            best = int(np.nonzero(contains)[0][np.argmin(counts[contains])])
-                            bounds.add(block.asked_ids[best])
-                            extra += c * float(counts[best])
-                        else:
-                            extra = math.inf
-                elif info.count is None:
-                    unknown = True
-                else:
-                    estimate += c * info.count
-            if pre:
-                upper = math.inf if unknown else estimate + extra
-                small = min(upper, upper_direct) < k
-                if small and upper_direct < upper:
-                    best = int(np.nonzero(supersets)[0][np.argmin(counts[supersets])])
-                    used = [(1.0, block.asked_ids[best])]
-                    bounds = set()
-            elif unknown:
-                small = lower_direct < k
+            out.append(Candidate(b, local, coefficients(block, local)))
+    return out
+
+
+def _findings(new: Knowledge, candidates: list[Candidate], k: int, *, pre: bool) -> list[Finding]:
+    """The candidates estimated (from noisy answers only) below ``k``."""
+    out: list[Finding] = []
+    for cand in candidates:
+        block = new.blocks[cand.block]
+        local = cand.local
+        asked = block.asked
+        infos = [new.info[i] for i in block.asked_ids]
+        counted = np.array([r.count is not None and not r.pending for r in infos], dtype=bool)
+        counts = np.array([r.count if r.count is not None else np.nan for r in infos])
+        position = {row_id: j for j, row_id in enumerate(block.asked_ids)}
+        used = [(c, block.members[i]) for i, c in enumerate(cand.coefs) if abs(c) > COEF_TOL]
+        supersets = ~np.any(local[None, :] & ~asked, axis=1) & counted
+        subsets = ~np.any(asked & ~local[None, :], axis=1) & counted
+        upper_direct = float(np.min(counts[supersets])) if supersets.any() else math.inf
+        lower_direct = float(np.max(counts[subsets])) if subsets.any() else -math.inf
+        estimate = 0.0
+        unknown = False
+        extra = 0.0
+        bounds: set[int] = set()
+        for c, row_id in used:
+            info = new.info[row_id]
+            if info.pending:
+                if c > 0:
+                    mine = asked[position[row_id]]
+                    contains = ~np.any(mine[None, :] & ~asked, axis=1) & counted
+                    if contains.any():
+                        best = int(np.nonzero(contains)[0][np.argmin(counts[contains])])
+                        bounds.add(block.asked_ids[best])
+                        extra += c * float(counts[best])
+                    else:
+                        extra = math.inf
+            elif info.count is None:
+                unknown = True
             else:
-                small = estimate < k
-            if small:
-                rows = {r for _, r in used} | bounds
-                ids = tuple(sorted({new.info[r].query_id for r in rows} - {""}))
-                out.append(Finding(ids))
+                estimate += c * info.count
+        if pre:
+            upper = math.inf if unknown else estimate + extra
+            small = min(upper, upper_direct) < k
+            if small and upper_direct < upper:
+                best = int(np.nonzero(supersets)[0][np.argmin(counts[supersets])])
+                used = [(1.0, block.asked_ids[best])]
+                bounds = set()
+        elif unknown:
+            small = lower_direct < k
+        else:
+            small = estimate < k
+        if small:
+            rows = {r for _, r in used} | bounds
+            ids = tuple(sorted({new.info[r].query_id for r in rows} - {""}))
+            out.append(Finding(ids))
     return out

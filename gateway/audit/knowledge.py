@@ -61,7 +61,7 @@ class Knowledge:
     def with_rows(self, rows: list[tuple[RowInfo, np.ndarray]]) -> tuple[Knowledge, set[int]]:
         """Add answered rows (info, atom mask) to the span; returns the touched blocks."""
         info = list(self.info)
-        blocks: list[Block | None] = list(self.blocks)
+        blocks: list[Block | None] = [b.clean() for b in self.blocks]
         block_of = self.block_of.copy()
         touched: set[int] = set()
         for r, mask in rows:

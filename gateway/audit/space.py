@@ -16,6 +16,7 @@ one atom. A region is a union of cells, hence of atoms once the space is refined
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -132,8 +133,19 @@ class Dimension:
             return lo + 1
         return (lo + hi) / 2
 
+    def _ordered_samples(self) -> list[Fraction]:
+        return [p.sample for p in self.pieces if p.sample is not None]
+
     def locate(self, value: Any) -> int:
         """Index of the piece holding ``value`` (a sample of a finer partition)."""
+        if self.key.kind == "ordered" and value is not None:
+            # pieces are in ascending order; the NULL piece (if any) is last
+            samples = self._ordered_samples()
+            i = bisect.bisect_right(samples, value) - 1
+            for j in (i, i + 1):
+                if 0 <= j < len(samples) and self._holds(self.pieces[j], value):
+                    return j
+            raise KeyError(value)
         for i, p in enumerate(self.pieces):
             if value is None or p.sample is None:
                 if value is None and p.sample is None:
@@ -153,6 +165,12 @@ class Dimension:
         if self.key.kind == "categorical" and self.declared is None:
             return next(i for i, p in enumerate(self.pieces) if p.sample is OTHER)
         raise KeyError(value)
+
+    @staticmethod
+    def _holds(p: Piece, value: Any) -> bool:
+        if p.point:
+            return bool(value == p.sample)
+        return (p.low is None or value > p.low) and (p.high is None or value < p.high)
 
     def refine(self, constants: Iterable[Any]) -> np.ndarray | None:
         """Add constants; returns, per new piece, the old piece containing it (or None)."""
@@ -177,6 +195,32 @@ class Dimension:
         """The Kleene value of ``cond`` on each piece (int8: 0 F, 1 U, 2 T)."""
         out = np.empty(len(self.pieces), dtype=np.int8)
         has_null_const = any(v is None for v in cond.values)
+        if self.key.kind == "ordered" and cond.op not in ("isnull", "true"):
+            samples = self._ordered_samples()
+            m = len(samples)
+            out[:] = U  # the NULL piece, if any, stays UNKNOWN
+            out[:m] = F
+            if cond.op == "in":
+                for v in cond.values:
+                    if v is None:
+                        continue
+                    j = bisect.bisect_left(samples, v)
+                    if j < m and samples[j] == v:
+                        out[j] = T
+                if has_null_const:
+                    out[:m][out[:m] == F] = U
+                return out
+            v = cond.values[0]
+            lo, hi = bisect.bisect_left(samples, v), bisect.bisect_right(samples, v)
+            if cond.op == "lt":
+                out[:lo] = T
+            elif cond.op == "le":
+                out[:hi] = T
+            elif cond.op == "gt":
+                out[hi:m] = T
+            else:
+                out[lo:m] = T
+            return out
         for i, p in enumerate(self.pieces):
             s = p.sample
             if cond.op == "true":

@@ -48,6 +48,14 @@ class Block:
     members: tuple[int, ...]
     asked: np.ndarray
     asked_ids: tuple[int, ...]
+    dirty: np.ndarray | None = None  # basis rows changed since ``clean()`` (None: all)
+
+    def clean(self) -> Block:
+        """The same block with no basis row marked as changed."""
+        return replace(self, dirty=np.zeros(self.rank, dtype=bool))
+
+    def dirty_rows(self) -> np.ndarray:
+        return np.ones(self.rank, dtype=bool) if self.dirty is None else self.dirty
 
     @staticmethod
     def empty(cols: np.ndarray) -> Block:
@@ -104,12 +112,15 @@ class Block:
                 (*self.members, row_id),
                 asked,
                 asked_ids,
+                np.append(self.dirty_rows() | (c != 0), True),
             ),
             True,
         )
 
     def reordered(self, cols: np.ndarray, take: np.ndarray) -> Block:
         """The same span over refined atoms: new column j copies old column ``take[j]``."""
+        if len(take) == len(self.cols) and np.array_equal(take, np.arange(len(take))):
+            return replace(self, cols=cols)
         first: dict[int, int] = {}
         for j, t in enumerate(take.tolist()):
             first.setdefault(t, j)
@@ -122,6 +133,7 @@ class Block:
             self.members,
             self.asked[:, take],
             self.asked_ids,
+            self.dirty,
         )
 
 
@@ -155,6 +167,7 @@ def merge(blocks: list[Block], free: np.ndarray) -> Block:
         tuple(members),
         asked,
         tuple(asked_ids),
+        np.concatenate([b.dirty_rows() for b in blocks] + [np.zeros(0, dtype=bool)]),
     )
 
 
@@ -236,13 +249,20 @@ def determined_regions(block: Block) -> list[np.ndarray]:
     span (every determined region is a disjoint union of minimal ones). For larger blocks:
     each basis row that is a 0/1 vector (single atoms included — an atom is determined
     iff some RREF row is its unit vector) and the whole block when it is determined.
+    Only basis rows changed since the block was last ``clean()`` are looked at.
     """
     n = len(block.cols)
     if block.rank == 0:
         return []
     if n <= EXHAUSTIVE_ATOMS:
         return _minimal_exhaustive(block)
-    zero, one, doubt = classify(block.basis)
+    # a basis row no insertion changed was already a determined region before
+    rows = np.nonzero(block.dirty_rows())[0]
+    if len(rows):  # cheap first pass: a 0/1 row (even in doubt) lies within [0, 1]
+        sub = block.basis[rows]
+        inside = (sub.min(axis=1) > -DOUBT_TOL) & (sub.max(axis=1) < 1 + DOUBT_TOL)
+        rows = rows[inside]
+    zero, one, doubt = classify(block.basis[rows])
     ok = np.all(zero | one, axis=1)
     if np.any(np.all(zero | one | doubt, axis=1) & ~ok):
         raise Doubt
