@@ -194,6 +194,9 @@ def _path_and_parameters(rule: str) -> tuple[str, list[Schema]]:
     return _RULE_ARGUMENT.sub(replace, rule), params
 
 
+_REQUEST_ID_HEADER: Schema = {"$ref": "#/components/headers/X-Request-Id"}
+
+
 def _error_responses(errors: Iterable[type[GatewayError]]) -> dict[str, Schema]:
     by_status: dict[int, list[str]] = {}
     for err in errors:
@@ -214,19 +217,17 @@ def _error_responses(errors: Iterable[type[GatewayError]]) -> dict[str, Schema]:
                 },
             ]
         }
-        headers: dict[str, Schema] = {}
+        headers: dict[str, Schema] = {"X-Request-Id": _REQUEST_ID_HEADER}
         if "rate_limited" in codes:
             headers["Retry-After"] = {
                 "description": "Seconds until the limit resets.",
                 "schema": {"type": "integer", "minimum": 1},
             }
-        response: Schema = {
+        out[str(status)] = {
             "description": ", ".join(codes),
+            "headers": headers,
             "content": {"application/json": {"schema": schema}},
         }
-        if headers:
-            response["headers"] = headers
-        out[str(status)] = response
     return out
 
 
@@ -252,7 +253,7 @@ def _operation(endpoint: str, method: str, doc: EndpointDoc, path_params: list[S
         "responses": {
             str(status): {
                 "description": "OK" if status < 300 else str(status),
-                "headers": {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}},
+                "headers": {"X-Request-Id": _REQUEST_ID_HEADER},
                 "content": {doc.content_type: {"schema": schema}},
             }
             for status, schema in sorted(doc.responses.items())
