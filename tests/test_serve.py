@@ -392,3 +392,18 @@ def test_waitress_fallback_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
         assert "gunicorn" not in srv.log_path.read_text().lower()
     finally:
         assert stop(srv) == 0
+
+
+def test_sigterm_lets_the_request_in_flight_finish(tmp_path: Path) -> None:
+    srv = start(tmp_path, write_deployment(tmp_path), workers=1)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=20) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: dpgate\r\n")  # not finished yet
+        time.sleep(0.5)
+        srv.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        conn.sendall(b"Connection: close\r\n\r\n")
+        response = b""
+        while chunk := conn.recv(65536):
+            response += chunk
+    assert response.startswith(b"HTTP/1.1 200"), response[:200]
+    assert srv.process.wait(timeout=40) == 0
