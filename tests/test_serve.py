@@ -407,3 +407,19 @@ def test_sigterm_lets_the_request_in_flight_finish(tmp_path: Path) -> None:
             response += chunk
     assert response.startswith(b"HTTP/1.1 200"), response[:200]
     assert srv.process.wait(timeout=40) == 0
+
+
+def test_a_broken_installation_is_reported_before_the_port_is_bound(tmp_path: Path) -> None:
+    config = write_deployment(tmp_path)
+    port = free_port()
+    code = (
+        "from gateway.serve import run; "
+        f"run({str(config)!r}, port={port}, workers=2, app_factory='gateway.nowhere:create_app')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "cannot load the application gateway.nowhere:create_app" in result.stderr
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
