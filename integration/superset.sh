@@ -43,6 +43,27 @@ fi
 "$SUPERSET_VENV/bin/pip" install --quiet "flask-caching>=2.1,<2.4" rich cachetools
 say "installing the dpgate client (dialect entry points) into the Superset venv"
 "$SUPERSET_VENV/bin/pip" install --quiet --no-deps -e "$REPO"
+# Superset finds engine specs through the `superset.db_engine_specs` entry point. Until
+# the dpgate package declares it, register dpgate_client.superset:DpgateEngineSpec with
+# a metadata-only shim in this venv (without it Superset uses its generic spec, which
+# also works; errors then read "base error: …" without the dpgate code).
+"$SUPERSET_VENV/bin/python" - <<'PY'
+import importlib.metadata as md
+import pathlib
+import sysconfig
+
+if not any(ep.name == "dpgate" for ep in md.entry_points(group="superset.db_engine_specs")):
+    site = pathlib.Path(sysconfig.get_paths()["purelib"])
+    info = site / "dpgate_superset_spec-0.0.0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: dpgate-superset-spec\nVersion: 0.0.0\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[superset.db_engine_specs]\ndpgate = dpgate_client.superset:DpgateEngineSpec\n"
+    )
+    print("registered the dpgate Superset engine spec via", info)
+PY
 "$SUPERSET_VENV/bin/python" - <<'EOF'
 import sqlalchemy
 from sqlalchemy.dialects import registry

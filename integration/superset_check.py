@@ -166,10 +166,22 @@ with app.test_client() as client:
         ),
         required=False,
     )
-    shown = json.dumps(refused)
+    shown = json.dumps(refused, ensure_ascii=False)
     print("  what the SQL Lab user sees:", shown[:600])
-    if "unsupported_query" not in shown:
-        print("  [FAIL] the refusal did not reach the user as unsupported_query")
+    # The gateway's own words (a dry run of a refused query is refused the same way).
+    from dpgate_client import dbapi as dpgate_dbapi
+    from dpgate_client import errors as dpgate_errors
+
+    try:
+        dpgate_dbapi.connect(DPGATE_URI).cursor().execute(
+            "SELECT * FROM main.patients LIMIT 100001", dry_run=True
+        )
+        expected = "(dpgate answered the row-level query!)"
+    except dpgate_errors.UnsupportedQueryError as exc:
+        expected = exc.message
+    report["refusal_expected_message"] = expected
+    if expected not in json.loads(shown)["errors"][0]["message"]:
+        print(f"  [FAIL] the user did not see dpgate's explanation: {expected!r}")
         failed = True
 
 report["ok"] = not failed
