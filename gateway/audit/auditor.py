@@ -226,7 +226,7 @@ class Auditor:
             False,
             combined,
             f"this query would, with {names}, determine a group smaller than the minimum "
-            "group size (differencing)",
+            "group size (differencing).",
         )
 
 
