@@ -10,6 +10,11 @@ the ledger, asks the accountant, and appends. SQLite: ``BEGIN IMMEDIATE`` (the d
 write lock, WAL journal, busy timeout); PostgreSQL: ``SELECT … FOR UPDATE`` on the
 analyst row, then on the single global row. Lock order is always analyst → global, so
 charges cannot deadlock. Budgets hold across processes and hosts sharing the database.
+Refunds take the analyst's lock too, so every cost-bearing row of an analyst is appended
+under it: that makes the per-analyst checkpoints (partial sums) exact.
+
+Layout: ``statements`` (the hot-path SQL, built once), ``sqlite`` (WAL and BEGIN
+IMMEDIATE), ``reads`` (history, releases, audit log), ``schema`` (tables, migrations).
 """
 
 from __future__ import annotations
@@ -18,18 +23,17 @@ import json
 import math
 import re
 import uuid
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Literal
 
 import sqlalchemy as sa
-from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
-from budget import schema
+from budget import reads, schema
+from budget import statements as st
 from budget.accountants import Accountant, Accounting, CompositionName, accountant, is_pure
 from budget.errors import (
     AnalystDisabled,
@@ -50,153 +54,17 @@ from budget.records import (
     ReleaseEntry,
     Reservation,
 )
+from budget.sqlite import install_sqlite_hooks
 from mechanisms.types import PrivacyCost
 
 GLOBAL_NAME = "(global)"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 _UNAVAILABLE = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError)
-_hooked_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 t_analysts = schema.analysts
-t_ledger = schema.ledger
-t_audit = schema.audit_log
 
-# The statements of the hot path, built once (SQLAlchemy then reuses their compiled form).
-_c = t_ledger.c
-_ANALYST = sa.select(t_analysts).where(t_analysts.c.name == sa.bindparam("name"))
-_ANALYST_FOR_UPDATE = _ANALYST.with_for_update()
-_SPENT_ALL = sa.select(
-    sa.func.coalesce(sa.func.sum(_c.epsilon), 0.0),
-    sa.func.coalesce(sa.func.sum(_c.delta), 0.0),
-    sa.func.coalesce(sa.func.sum(_c.rho), 0.0),
-    sa.func.coalesce(sa.func.sum(_c.selection_delta), 0.0),
-    sa.func.coalesce(sa.func.sum(sa.case((_c.kind == "charge", 1), else_=-1)), 0),
-).where(_c.kind.in_(("charge", "refund")))
-_cp = schema.checkpoints
-_LATEST_CHECKPOINT = (
-    sa.select(_cp)
-    .where(_cp.c.analyst_id == sa.bindparam("analyst_id"))
-    .order_by(_cp.c.id.desc())
-    .limit(1)
-    .subquery("cp")
-)
-_SINCE_CHECKPOINT = (
-    sa.select(
-        sa.func.coalesce(sa.func.sum(_c.epsilon), 0.0).label("epsilon"),
-        sa.func.coalesce(sa.func.sum(_c.delta), 0.0).label("delta"),
-        sa.func.coalesce(sa.func.sum(_c.rho), 0.0).label("rho"),
-        sa.func.coalesce(sa.func.sum(_c.selection_delta), 0.0).label("selection_delta"),
-        sa.func.coalesce(sa.func.sum(sa.case((_c.kind == "charge", 1), else_=-1)), 0).label("n"),
-        sa.func.count(_c.id).label("rows"),
-        sa.func.max(_c.id).label("max_id"),
-    )
-    .where(
-        _c.kind.in_(("charge", "refund")),
-        _c.analyst_id == sa.bindparam("analyst_id"),
-        _c.id
-        > sa.func.coalesce(
-            sa.select(_LATEST_CHECKPOINT.c.upto_id).scalar_subquery(), sa.literal(0)
-        ),
-    )
-    .subquery("since")
-)
-# One statement, so the checkpoint and the rows after it come from one snapshot.
-_SPENT_ANALYST = sa.select(
-    _SINCE_CHECKPOINT,
-    _LATEST_CHECKPOINT.c.upto_id.label("cp_upto"),
-    _LATEST_CHECKPOINT.c.epsilon.label("cp_epsilon"),
-    _LATEST_CHECKPOINT.c.delta.label("cp_delta"),
-    _LATEST_CHECKPOINT.c.rho.label("cp_rho"),
-    _LATEST_CHECKPOINT.c.selection_delta.label("cp_selection_delta"),
-    _LATEST_CHECKPOINT.c.charges.label("cp_charges"),
-).select_from(_SINCE_CHECKPOINT.outerjoin(_LATEST_CHECKPOINT, sa.true()))
-_INSERT_CHECKPOINT = sa.insert(_cp)
 # Rows summed past the latest checkpoint before a charge writes a new one.
 CHECKPOINT_EVERY = 256
-# A refund locks its analyst like a charge does: every cost-bearing row of an analyst is
-# then appended under that analyst's lock, which is what makes checkpoints exact.
-_LOCK_ANALYST_OF_RESERVATION = (
-    sa.select(t_analysts.c.id)
-    .where(
-        t_analysts.c.id
-        == sa.select(_c.analyst_id)
-        .where(_c.reservation_id == sa.bindparam("rid"), _c.kind == "charge")
-        .scalar_subquery()
-    )
-    .with_for_update()
-)
-_LOCK_GLOBAL = (
-    sa.select(schema.global_lock.c.id).where(schema.global_lock.c.id == 1).with_for_update()
-)
-_INSERT_ENTRY = sa.insert(t_ledger)
-_SETTLE_COLUMNS = [
-    "reservation_id",
-    "settles",
-    "analyst_id",
-    "kind",
-    "epsilon",
-    "delta",
-    "rho",
-    "selection_delta",
-    "mechanism",
-    "query_key",
-    "sql",
-    "data_version",
-    "release",
-    "reason",
-    "created_at",
-]
-# An outcome row copies its charge's identity; a refund also negates its cost (sign −1).
-_SETTLE = sa.insert(t_ledger).from_select(
-    _SETTLE_COLUMNS,
-    sa.select(
-        _c.reservation_id,
-        _c.reservation_id,
-        _c.analyst_id,
-        sa.bindparam("kind", type_=sa.String),
-        _c.epsilon * sa.bindparam("sign", type_=sa.Float),
-        _c.delta * sa.bindparam("sign", type_=sa.Float),
-        _c.rho * sa.bindparam("sign", type_=sa.Float),
-        _c.selection_delta * sa.bindparam("sign", type_=sa.Float),
-        _c.mechanism,
-        _c.query_key,
-        _c.sql,
-        _c.data_version,
-        sa.bindparam("release", type_=sa.Text),
-        sa.bindparam("reason", type_=sa.Text),
-        sa.bindparam("now", type_=sa.DateTime),
-    ).where(_c.reservation_id == sa.bindparam("rid"), _c.kind == "charge"),
-)
-
-
-def _install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int) -> None:
-    """Let dpgate, not pysqlite, emit BEGIN: IMMEDIATE for writes, DEFERRED for reads."""
-    if engine in _hooked_engines:
-        return
-    _hooked_engines.add(engine)
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None  # pysqlite must not BEGIN on its own
-        cursor = dbapi_connection.cursor()
-        cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        cursor.execute("PRAGMA journal_mode = WAL")
-        cursor.execute("PRAGMA foreign_keys = ON")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        options = conn.get_execution_options()
-        if not options.get("dpgate_write", False):
-            conn.exec_driver_sql("BEGIN DEFERRED")
-            return
-        # Charges and admin changes are fsynced at commit; outcomes and the request log
-        # may ride on the next fsync (a crash of the process loses nothing either way).
-        level = synchronous if options.get("dpgate_durable", True) else "NORMAL"
-        if conn.info.get("dpgate_synchronous") != level:
-            conn.exec_driver_sql(f"PRAGMA synchronous = {level}")
-            conn.info["dpgate_synchronous"] = level
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _check_budget(epsilon: float, delta: float) -> None:
@@ -236,7 +104,7 @@ class Ledger:
         self.global_budget = global_budget
         self._sqlite = engine.dialect.name == "sqlite"
         if self._sqlite:
-            _install_sqlite_hooks(engine, sqlite_synchronous, busy_timeout_ms)
+            install_sqlite_hooks(engine, sqlite_synchronous, busy_timeout_ms)
 
     @classmethod
     def from_url(cls, url: str, **kw: Any) -> Ledger:
@@ -301,7 +169,7 @@ class Ledger:
             conn.execute(sa.select(schema.schema_version.c.version).limit(1))
 
     def _analyst_row(self, conn: Connection, name: str, *, lock: bool = False) -> Any:
-        query = _ANALYST_FOR_UPDATE if lock else _ANALYST
+        query = st.ANALYST_FOR_UPDATE if lock else st.ANALYST
         row = conn.execute(query, {"name": name}).first()
         if row is None:
             raise UnknownAnalyst(f"no analyst named {name!r}")
@@ -317,9 +185,9 @@ class Ledger:
         rows follow the last one. The global scope sums every row.
         """
         if analyst_id is None:
-            eps, delta, rho, sel, count = conn.execute(_SPENT_ALL).one()
+            eps, delta, rho, sel, count = conn.execute(st.SPENT_ALL).one()
             return _clamped(eps, delta, rho, sel), int(count)
-        r = conn.execute(_SPENT_ANALYST, {"analyst_id": analyst_id}).one()
+        r = conn.execute(st.SPENT_ANALYST, {"analyst_id": analyst_id}).one()
         eps = (r.cp_epsilon or 0.0) + r.epsilon
         delta = (r.cp_delta or 0.0) + r.delta
         rho = (r.cp_rho or 0.0) + r.rho
@@ -327,7 +195,7 @@ class Ledger:
         count = int(r.cp_charges or 0) + int(r.n)
         if locked and r.rows >= CHECKPOINT_EVERY:
             conn.execute(
-                _INSERT_CHECKPOINT,
+                st.INSERT_CHECKPOINT,
                 {
                     "analyst_id": analyst_id,
                     "upto_id": int(r.max_id),
@@ -346,7 +214,7 @@ class Ledger:
         with self._transaction(write=False) as conn:
             row = self._analyst_row(conn, analyst)
             eps, delta, rho, sel, count = conn.execute(
-                _SPENT_ALL.where(_c.analyst_id == row.id)
+                st.SPENT_ALL.where(schema.ledger.c.analyst_id == row.id)
             ).one()
         return _clamped(eps, delta, rho, sel), int(count)
 
@@ -530,14 +398,14 @@ class Ledger:
             if row.disabled:
                 raise AnalystDisabled(f"analyst {analyst!r} is disabled")
             if self.global_budget is not None:
-                conn.execute(_LOCK_GLOBAL).first()
+                conn.execute(st.LOCK_GLOBAL).first()
             spent, n = self._spent(conn, row.id, locked=True)
             self._admit("analyst", row.epsilon, row.delta, spent, cost, mechanism)
             if self.global_budget is not None:
                 global_spent, _ = self._spent(conn, None)
                 self._admit("global", *self.global_budget, global_spent, cost, mechanism)
             conn.execute(
-                _INSERT_ENTRY,
+                st.INSERT_ENTRY,
                 {
                     "reservation_id": reservation_id,
                     "settles": None,
@@ -613,8 +481,8 @@ class Ledger:
         try:
             with self._transaction(write=True, durable=False) as conn:
                 if kind == "refund":
-                    conn.execute(_LOCK_ANALYST_OF_RESERVATION, {"rid": reservation.id}).first()
-                result = conn.execute(_SETTLE, params)
+                    conn.execute(st.LOCK_ANALYST_OF_RESERVATION, {"rid": reservation.id}).first()
+                result = conn.execute(st.SETTLE, params)
                 if result.rowcount == 0:
                     raise ValueError(f"no reservation {reservation.id!r} in this ledger")
         except sa.exc.IntegrityError as exc:
@@ -638,75 +506,17 @@ class Ledger:
 
     def history(self, analyst: str, *, limit: int | None = None) -> list[HistoryEntry]:
         """The analyst's charged queries with their outcomes, oldest first (last ``limit``)."""
-        charge = t_ledger.alias("charge")
-        outcome = t_ledger.alias("outcome")
-        query = (
-            sa.select(
-                charge.c.id,
-                charge.c.reservation_id,
-                charge.c.sql,
-                charge.c.mechanism,
-                charge.c.epsilon,
-                charge.c.delta,
-                charge.c.rho,
-                charge.c.selection_delta,
-                charge.c.created_at,
-                outcome.c.kind,
-                outcome.c.release,
-                outcome.c.reason,
-                outcome.c.created_at,
-            )
-            .select_from(charge.outerjoin(outcome, outcome.c.settles == charge.c.reservation_id))
-            .where(charge.c.kind == "charge")
-            .order_by(charge.c.id.desc())
-        )
-        if limit is not None:
-            query = query.limit(limit)
         with self._transaction(write=False) as conn:
             row = self._analyst_row(conn, analyst)
-            rows = conn.execute(query.where(charge.c.analyst_id == row.id)).all()
-        entries = []
-        for r in reversed(rows):
-            kind = r[9]
-            entries.append(
-                HistoryEntry(
-                    reservation_id=r[1],
-                    sql=r[2],
-                    mechanism=r[3],
-                    cost=PrivacyCost(r[4], r[5], r[6], r[7]),
-                    outcome="pending" if kind is None else "refunded" if kind == "refund" else kind,
-                    release=None if r[10] is None else json.loads(r[10]),
-                    reason=r[11],
-                    created_at=schema.as_utc(r[8]),
-                    settled_at=None if r[12] is None else schema.as_utc(r[12]),
-                )
-            )
-        return entries
+            return reads.history(conn, row.id, limit)
 
     def find_release(
         self, query_key: str, analyst: str | None, data_version: str
     ) -> dict[str, Any] | None:
         """The first released answer of an answered query with this key and data version,
         for that analyst (or any analyst when ``None``); ``None`` if there is none."""
-        c = t_ledger.c
-        query = (
-            sa.select(c.release)
-            .where(
-                c.kind == "answered",
-                c.query_key == query_key,
-                c.data_version == data_version,
-            )
-            .order_by(c.id)
-            .limit(1)
-        )
-        if analyst is not None:
-            query = query.where(
-                c.analyst_id
-                == sa.select(t_analysts.c.id).where(t_analysts.c.name == analyst).scalar_subquery()
-            )
         with self._transaction(write=False) as conn:
-            release = conn.execute(query).scalar()
-        return None if release is None else dict(json.loads(release))
+            return reads.find_release(conn, query_key, analyst, data_version)
 
     def releases(
         self, analyst: str | None, data_version: str, *, after: int | None = None
@@ -715,59 +525,8 @@ class Ledger:
 
         ``after``: only entries whose ``seq`` is greater (incremental replay).
         """
-        outcome = t_ledger.alias("outcome")
-        charge = t_ledger.alias("charge")
-        query = (
-            sa.select(
-                outcome.c.settles,
-                t_analysts.c.name,
-                outcome.c.query_key,
-                outcome.c.sql,
-                outcome.c.data_version,
-                outcome.c.kind,
-                outcome.c.release,
-                charge.c.epsilon,
-                charge.c.delta,
-                charge.c.rho,
-                charge.c.selection_delta,
-                outcome.c.created_at,
-                outcome.c.id,
-            )
-            .select_from(
-                outcome.join(t_analysts, t_analysts.c.id == outcome.c.analyst_id).join(
-                    charge,
-                    sa.and_(
-                        charge.c.reservation_id == outcome.c.settles, charge.c.kind == "charge"
-                    ),
-                )
-            )
-            .where(
-                outcome.c.kind.in_(("answered", "withheld")),
-                outcome.c.data_version == data_version,
-            )
-            .order_by(outcome.c.id)
-        )
-        if analyst is not None:
-            query = query.where(t_analysts.c.name == analyst)
-        if after is not None:
-            query = query.where(outcome.c.id > after)
         with self._transaction(write=False) as conn:
-            rows = conn.execute(query).all()
-        return [
-            ReleaseEntry(
-                reservation_id=r[0],
-                analyst=r[1],
-                query_key=r[2],
-                sql=r[3],
-                data_version=r[4],
-                outcome=r[5],
-                release=None if r[6] is None else json.loads(r[6]),
-                cost=PrivacyCost(r[7], r[8], r[9], r[10]),
-                created_at=schema.as_utc(r[11]),
-                seq=int(r[12]),
-            )
-            for r in rows
-        ]
+            return reads.releases(conn, analyst, data_version, after)
 
     # -- the request audit log -------------------------------------------------------------
 
@@ -785,16 +544,17 @@ class Ledger:
         """Append one request, answered or not, to the audit log."""
         with self._transaction(write=True, durable=False) as conn:
             conn.execute(
-                sa.insert(t_audit).values(
-                    request_id=request_id[:64],
-                    analyst=None if analyst is None else analyst[:64],
-                    endpoint=endpoint[:200],
-                    sql=sql,
-                    outcome=outcome[:32],
-                    error_code=None if error_code is None else error_code[:64],
-                    status=int(status),
-                    created_at=schema.utcnow(),
-                )
+                st.INSERT_REQUEST,
+                {
+                    "request_id": request_id[:64],
+                    "analyst": None if analyst is None else analyst[:64],
+                    "endpoint": endpoint[:200],
+                    "sql": sql,
+                    "outcome": outcome[:32],
+                    "error_code": None if error_code is None else error_code[:64],
+                    "status": int(status),
+                    "created_at": schema.utcnow(),
+                },
             )
 
     def audit_log(
@@ -805,36 +565,10 @@ class Ledger:
         limit: int = 1000,
     ) -> list[AuditEntry]:
         """Logged requests, newest first, optionally of one analyst, in [since, until)."""
-        c = t_audit.c
-        query = sa.select(t_audit).order_by(c.id.desc()).limit(max(0, int(limit)))
-        if analyst is not None:
-            query = query.where(c.analyst == analyst)
-        if since is not None:
-            query = query.where(c.created_at >= _naive_utc(since))
-        if until is not None:
-            query = query.where(c.created_at < _naive_utc(until))
         with self._transaction(write=False) as conn:
-            rows = conn.execute(query).all()
-        return [
-            AuditEntry(
-                id=r.id,
-                request_id=r.request_id,
-                analyst=r.analyst,
-                endpoint=r.endpoint,
-                sql=r.sql,
-                outcome=r.outcome,
-                error_code=r.error_code,
-                status=r.status,
-                created_at=schema.as_utc(r.created_at),
-            )
-            for r in rows
-        ]
+            return reads.audit_log(conn, analyst, since, until, limit)
 
 
 def _clamped(eps: float, delta: float, rho: float, sel: float) -> PrivacyCost:
     # Σ charges − Σ refunds of equal values can leave a float residue just below zero.
     return PrivacyCost(max(0.0, eps), max(0.0, delta), max(0.0, rho), max(0.0, sel))
-
-
-def _naive_utc(value: datetime) -> datetime:
-    return schema.as_utc(value).replace(tzinfo=None)

@@ -1,0 +1,49 @@
+"""SQLite as a ledger: WAL, a busy timeout, and the BEGIN that dpgate (not pysqlite) emits.
+
+Writes begin with ``BEGIN IMMEDIATE`` (the database write lock, taken before anything is
+read, so two charges can never both read the old sum); reads with ``BEGIN DEFERRED``
+(WAL readers never block the writer). A write transaction's connection carries the
+execution options ``dpgate_write=True`` and ``dpgate_durable``: durable writes (charges,
+admin changes) commit with the configured ``synchronous`` level (FULL by default: fsync),
+the others (outcomes, the request log) with NORMAL.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+_hooked_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int) -> None:
+    """Let dpgate, not pysqlite, emit BEGIN: IMMEDIATE for writes, DEFERRED for reads."""
+    if engine in _hooked_engines:
+        return
+    _hooked_engines.add(engine)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # pysqlite must not BEGIN on its own
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        options = conn.get_execution_options()
+        if not options.get("dpgate_write", False):
+            conn.exec_driver_sql("BEGIN DEFERRED")
+            return
+        # Charges and admin changes are fsynced at commit; outcomes and the request log
+        # may ride on the next fsync (a crash of the process loses nothing either way).
+        level = synchronous if options.get("dpgate_durable", True) else "NORMAL"
+        if conn.info.get("dpgate_synchronous") != level:
+            conn.exec_driver_sql(f"PRAGMA synchronous = {level}")
+            conn.info["dpgate_synchronous"] = level
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
