@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from gateway.audit.knowledge import Knowledge, RowInfo
-from gateway.audit.predicates import Formula, FormulaBuilder, formula_for_cell
+from gateway.audit.predicates import Formula, FormulaBuilder, conj
 from gateway.audit.space import CellSpace, SpaceTooLarge
 from gateway.audit.span import Doubt, coefficients, determined_regions, in_span
 from gateway.config import TableConfig
@@ -97,8 +97,8 @@ class Auditor:
         if cells is None:
             return AuditDecision(True, (), "cells known only after the answer")
         rows = [
-            (RowInfo("", j, None, pending=True), self._formula(plan, v))
-            for j, v in enumerate(cells)
+            (RowInfo("", j, None, pending=True), f)
+            for j, f in enumerate(self._formulas(plan, cells))
         ]
         return self._decide(scope, plan.table, rows, pre=True, query_id=None)
 
@@ -162,14 +162,21 @@ class Auditor:
             self._state[key] = kn
         return kn
 
-    def _formula(self, plan: QueryPlan, values: tuple[Any, ...]) -> Formula:
+    def _formulas(self, plan: QueryPlan, cells: list[tuple[Any, ...]]) -> list[Formula]:
+        """The region of each cell; the WHERE formula object is shared by all of them."""
+        builder = self._builders[plan.table]
+        where = builder.build(plan.where)
         keys = tuple(g.expression for g in plan.group_keys)
-        return formula_for_cell(self._builders[plan.table], plan.where, keys, values)
+        return [
+            conj(where, *(builder.group_condition(k, v) for k, v in zip(keys, values, strict=True)))
+            for values in cells
+        ]
 
     def _rows(self, answer: AnsweredQuery) -> list[tuple[RowInfo, Formula]]:
+        formulas = self._formulas(answer.plan, [c.group_values for c in answer.cells])
         return [
-            (RowInfo(answer.query_id, j, c.count), self._formula(answer.plan, c.group_values))
-            for j, c in enumerate(answer.cells)
+            (RowInfo(answer.query_id, j, c.count), f)
+            for j, (c, f) in enumerate(zip(answer.cells, formulas, strict=True))
         ]
 
     def _extended(
@@ -252,7 +259,8 @@ def _extend(
     """(base refined and split by the rows' regions, that plus the rows, touched blocks)."""
     formulas = [f for _, f in rows]
     kn = base.refined(formulas)
-    masks = [kn.space.mask(f) for f in formulas]
+    memo: dict[int, np.ndarray] = {}
+    masks = [kn.space.mask(f, memo) for f in formulas]
     if masks:
         cover = np.zeros(kn.space.atom_of.shape, dtype=np.int16)
         for m in masks:

@@ -61,7 +61,8 @@ class Knowledge:
     def with_rows(self, rows: list[tuple[RowInfo, np.ndarray]]) -> tuple[Knowledge, set[int]]:
         """Add answered rows (info, atom mask) to the span; returns the touched blocks."""
         info = list(self.info)
-        blocks: list[Block | None] = [b.clean() for b in self.blocks]
+        blocks: list[Block | None] = list(self.blocks)
+        cleaned: set[int] = set()  # blocks whose change flags were reset in this batch
         block_of = self.block_of.copy()
         touched: set[int] = set()
         for r, mask in rows:
@@ -71,6 +72,12 @@ class Knowledge:
             if len(atoms) == 0:
                 continue
             ids = sorted({int(b) for b in np.unique(block_of[atoms]) if b >= 0})
+            for i in ids:
+                if i not in cleaned:
+                    old_block = blocks[i]
+                    assert old_block is not None
+                    blocks[i] = old_block.clean()
+                    cleaned.add(i)
             free = atoms[block_of[atoms] < 0]
             if len(ids) == 1 and len(free) == 0:
                 block = blocks[ids[0]]
@@ -82,6 +89,7 @@ class Knowledge:
                 for i in ids:
                     blocks[i] = None
                 new_index = len(blocks)
+                cleaned.add(new_index)
                 blocks.append(block)
                 block_of[block.cols] = new_index
                 touched -= set(ids)

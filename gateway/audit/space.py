@@ -166,6 +166,18 @@ class Dimension:
             return next(i for i, p in enumerate(self.pieces) if p.sample is OTHER)
         raise KeyError(value)
 
+    def _categorical_index(self) -> dict[Any, int]:
+        cached = getattr(self, "_index", None)
+        if cached is None or cached[0] is not self.pieces:
+            table = {
+                p.sample: i
+                for i, p in enumerate(self.pieces)
+                if p.sample is not None and p.sample is not OTHER
+            }
+            cached = (self.pieces, table)
+            self._index = cached
+        return cached[1]
+
     @staticmethod
     def _holds(p: Piece, value: Any) -> bool:
         if p.point:
@@ -220,6 +232,16 @@ class Dimension:
                 out[hi:m] = T
             else:
                 out[lo:m] = T
+            return out
+        if self.key.kind == "categorical" and cond.op == "in":
+            index = self._categorical_index()
+            out[:] = U if has_null_const else F
+            if self.nullable:
+                out[-1] = U
+            for v in cond.values:
+                hit = index.get(v) if v is not None else None
+                if hit is not None:
+                    out[hit] = T
             return out
         for i, p in enumerate(self.pieces):
             s = p.sample
@@ -302,8 +324,20 @@ class CellSpace:
                     atom_of = np.take(atom_of, parents, axis=axis)
         self.atom_of = np.require(atom_of, requirements="C")
 
-    def truth(self, f: Formula) -> np.ndarray:
-        """The Kleene value of ``f`` on every cell (the space must be refined for it)."""
+    def truth(self, f: Formula, memo: dict[int, np.ndarray] | None = None) -> np.ndarray:
+        """The Kleene value of ``f`` on every cell (the space must be refined for it).
+        ``memo`` shares the values of sub-formulas common to several calls (by identity)."""
+        if memo is None:
+            return self._truth(f, {})
+        return self._truth(f, memo)
+
+    def _truth(self, f: Formula, memo: dict[int, np.ndarray]) -> np.ndarray:
+        hit = memo.get(id(f))
+        if hit is None:
+            hit = memo[id(f)] = self._truth_of(f, memo)
+        return hit
+
+    def _truth_of(self, f: Formula, memo: dict[int, np.ndarray]) -> np.ndarray:
         nd = len(self.dims)
         if f.op == "const":
             return np.full((1,) * nd, f.const, dtype=np.int8)
@@ -315,16 +349,16 @@ class CellSpace:
             shape[axis] = len(vals)
             return vals.reshape(shape)
         if f.op == "not":
-            return (T - self.truth(f.children[0])).astype(np.int8)
-        parts = [self.truth(c) for c in f.children]
+            return (T - self._truth(f.children[0], memo)).astype(np.int8)
+        parts = [self._truth(c, memo) for c in f.children]
         out = parts[0]
         for p in parts[1:]:
             out = np.minimum(out, p) if f.op == "and" else np.maximum(out, p)
         return out
 
-    def mask(self, f: Formula) -> np.ndarray:
+    def mask(self, f: Formula, memo: dict[int, np.ndarray] | None = None) -> np.ndarray:
         """Cells where the predicate is TRUE (the rows a WHERE keeps)."""
-        return np.broadcast_to(self.truth(f) == T, self.atom_of.shape)
+        return np.broadcast_to(self.truth(f, memo) == T, self.atom_of.shape)
 
     def split(self, masks: list[np.ndarray]) -> np.ndarray:
         """Split atoms by disjoint masks; returns the parent atom of each new atom."""

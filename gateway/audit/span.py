@@ -242,18 +242,21 @@ def in_span(block: Block, xs: np.ndarray) -> np.ndarray:
     return np.all(a < ZERO_TOL, axis=-1)
 
 
-def determined_regions(block: Block) -> list[np.ndarray]:
+def determined_regions(block: Block, *, changed_only: bool = True) -> list[np.ndarray]:
     """Determined regions of a block to check against k, as boolean masks over ``cols``.
 
     Exhaustive for small blocks: every minimal nonempty region whose indicator is in the
     span (every determined region is a disjoint union of minimal ones). For larger blocks:
     each basis row that is a 0/1 vector (single atoms included — an atom is determined
     iff some RREF row is its unit vector) and the whole block when it is determined.
-    Only basis rows changed since the block was last ``clean()`` are looked at.
+    With ``changed_only``, a block whose span did not change since ``clean()`` yields
+    nothing, and only basis rows changed since then are looked at in large blocks.
     """
     n = len(block.cols)
     if block.rank == 0:
         return []
+    if changed_only and block.dirty is not None and not block.dirty.any():
+        return []  # the span did not change: nothing new is determined
     if n <= EXHAUSTIVE_ATOMS:
         return _minimal_exhaustive(block)
     # a basis row no insertion changed was already a determined region before
