@@ -37,6 +37,10 @@ register_schema(
         "type": "object",
         "required": ["sql"],
         "additionalProperties": False,
+        "examples": [
+            {"sql": "SELECT COUNT(*) FROM patients", "epsilon": 0.1},
+            {"sql": "SELECT sex, AVG(age) FROM patients GROUP BY sex", "epsilon": 0.2},
+        ],
         "properties": {
             "sql": {"type": "string", "description": "one aggregate SELECT"},
             "epsilon": {"type": "number", "exclusiveMinimum": 0},
