@@ -391,3 +391,18 @@ def test_cache_scope_global_shares_answers_across_analysts(
         assert answers[1]["cached"] is shared
         assert (answers[1]["rows"] == answers[0]["rows"]) or not shared
         assert (answers[1]["budget"]["rho_spent"] == 0.0) is shared
+
+
+def test_the_gaussian_mechanism_end_to_end(ask: Ask, gateway: Gateway) -> None:
+    sql = "SELECT disease, COUNT(*) AS n FROM patients GROUP BY disease"
+    status, body = ask(sql, epsilon=0.5, delta=1e-7, mechanism="gaussian")
+    assert status == 200, body
+    assert body["privacy"]["mechanism"] == "gaussian" and body["privacy"]["delta"] == 1e-7
+    # The analytic Gaussian at ε=0.5, δ=1e-7, Δ₂=1 needs σ ≈ 7.7; ρ = 1/(2σ²).
+    sigma = body["accuracy"]["n"]["stddev"]
+    assert 5 < sigma < 12
+    assert body["privacy"]["rho"] == pytest.approx(1 / (2 * sigma**2), rel=0.02)
+    assert body["budget"]["rho_spent"] == pytest.approx(body["privacy"]["rho"])
+    truth = dict(_rows(gateway, "SELECT disease, COUNT(*) FROM patients GROUP BY disease"))
+    for disease, n in body["rows"]:
+        assert abs(n - truth[disease]) < 8 * sigma  # P(|N(0,σ²)| > 8σ) < 1e-15
