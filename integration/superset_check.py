@@ -35,13 +35,14 @@ report: dict[str, Any] = {"steps": []}
 failed = False
 
 
-def step(name: str, response: Any, *, required: bool = True) -> Any:
+def step(name: str, response: Any, *, required: bool = True, refusal: bool = False) -> Any:
+    """Record one Superset API call; ``refusal`` steps are expected to fail."""
     global failed
     try:
         body = response.get_json()
     except Exception:  # pragma: no cover - diagnostic only
         body = response.data.decode(errors="replace")[:2000]
-    ok = 200 <= response.status_code < 300
+    ok = (response.status_code >= 400) if refusal else (200 <= response.status_code < 300)
     report["steps"].append({"step": name, "status": response.status_code, "ok": ok, "body": body})
     print(f"[{'ok' if ok else 'FAIL'}] {name}: HTTP {response.status_code}")
     if not ok:
@@ -135,6 +136,22 @@ with app.test_client() as client:
                     headers=headers,
                 ),
             )
+    if ds_id is not None:
+        step(
+            "filter values for disease (native filter dropdown)",
+            client.get(f"/api/v1/datasource/table/{ds_id}/column/disease/values/", headers=headers),
+            required=False,
+        )
+        step(
+            "dataset samples (row-level; dpgate should refuse)",
+            client.post(
+                f"/datasource/samples?datasource_id={ds_id}&datasource_type=table",
+                json={},
+                headers=headers,
+            ),
+            required=False,
+            refusal=True,
+        )
     step(
         "SQL Lab aggregate",
         client.post(
@@ -164,7 +181,7 @@ with app.test_client() as client:
             },
             headers=headers,
         ),
-        required=False,
+        refusal=True,
     )
     shown = json.dumps(refused, ensure_ascii=False)
     print("  what the SQL Lab user sees:", shown[:600])
