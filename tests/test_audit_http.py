@@ -1,0 +1,96 @@
+"""The auditor through the real app (test client) on the demo data.
+
+The classic differencing attacks are refused with ``audit_refused`` (naming the earlier
+queries, never a size); honest nested queries and repeated queries are answered.
+``min_group_size`` is 40 here and the noisy counts have Laplace scale ≤ 2, so that the
+size estimate of the one-person groups these attacks target falls below k with
+overwhelming probability (a difference of two such noises beyond 39 has probability
+below 1e-7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from flask.testing import FlaskClient
+
+from gateway.pipeline import Gateway
+
+Ask = Callable[..., tuple[int, dict[str, Any]]]
+TARGET = "sex = 'F' AND age = 37 AND city = 'Eger'"  # one patient in the demo data
+
+
+@pytest.fixture
+def gateway(make_gateway: Callable[..., Gateway]) -> Gateway:
+    return make_gateway(audit={"mode": "refuse", "min_group_size": 40})
+
+
+def refused(status: int, body: dict[str, Any]) -> bool:
+    return status == 403 and body["error"]["code"] == "audit_refused"
+
+
+def test_crohn_pair_is_refused(ask: Ask) -> None:
+    status, first = ask("SELECT COUNT(*) FROM patients WHERE disease = 'Crohn'", epsilon=1.0)
+    assert status == 200
+    status, body = ask(
+        "SELECT COUNT(*) FROM patients WHERE disease = 'Crohn' AND city <> 'Eger'", epsilon=1.0
+    )
+    assert refused(status, body)
+    assert body["error"]["detail"]["combined_with"] == [first["query_id"]]
+    message = body["error"]["message"].replace(first["query_id"], "")
+    assert str(first["rows"][0][0]) not in message  # no size, no value
+
+
+def test_avg_over_everyone_but_one_is_refused(ask: Ask) -> None:
+    status, first = ask("SELECT AVG(income) FROM patients", epsilon=1.0)
+    assert status == 200
+    status, body = ask(f"SELECT AVG(income) FROM patients WHERE NOT ({TARGET})", epsilon=1.0)
+    assert refused(status, body)
+    assert body["error"]["detail"]["combined_with"] == [first["query_id"]]
+
+
+def test_denning_tracker_is_refused(ask: Ask) -> None:
+    assert ask("SELECT COUNT(*) FROM patients", epsilon=0.5)[0] == 200
+    assert ask(f"SELECT COUNT(*) FROM patients WHERE ({TARGET}) OR smoker", epsilon=0.5)[0] == 200
+    third = ask(f"SELECT COUNT(*) FROM patients WHERE ({TARGET}) OR NOT smoker", epsilon=0.5)
+    assert refused(*third)
+    fourth = ask("SELECT COUNT(*) FROM patients WHERE smoker", epsilon=0.5)
+    assert refused(*fourth)
+
+
+def test_a_refusal_before_spending_costs_nothing(ask: Ask, client: FlaskClient, auth: Any) -> None:
+    status, _ = ask(f"SELECT COUNT(*) FROM patients WHERE {TARGET}", epsilon=1.0)
+    assert status == 200  # a small group asked directly is released with its own noise
+    before = client.get("/v1/budget", headers=auth).get_json()["budget"]
+    status, body = ask(f"SELECT COUNT(*) FROM patients WHERE {TARGET} AND smoker", epsilon=1.0)
+    assert refused(status, body) and body["error"]["detail"]["charged"] is False
+    after = client.get("/v1/budget", headers=auth).get_json()["budget"]
+    assert after == before
+
+
+def test_honest_nested_queries_are_answered(ask: Ask) -> None:
+    for sql in (
+        "SELECT COUNT(*) FROM patients",
+        "SELECT COUNT(*) FROM patients WHERE age > 30",
+        "SELECT AVG(glucose) FROM patients WHERE age > 30",
+        "SELECT sex, COUNT(*) FROM patients WHERE age > 30 GROUP BY sex",
+        "SELECT COUNT(*) FROM patients WHERE age > 30 AND disease = 'Hypertension'",
+    ):
+        status, body = ask(sql, epsilon=0.3)
+        assert status == 200, body
+
+
+def test_a_thousand_repeats_get_one_answer_and_one_charge(
+    ask: Ask, client: FlaskClient, auth: Any
+) -> None:
+    sql = "SELECT COUNT(*) FROM patients WHERE disease = 'Crohn'"
+    status, first = ask(sql, epsilon=0.5)
+    assert status == 200
+    spent = client.get("/v1/budget", headers=auth).get_json()["budget"]
+    for _ in range(999):
+        status, again = ask(sql, epsilon=0.5)
+        assert status == 200 and again["rows"] == first["rows"]
+        assert again["query_id"] == first["query_id"]
+    assert client.get("/v1/budget", headers=auth).get_json()["budget"] == spent
