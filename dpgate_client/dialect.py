@@ -107,9 +107,9 @@ class DpgateCompiler(compiler.SQLCompiler):
         if select._limit_clause is not None:
             text += "\n LIMIT " + self.process(select._limit_clause, **kw)
         if select._offset_clause is not None:
-            if select._limit_clause is None:
-                text += "\n LIMIT -1"
-            text += " OFFSET " + self.process(select._offset_clause, **kw)
+            # OFFSET alone, not SQLite's "LIMIT -1 OFFSET n": the gateway refuses
+            # negative limits.
+            text += "\n OFFSET " + self.process(select._offset_clause, **kw)
         return text
 
 

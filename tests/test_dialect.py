@@ -145,6 +145,16 @@ def test_compiled_sql_is_what_the_gateway_reads(gateway: FakeGateway) -> None:
     assert " ".join(gateway.last["body"]["sql"].split()) == " ".join(text.split())
 
 
+def test_offset_without_limit_has_no_negative_limit(gateway: FakeGateway) -> None:
+    patients = sa.table("patients", sa.column("sex"))
+    query = sa.select(patients.c.sex, sa.func.count().label("n")).group_by(patients.c.sex)
+    engine = engine_for(gateway)
+    paged = str(query.offset(20).compile(engine, compile_kwargs={"literal_binds": True}))
+    assert paged.split()[-2:] == ["OFFSET", "20"] and "LIMIT" not in paged
+    both = str(query.limit(10).offset(20).compile(engine, compile_kwargs={"literal_binds": True}))
+    assert both.split()[-4:] == ["LIMIT", "10", "OFFSET", "20"]
+
+
 def test_gateway_errors_become_sqlalchemy_errors_with_the_original(gateway: FakeGateway) -> None:
     engine = engine_for(gateway)
     cases = [
