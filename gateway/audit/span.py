@@ -98,17 +98,29 @@ class Block:
         scale = res[p]
         res = res / scale
         o = np.append(o, 1.0) / scale
-        origin = np.hstack([self.origin, np.zeros((self.rank, 1))])
+        r, n = self.basis.shape
         c = self.basis[:, p].copy()
-        basis = self.basis - np.outer(c, res)
-        basis[:, p] = 0.0
-        origin = origin - np.outer(c, o)
+        hit = np.nonzero(c)[0]  # only rows with an entry in the new pivot column change
+        basis = np.empty((r + 1, n))
+        origin = np.zeros((r + 1, r + 1))
+        if 2 * len(hit) > r:  # dense: one pass writing the updated copy
+            np.subtract(self.basis, np.outer(c, res), out=basis[:r])
+            np.subtract(self.origin, np.outer(c, o[:r]), out=origin[:r, :r])
+            origin[:r, r] = -c * o[r]
+        else:
+            basis[:r] = self.basis
+            basis[hit] -= np.outer(c[hit], res)
+            origin[:r, :r] = self.origin
+            origin[hit] -= np.outer(c[hit], o)
+        basis[hit, p] = 0.0
+        basis[r] = res
+        origin[r] = o
         return (
             Block(
                 self.cols,
-                np.vstack([basis, res]),
+                basis,
                 np.append(self.pivots, p).astype(np.intp),
-                np.vstack([origin, o]),
+                origin,
                 (*self.members, row_id),
                 asked,
                 asked_ids,
