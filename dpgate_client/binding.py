@@ -8,9 +8,10 @@ parameter as a literal. Safety comes from two rules, not from escaping tricks:
 * only scalars are rendered, each by a fixed rule: ``None`` → ``NULL``, ``bool`` →
   ``TRUE``/``FALSE``, ``int`` → digits, finite ``float``/``Decimal`` → a numeric
   literal, ``str`` → ``'…'`` with ``'`` doubled (NUL refused), ``date`` /
-  ``datetime`` / ``time`` → their ISO text quoted. Anything else (bytes, lists,
-  tuples, dicts, sets, arbitrary objects) is refused with ``ProgrammingError`` rather
-  than turned into text by ``str()``.
+  ``datetime`` / ``time`` → their ISO text quoted; numpy scalars as the Python scalar
+  they hold. Anything else (bytes, lists, arrays, tuples, dicts, sets, arbitrary
+  objects) is refused with ``ProgrammingError`` rather than turned into text by
+  ``str()``.
 
 Paramstyle is ``named`` (``:name`` with a mapping); a sequence binds ``?``
 placeholders in order (``qmark``), for tools that prefer it.
@@ -36,6 +37,10 @@ def render_literal(value: Any) -> str:
     """One Python scalar as a SQL literal, or ``ProgrammingError`` if it is not one."""
     if value is None:
         return "NULL"
+    if type(value).__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        # numpy scalars (what pandas hands out) become the Python scalar they hold;
+        # numpy arrays stay non-scalars and are refused below.
+        return render_literal(value.item())
     if isinstance(value, bool):
         return "TRUE" if value else "FALSE"
     if isinstance(value, int):

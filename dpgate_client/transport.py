@@ -7,6 +7,7 @@ connection), so it may be shared between threads.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import ssl
@@ -97,7 +98,9 @@ class Transport:
         except urllib.error.HTTPError as exc:
             status, raw = exc.code, exc.read()
             exc.close()
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        except (OSError, http.client.HTTPException) as exc:
+            # URLError, timeouts, refused/reset connections, TLS failures, truncated
+            # answers: no usable HTTP answer arrived.
             reason = getattr(exc, "reason", exc)
             raise ConnectionFailedError(
                 f"could not reach the dpgate gateway at {_redact(self.base_url)}: {reason}",

@@ -86,6 +86,18 @@ def test_non_scalars_and_non_finite_values_are_refused(value: object) -> None:
         render_literal(value)
 
 
+def test_numpy_scalars_bind_as_their_python_values() -> None:
+    np = pytest.importorskip("numpy")
+    assert render_literal(np.int64(7)) == "7"
+    assert render_literal(np.float64(2.5)) == "2.5"
+    assert render_literal(np.bool_(True)) == "TRUE"
+    assert render_literal(np.str_("F")) == "'F'"
+    with pytest.raises(errors.ProgrammingError):
+        render_literal(np.array([1, 2]))
+    with pytest.raises(errors.ProgrammingError):
+        render_literal(np.float64("nan"))
+
+
 def test_bytes_are_not_supported() -> None:
     with pytest.raises(errors.NotSupportedError):
         render_literal(b"\x00")
