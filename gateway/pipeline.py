@@ -361,7 +361,7 @@ class Gateway:
                 data_version=self.config.database.data_version,
             )
         except budget.BudgetExhausted as e:
-            raise BudgetExhausted(str(e)) from None
+            raise BudgetExhausted(str(e), **e.detail()) from None
         except budget.UnsupportedCost as e:
             raise InvalidPrivacyParameters(str(e)) from None
         except budget.AnalystDisabled as e:

@@ -140,7 +140,18 @@ ERROR_CASES: list[tuple[dict[str, Any] | str, int, str]] = [
         400,
         "invalid_privacy_parameters",
     ),
+    ({"sql": "SELECT COUNT(*) FROM patients", "epsilon": 1e309}, 400, "invalid_privacy_parameters"),
 ]
+
+
+@pytest.mark.parametrize("field", ["epsilon", "delta", "mechanism", "dry_run"])
+def test_null_parameters_mean_the_default(ask: Ask, field: str) -> None:
+    status, body = ask("SELECT COUNT(*) FROM patients WHERE age > 70", **{field: None})
+    if field == "dry_run":
+        assert status == 400 and body["error"]["code"] == "invalid_request"
+    else:
+        assert status == 200, body
+        assert body["privacy"]["mechanism"] == "laplace"
 
 
 @pytest.mark.parametrize(("body", "status", "code"), ERROR_CASES)

@@ -214,7 +214,9 @@ def parse_query_request(body: Any, raw: bytes) -> QueryRequest:
         raise InvalidRequest("'sql' is longer than 100,000 characters")
     defaults = gateway().config.privacy
     epsilon = _number(body, "epsilon", defaults.epsilon)
-    mechanism = body.get("mechanism", defaults.mechanism)
+    mechanism = body.get("mechanism")
+    if mechanism is None:  # absent or JSON null: the config's default
+        mechanism = defaults.mechanism
     if mechanism not in ("laplace", "gaussian"):
         raise InvalidPrivacyParameters("'mechanism' must be 'laplace' or 'gaussian'")
     delta = _number(body, "delta", defaults.delta if mechanism == "gaussian" else None)
@@ -227,9 +229,9 @@ def parse_query_request(body: Any, raw: bytes) -> QueryRequest:
 
 
 def _number(body: dict[str, Any], key: str, default: float | None) -> Any:
-    value = body.get(key, default)
-    if value is None:
-        return None
+    value = body.get(key)
+    if value is None:  # absent or JSON null: the config's default
+        return default
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidPrivacyParameters(f"'{key}' must be a number")
     value = float(value)
