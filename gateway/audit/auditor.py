@@ -27,11 +27,12 @@ import numpy as np
 from gateway.audit.knowledge import Knowledge, RowInfo
 from gateway.audit.predicates import Formula, FormulaBuilder, conj
 from gateway.audit.space import CellSpace, SpaceTooLarge
-from gateway.audit.span import Doubt, coefficients, determined_regions, in_span
+from gateway.audit.span import Block, Doubt, coefficients, determined_regions, in_span
 from gateway.config import TableConfig
 from gateway.plan import QueryPlan
 
 MAX_PRE_AUDIT_CELLS = 10_000
+MAX_FINDINGS = 8
 COEF_TOL = 1e-9
 
 
@@ -321,52 +322,84 @@ def _candidates(old: Knowledge, new: Knowledge, touched: set[int]) -> list[Candi
 def _findings(new: Knowledge, candidates: list[Candidate], k: int, *, pre: bool) -> list[Finding]:
     """The candidates estimated (from noisy answers only) below ``k``."""
     out: list[Finding] = []
+    cache: dict[int, _BlockCounts] = {}
     for cand in candidates:
         block = new.blocks[cand.block]
+        if cand.block not in cache:
+            cache[cand.block] = _BlockCounts.of(new, block)
+        bc = cache[cand.block]
         local = cand.local
         asked = block.asked
-        infos = [new.info[i] for i in block.asked_ids]
-        counted = np.array([r.count is not None and not r.pending for r in infos], dtype=bool)
-        counts = np.array([r.count if r.count is not None else np.nan for r in infos])
-        position = {row_id: j for j, row_id in enumerate(block.asked_ids)}
-        used = [(c, block.members[i]) for i, c in enumerate(cand.coefs) if abs(c) > COEF_TOL]
-        supersets = ~np.any(local[None, :] & ~asked, axis=1) & counted
-        subsets = ~np.any(asked & ~local[None, :], axis=1) & counted
-        upper_direct = float(np.min(counts[supersets])) if supersets.any() else math.inf
-        lower_direct = float(np.max(counts[subsets])) if subsets.any() else -math.inf
-        estimate = 0.0
-        unknown = False
+        used = np.abs(cand.coefs) > COEF_TOL
+        known = used & bc.member_known
+        estimate = float(cand.coefs[known] @ bc.member_counts[known])
+        unknown = bool(np.any(used & bc.member_unknown))
         extra = 0.0
         bounds: set[int] = set()
-        for c, row_id in used:
-            info = new.info[row_id]
-            if info.pending:
-                if c > 0:
-                    mine = asked[position[row_id]]
-                    contains = ~np.any(mine[None, :] & ~asked, axis=1) & counted
-                    if contains.any():
-                        best = int(np.nonzero(contains)[0][np.argmin(counts[contains])])
-                        bounds.add(block.asked_ids[best])
-                        extra += c * float(counts[best])
-                    else:
-                        extra = math.inf
-            elif info.count is None:
-                unknown = True
+        for i in np.nonzero(used & bc.member_pending)[0]:
+            c = float(cand.coefs[i])
+            if c <= 0:
+                continue  # a pending count is ≥ 0: a negative term only lowers the bound
+            mine = asked[bc.position[block.members[i]]]
+            contains = ~np.any(mine[None, :] & ~asked, axis=1) & bc.counted
+            if contains.any():
+                best = int(np.nonzero(contains)[0][np.argmin(bc.counts[contains])])
+                bounds.add(block.asked_ids[best])
+                extra += c * float(bc.counts[best])
             else:
-                estimate += c * info.count
+                extra = math.inf
+        direct: set[int] | None = None
         if pre:
             upper = math.inf if unknown else estimate + extra
+            # a region inside an answered region is no larger than its noisy count
+            supersets = ~np.any(local[None, :] & ~asked, axis=1) & bc.counted
+            upper_direct = float(np.min(bc.counts[supersets])) if supersets.any() else math.inf
             small = min(upper, upper_direct) < k
             if small and upper_direct < upper:
-                best = int(np.nonzero(supersets)[0][np.argmin(counts[supersets])])
-                used = [(1.0, block.asked_ids[best])]
-                bounds = set()
+                best = int(np.nonzero(supersets)[0][np.argmin(bc.counts[supersets])])
+                direct = {block.asked_ids[best]}
         elif unknown:
-            small = lower_direct < k
+            # no count estimate: only an answered region inside it can show it is large
+            subsets = ~np.any(asked & ~local[None, :], axis=1) & bc.counted
+            small = not subsets.any() or float(np.max(bc.counts[subsets])) < k
         else:
             small = estimate < k
         if small:
-            rows = {r for _, r in used} | bounds
-            ids = tuple(sorted({new.info[r].query_id for r in rows} - {""}))
-            out.append(Finding(ids))
+            rows = (
+                direct
+                if direct is not None
+                else set(block.members[i] for i in np.nonzero(used)[0]) | bounds
+            )
+            out.append(Finding(tuple(sorted({new.info[r].query_id for r in rows} - {""}))))
+            if len(out) >= MAX_FINDINGS:
+                break  # enough to refuse and to name the queries involved
     return out
+
+
+@dataclass(frozen=True)
+class _BlockCounts:
+    """A block's noisy counts, over its asked rows and over its basis members."""
+
+    counted: np.ndarray
+    counts: np.ndarray
+    position: dict[int, int]
+    member_counts: np.ndarray
+    member_known: np.ndarray
+    member_unknown: np.ndarray
+    member_pending: np.ndarray
+
+    @staticmethod
+    def of(new: Knowledge, block: Block) -> _BlockCounts:
+        infos = [new.info[i] for i in block.asked_ids]
+        members = [new.info[i] for i in block.members]
+        pending = np.array([r.pending for r in members], dtype=bool)
+        missing = np.array([r.count is None for r in members], dtype=bool)
+        return _BlockCounts(
+            counted=np.array([r.count is not None and not r.pending for r in infos], dtype=bool),
+            counts=np.array([r.count if r.count is not None else np.nan for r in infos]),
+            position={row_id: j for j, row_id in enumerate(block.asked_ids)},
+            member_counts=np.array([r.count if r.count is not None else 0.0 for r in members]),
+            member_known=~pending & ~missing,
+            member_unknown=~pending & missing,
+            member_pending=pending,
+        )
