@@ -285,6 +285,12 @@ def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
                 if ratio is not None
                 else f"dpgate failed: {x['errors'].get(qname + '/dpgate', '?')[:80]}"
             )
+            sratio = q.get("ratio_dpgate_sql_raw")
+            if sratio is not None and ratio is not None:
+                value += (
+                    f"; its compiled SQL alone {fmt(sratio)}× raw, gateway overhead "
+                    f"{fmt(q['overhead_ms'])} ms"
+                )
             if uratio is not None:
                 value += f"; per-person bounded {fmt(uratio)}× ({fmt(med['dpgate_unit'])} ms)"
             at_top = x["rows"] == top and top >= 10_000_000

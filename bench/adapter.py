@@ -130,6 +130,18 @@ class InProcess:
             return Answer(False, [], error=f"{getattr(e, 'code', type(e).__name__)}: {e}")
         return Answer(True, _rows(release), cached=bool(getattr(release, "cached", False)))
 
+    def compiled_sql(self, sql: str) -> str | None:
+        """The one statement dpgate would execute for ``sql`` (None if unavailable)."""
+        try:
+            from gateway.analyze import analyze
+            from gateway.compile import compile_plan
+
+            plan = analyze(sql, self.config.tables)
+            table = self.config.tables[plan.table]
+            return str(compile_plan(plan, table, self.gateway.dialect).sql)
+        except Exception:
+            return None
+
     def close(self) -> None:
         for obj in (self.gateway.engine, self.ledger):
             for attr in ("close", "dispose"):

@@ -4,6 +4,9 @@ For each backend (SQLite, DuckDB, PostgreSQL when reachable) and each size, a fr
 process times, interleaved repetition by repetition (so machine load hits both alike):
 
 - ``raw``: the analyst's aggregate executed as-is through SQLAlchemy (exact, no DP);
+- ``dpgate_sql``: the statement dpgate compiles for it (clamping, rounding to the grid)
+  executed directly through the same raw engine — so the ratio dpgate / raw splits into
+  the cost of the DP-safe SQL and the gateway's own per-query overhead;
 - ``dpgate``: the same query through ``Gateway.query`` in-process, row-level table
   (analyze → calibrate → reserve → execute → noise → commit), a fresh analyst per
   repetition so that every repetition is a cache miss with a real ledger commit;
@@ -36,7 +39,7 @@ QUERIES = (
     ("group_sex", "SELECT sex, COUNT(*) AS n FROM {t} GROUP BY sex"),
     ("avg_income", "SELECT AVG(income) AS a FROM {t}"),
 )
-MODES = ("raw", "dpgate", "dpgate_unit")
+MODES = ("raw", "dpgate_sql", "dpgate", "dpgate_unit")
 
 
 def _rss_mb() -> float:
@@ -73,6 +76,7 @@ def worker(backend: str, rows: int, reps: int) -> dict[str, Any]:
     timings: dict[str, dict[str, list[float]]] = {q: {m: [] for m in MODES} for q, _ in QUERIES}
     errors: dict[str, str] = {}
     analysts = [gw.new_analyst() for _ in range(reps + 1)]
+    compiled_sql = {q: gw.compiled_sql(sql.format(t="people")) for q, sql in QUERIES}
 
     def run_mode(mode: str, qname: str, sql: str, analyst: Any) -> float | None:
         key = f"{qname}/{mode}"
@@ -81,6 +85,12 @@ def worker(backend: str, rows: int, reps: int) -> dict[str, Any]:
         started = time.perf_counter()
         if mode == "raw":
             run_raw(sql.format(t=t.table))
+        elif mode == "dpgate_sql":
+            compiled = compiled_sql.get(qname)
+            if compiled is None:
+                errors[key] = "compiled SQL unavailable"
+                return None
+            run_raw(compiled)
         else:
             table = "people" if mode == "dpgate" else "people_unit"
             ans = gw.query(analyst, sql.format(t=table))
@@ -130,6 +140,13 @@ def worker(backend: str, rows: int, reps: int) -> dict[str, Any]:
             "median_ms": med,
             "all_ms": {m: [x * 1e3 for x in v] for m, v in timings[qname].items()},
             "ratio_dpgate_raw": _ratio(med["dpgate"], med["raw"]),
+            "ratio_dpgate_sql_raw": _ratio(med["dpgate_sql"], med["raw"]),
+            "overhead_ms": (
+                med["dpgate"] - med["dpgate_sql"]
+                if med["dpgate"] is not None and med["dpgate_sql"] is not None
+                else None
+            ),
+            "compiled_sql": compiled_sql.get(qname),
             "ratio_dpgate_unit_raw": _ratio(med["dpgate_unit"], med["raw"]),
         }
     return out
