@@ -252,10 +252,15 @@ class AuditRefusedError(OperationalError):
 
 
 class RateLimitedError(OperationalError):
-    """Too many requests; ``detail`` may say when to retry."""
+    """Too many requests; ``retry_after`` says in how many seconds to retry (if known)."""
 
     code = "rate_limited"
     status = 429
+
+    @property
+    def retry_after(self) -> float | None:
+        value = self.detail.get("retry_after")
+        return float(value) if isinstance(value, int | float) else None
 
 
 class DatabaseUnavailableError(OperationalError):

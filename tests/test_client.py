@@ -206,6 +206,13 @@ def test_errors_survive_pickling(gateway: FakeGateway) -> None:
     )
 
 
+def test_rate_limits_say_when_to_retry(gateway: FakeGateway) -> None:
+    gateway.routes[("POST", "/v1/query")] = error(429, "rate_limited", "Slow down.", retry_after=7)
+    with pytest.raises(errors.RateLimitedError) as caught:
+        Client(gateway.url, "k").query("SELECT 1")
+    assert caught.value.retry_after == 7.0
+
+
 def test_a_proxy_error_page_is_still_a_readable_error(gateway: FakeGateway) -> None:
     gateway.routes[("POST", "/v1/query")] = (502, "<html><body>Bad Gateway</body></html>")
     with pytest.raises(errors.OperationalError) as caught:
