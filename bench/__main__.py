@@ -247,6 +247,19 @@ def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
                 f"{res['accepted']}/{res['total']}"
                 + (f" (refused: {', '.join(refused)})" if refused else ""),
             )
+    if sn.get("queries"):
+        costs: dict[str, list[str]] = {}
+        for q in sn["queries"]:
+            c = q.get("privacy_cost")
+            if c:
+                costs.setdefault(f"ε={fmt(c[0])}", []).append(q["kind"])
+        if costs:
+            add(
+                "PUMS",
+                "SmartNoise: ε its own odometer charges per query at Privacy(ε=1) "
+                "(dpgate charges the requested ε=1 for the whole query)",
+                "; ".join(f"{k}: {', '.join(sorted(set(v)))}" for k, v in costs.items()),
+            )
     limit = COUNT_MAE_THEORY * 1.02
     for name, res in (("dpgate", dp), ("SmartNoise", sn)):
         cm = res.get("count_mae")

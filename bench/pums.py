@@ -37,6 +37,7 @@ def summarise(entries: list[dict[str, Any]], system: str) -> dict[str, Any]:
             "accepted": e["accepted"],
             "error": e.get("error"),
             "latency": latency_summary(e["latencies_s"]),
+            "privacy_cost": e.get("privacy_cost"),
         }
         if e["answers"]:
             errs = Q.errors_against_exact(q, exact[q.name], e["answers"])

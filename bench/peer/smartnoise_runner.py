@@ -30,6 +30,11 @@ def main() -> None:
     out = []
     for q in job["queries"]:
         entry: dict = {"name": q["name"], "accepted": True, "error": None}
+        try:  # what SmartNoise's own odometer charges for this query at Privacy(ε, δ)
+            eps, delta = reader.get_privacy_cost(q["sql"])
+            entry["privacy_cost"] = [float(eps), float(delta)]
+        except Exception:
+            entry["privacy_cost"] = None
         lat: list[float] = []
         answers: list = []
         try:
