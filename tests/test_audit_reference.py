@@ -164,7 +164,7 @@ def auditor_determined(
         index = []
         for d in kn.space.dims:
             value = x if d.key.column == "x" else Fraction(y)
-            index.append(d.locate(value))
+            index.append(d.locate_group(value))
         atom_of_cell.append(int(kn.space.atom_of[tuple(index)]))
     out = set()
     for block in kn.blocks:

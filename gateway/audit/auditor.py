@@ -123,9 +123,7 @@ class Auditor:
                 self._state[key] = _extend(base, self._rows(answer))[1]
             except (SpaceTooLarge, Doubt):  # cannot follow: refuse everything after
                 self._saturated.add(key)
-                self._state[key] = Knowledge(
-                    space=base.space, query_ids=base.query_ids | {answer.query_id}
-                )
+                self._state[key] = replace(base, query_ids=base.query_ids | {answer.query_id})
 
     def forget_scope(self, scope: str) -> None:
         """Drop what one scope knows (its data version changed)."""
@@ -261,23 +259,31 @@ def _extend(
     formulas = [f for _, f in rows]
     kn = base.refined(formulas)
     memo: dict[int, np.ndarray] = {}
-    masks = [kn.space.mask(f, memo) for f in formulas]
-    if masks:
-        cover = np.zeros(kn.space.atom_of.shape, dtype=np.int16)
-        for m in masks:
-            cover += m
-        if int(cover.max(initial=0)) <= 1:
-            kn = kn.split(masks)
-        else:
-            for m in masks:
-                kn = kn.split([m])
+    # a query's cells are disjoint: label each grid cell with the row holding it (0: none)
+    label = np.zeros(kn.space.atom_of.shape, dtype=np.int32)
+    disjoint = True
+    for j, f in enumerate(formulas):
+        m = kn.space.mask(f, memo)
+        if disjoint and label[m].any():
+            disjoint = False  # e.g. opaque group keys: split by one region at a time
+        label[m] = j + 1
+    if disjoint:
+        kn = kn.split(label, len(formulas))
+        atom_label = np.zeros(kn.space.n_atoms, dtype=np.int32)
+        atom_label[kn.space.atom_of.ravel()] = label.ravel()
+        masks_of_rows = [atom_label == j + 1 for j in range(len(formulas))]
+    else:
+        for f in formulas:
+            kn = kn.split(kn.space.mask(f, memo).astype(np.int32), 1)
+        masks_of_rows = []
+        for f in formulas:
+            a = np.zeros(kn.space.n_atoms, dtype=bool)
+            a[kn.space.atom_of[kn.space.mask(f, memo)]] = True
+            masks_of_rows.append(a)
     old = kn
-    atom_rows = []
-    for (info, _), m in zip(rows, masks, strict=True):
-        a = np.zeros(kn.space.n_atoms, dtype=bool)
-        a[kn.space.atom_of[m]] = True
-        atom_rows.append((info, a))
-    new, touched = kn.with_rows(atom_rows)
+    new, touched = kn.with_rows(
+        [(info, a) for (info, _), a in zip(rows, masks_of_rows, strict=True)]
+    )
     return old, new, touched
 
 

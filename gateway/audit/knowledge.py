@@ -43,10 +43,10 @@ class Knowledge:
         space.ensure(formulas)
         return replace(self, space=space)
 
-    def split(self, masks: list[np.ndarray]) -> Knowledge:
-        """Atoms split by disjoint region masks; blocks re-expressed over the new atoms."""
+    def split(self, label: np.ndarray, n_labels: int) -> Knowledge:
+        """Atoms split by a labelling of cells (0..n_labels); blocks re-expressed."""
         space = self.space.copy()
-        parents = space.split(masks)
+        parents = space.split(label, n_labels)
         block_of_new = self.block_of[parents]
         order = np.argsort(block_of_new, kind="stable")
         bounds = np.searchsorted(block_of_new[order], np.arange(len(self.blocks) + 1))

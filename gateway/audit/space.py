@@ -9,9 +9,10 @@ dropped); for a categorical column, its declared values (or the constants seen p
 does with it); other columns are taken to hold only declared values, like the rest of
 the public schema, and ``IS NULL`` on them is an opaque condition.
 
-The space is the product of the pieces of the dimensions the scope has used, kept as a
-dense grid that maps each cell to its *atom*: cells no answered region tells apart are
-one atom. A region is a union of cells, hence of atoms once the space is refined by it.
+Each axis of the space groups the pieces that no condition seen so far tells apart
+(``age > 30`` needs two groups, ``age IN (20, 40)`` puts 20 and 40 in one). The space is
+the product of these groups over the dimensions the scope has used, kept as a dense
+grid that maps each cell to its *atom*: cells no answered region tells apart are one atom.
 """
 
 from __future__ import annotations
@@ -76,6 +77,38 @@ class Dimension:
             self.declared = tuple(col.values)
         self.constants: set[Any] = set()
         self.pieces: list[Piece] = self._pieces()
+        # the axis is coarser than the elementary pieces: pieces no condition seen so far
+        # tells apart form one group (``age > 30`` needs two groups, not three pieces)
+        self.conditions: set[Condition] = set()
+        self.group_of = np.zeros(len(self.pieces), dtype=np.intp)
+        self.n_groups = 1
+        self.representative = np.zeros(1, dtype=np.intp)
+
+    def refine_groups(self, conditions: Iterable[Condition]) -> np.ndarray | None:
+        """Make every condition constant on groups; per new group, its old group (or None
+        when nothing changed)."""
+        new = [c for c in conditions if c not in self.conditions]
+        if not new:
+            return None
+        constants = {v for c in new for v in c.values}
+        elem_parents = self.refine(constants)
+        base = self.group_of if elem_parents is None else self.group_of[elem_parents]
+        columns = [base] + [self.evaluate(c).astype(np.intp) for c in new]
+        self.conditions |= set(new)
+        keys = np.stack(columns, axis=1)
+        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        self.group_of = inverse.reshape(-1).astype(np.intp)
+        self.n_groups = len(first)
+        self.representative = first.astype(np.intp)
+        return base[first].astype(np.intp)
+
+    def group_evaluate(self, cond: Condition) -> np.ndarray:
+        """The Kleene value of a condition already seen, on each group."""
+        return self.evaluate(cond)[self.representative]
+
+    def locate_group(self, value: Any) -> int:
+        """Index of the group holding ``value``."""
+        return int(self.group_of[self.locate(value)])
 
     # -- partitions ----------------------------------------------------------------
 
@@ -290,38 +323,36 @@ class CellSpace:
 
     def ensure(self, formulas: Iterable[Formula]) -> None:
         """Refine the space so that every condition of ``formulas`` is constant on cells."""
-        wanted: dict[DimensionKey, set[Any]] = {}
+        wanted: dict[DimensionKey, list[Condition]] = {}
         for f in formulas:
             for c in f.conditions():
-                wanted.setdefault(c.dimension, set()).update(c.values)
-        size = self.n_cells
-        plan: list[tuple[DimensionKey, set[Any]]] = []
-        for key, consts in wanted.items():
-            if key not in self.index:
-                probe = Dimension(key, self.table)
-                probe.refine(consts)
-                size *= len(probe.pieces)
-            else:
-                d = self.dims[self.index[key]]
-                extra = {c for c in consts if c is not None} - d.constants
-                size = size // len(d.pieces) * (len(d.pieces) + 2 * len(extra))
-            plan.append((key, consts))
-        if size > MAX_CELLS:
-            raise SpaceTooLarge
-        atom_of = self.atom_of
-        for key, consts in plan:
+                wanted.setdefault(c.dimension, []).append(c)
+        steps: list[tuple[int | None, Dimension, np.ndarray | None]] = []
+        shape = list(self.atom_of.shape)
+        for key, conds in wanted.items():
             if key not in self.index:
                 d = Dimension(key, self.table)
-                d.refine(consts)
-                self.index[key] = len(self.dims)
-                self.dims.append(d)
-                atom_of = np.repeat(atom_of[..., None], len(d.pieces), axis=-1)
+                d.refine_groups(conds)
+                steps.append((None, d, None))
+                shape.append(d.n_groups)
             else:
                 axis = self.index[key]
                 d = self.dims[axis]
-                parents = d.refine(consts)
+                parents = d.refine_groups(conds)
                 if parents is not None:
-                    atom_of = np.take(atom_of, parents, axis=axis)
+                    steps.append((axis, d, parents))
+                    shape[axis] = d.n_groups
+        if int(np.prod(shape, dtype=np.float64)) > MAX_CELLS:
+            raise SpaceTooLarge
+        atom_of = self.atom_of
+        for at, d, parents in steps:
+            if at is None:
+                self.index[d.key] = len(self.dims)
+                self.dims.append(d)
+                atom_of = np.repeat(atom_of[..., None], d.n_groups, axis=-1)
+            else:
+                assert parents is not None
+                atom_of = np.take(atom_of, parents, axis=at)
         self.atom_of = np.require(atom_of, requirements="C")
 
     def truth(self, f: Formula, memo: dict[int, np.ndarray] | None = None) -> np.ndarray:
@@ -344,7 +375,7 @@ class CellSpace:
         if f.op == "leaf":
             assert f.leaf is not None
             axis = self.index[f.leaf.dimension]
-            vals = self.dims[axis].evaluate(f.leaf)
+            vals = self.dims[axis].group_evaluate(f.leaf)
             shape = [1] * nd
             shape[axis] = len(vals)
             return vals.reshape(shape)
@@ -360,16 +391,14 @@ class CellSpace:
         """Cells where the predicate is TRUE (the rows a WHERE keeps)."""
         return np.broadcast_to(self.truth(f, memo) == T, self.atom_of.shape)
 
-    def split(self, masks: list[np.ndarray]) -> np.ndarray:
-        """Split atoms by disjoint masks; returns the parent atom of each new atom."""
-        label = np.zeros(self.atom_of.shape, dtype=np.int64)
-        for j, m in enumerate(masks):
-            label[m] = j + 1
-        key = self.atom_of.astype(np.int64) * (len(masks) + 1) + label
+    def split(self, label: np.ndarray, n_labels: int) -> np.ndarray:
+        """Split atoms by a labelling of cells (0..n_labels); returns the parent atom of
+        each new atom."""
+        key = self.atom_of.astype(np.int64) * (n_labels + 1) + label
         uniq, inverse = np.unique(key.ravel(), return_inverse=True)
         self.atom_of = inverse.reshape(self.atom_of.shape).astype(np.int32)
         self.n_atoms = len(uniq)
-        return (uniq // (len(masks) + 1)).astype(np.intp)
+        return (uniq // (n_labels + 1)).astype(np.intp)
 
     def atoms_in(self, mask: np.ndarray) -> np.ndarray:
         """The atoms (sorted ids) of a region; the space must already be split by it."""
@@ -381,4 +410,6 @@ def _copy_dim(d: Dimension) -> Dimension:
     c.__dict__.update(d.__dict__)
     c.constants = set(d.constants)
     c.pieces = list(d.pieces)
+    c.conditions = set(d.conditions)
+    c.__dict__.pop("_index", None)
     return c
