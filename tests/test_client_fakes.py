@@ -132,7 +132,7 @@ def gateway() -> Iterator[FakeGateway]:
     fake = FakeGateway()
     server: WSGIServer = make_server("127.0.0.1", 0, fake.app, handler_class=_Quiet)
     fake.url = f"http://127.0.0.1:{server.server_port}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.01,), daemon=True)
     thread.start()
     try:
         yield fake
