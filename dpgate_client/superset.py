@@ -8,14 +8,18 @@ entry point, adds what the generic one cannot know:
 - no joins or file uploads (dpgate answers one table at a time, read-only);
 - aggregates are never hidden in ORDER BY: Superset then puts a sort metric in the
   SELECT list, which is the query shape dpgate's analyzer reads;
-- error messages shown to users keep dpgate's code (``[dpgate: budget_exhausted]``).
+- error messages shown to users keep dpgate's code (``[dpgate: budget_exhausted]``),
+  and syntax / unknown column / unknown table / bad key errors get Superset's own error
+  types (and their issue codes and UI).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 from superset.db_engine_specs.base import BaseEngineSpec
+from superset.errors import SupersetErrorType
 
 from dpgate_client import errors
 
@@ -38,6 +42,32 @@ class DpgateEngineSpec(BaseEngineSpec):
     supports_file_upload = False
     disable_ssh_tunneling = True
     supports_dynamic_schema = False
+
+    # The user sees the gateway's own sentence (an empty message keeps it); the type
+    # selects Superset's issue code and UI.
+    custom_errors: ClassVar[dict[re.Pattern[str], tuple[str, Any, dict[str, Any]]]] = {
+        re.compile(r"\[dpgate: sql_syntax\]"): ("", SupersetErrorType.SYNTAX_ERROR, {}),
+        re.compile(r"\[dpgate: unknown_column\]"): (
+            "",
+            SupersetErrorType.COLUMN_DOES_NOT_EXIST_ERROR,
+            {},
+        ),
+        re.compile(r"\[dpgate: unknown_table\]"): (
+            "",
+            SupersetErrorType.TABLE_DOES_NOT_EXIST_ERROR,
+            {},
+        ),
+        re.compile(r"\[dpgate: unauthenticated\]"): (
+            "",
+            SupersetErrorType.CONNECTION_ACCESS_DENIED_ERROR,
+            {},
+        ),
+        re.compile(r"\[dpgate: connection_failed\]"): (
+            "",
+            SupersetErrorType.CONNECTION_HOST_DOWN_ERROR,
+            {},
+        ),
+    }
 
     @classmethod
     def _extract_error_message(cls, ex: Exception) -> str:
