@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from gateway.audit.components import Extension, TableKnowledge
 from gateway.audit.knowledge import Knowledge, RowInfo
 from gateway.audit.predicates import Formula, FormulaBuilder, conj
-from gateway.audit.space import CellSpace, SpaceTooLarge
+from gateway.audit.space import SpaceTooLarge
 from gateway.audit.span import Block, Doubt, coefficients, determined_regions, in_span
 from gateway.config import TableConfig
 from gateway.plan import QueryPlan
@@ -72,6 +73,11 @@ class Finding:
 
 ALLOWED = AuditDecision(True, (), "no small group is determined")
 
+# (base, the regions tried, base with them, their candidates, the components changed)
+_Tried = tuple[
+    "TableKnowledge", tuple[Formula, ...], "TableKnowledge", list["Candidate"], tuple[int, ...]
+]
+
 
 class Auditor:
     """Per-scope knowledge of answered regions, and the checks made against it."""
@@ -80,12 +86,18 @@ class Auditor:
         self.tables = dict(tables)
         self.min_group_size = min_group_size
         self._builders = {name: FormulaBuilder(t) for name, t in self.tables.items()}
-        self._state: dict[tuple[str, str], Knowledge] = {}
+        self._state: dict[tuple[str, str], TableKnowledge] = {}
         self._saturated: set[tuple[str, str]] = set()
-        self._pending: dict[tuple[str, str], tuple[str, Knowledge, Knowledge]] = {}
+        self._pending: dict[tuple[str, str], tuple[str, TableKnowledge, TableKnowledge]] = {}
         self._tried: dict[
             tuple[str, str],
-            tuple[Knowledge, tuple[Formula, ...], Knowledge, list[Candidate]],
+            tuple[
+                TableKnowledge,
+                tuple[Formula, ...],
+                TableKnowledge,
+                list[Candidate],
+                tuple[int, ...],
+            ],
         ] = {}
         self._lock = threading.Lock()
 
@@ -120,7 +132,7 @@ class Auditor:
                 self._state[key] = pending[2]
                 return
             try:
-                self._state[key] = _extend(base, self._rows(answer))[1]
+                self._state[key] = base.extend(self._rows(answer), _extend)[0]
             except (SpaceTooLarge, Doubt):  # cannot follow: refuse everything after
                 self._saturated.add(key)
                 self._state[key] = replace(base, query_ids=base.query_ids | {answer.query_id})
@@ -147,17 +159,17 @@ class Auditor:
         with self._lock:
             return any(query_id in kn.query_ids for (s, _), kn in self._state.items() if s == scope)
 
-    def knowledge(self, scope: str, table: str) -> Knowledge:
+    def knowledge(self, scope: str, table: str) -> TableKnowledge:
         """What ``scope`` knows about ``table`` (an immutable snapshot, for inspection)."""
         with self._lock:
             return self._knowledge((scope, table))
 
     # -- internals ----------------------------------------------------------------------
 
-    def _knowledge(self, key: tuple[str, str]) -> Knowledge:
+    def _knowledge(self, key: tuple[str, str]) -> TableKnowledge:
         kn = self._state.get(key)
         if kn is None:
-            kn = Knowledge(space=CellSpace(self.tables[key[1]]))
+            kn = TableKnowledge(self.tables[key[1]])
             self._state[key] = kn
         return kn
 
@@ -179,20 +191,27 @@ class Auditor:
         ]
 
     def _extended(
-        self, key: tuple[str, str], base: Knowledge, rows: list[tuple[RowInfo, Formula]]
-    ) -> tuple[Knowledge, list[Candidate]]:
+        self, key: tuple[str, str], base: TableKnowledge, rows: list[tuple[RowInfo, Formula]]
+    ) -> tuple[TableKnowledge, list[Candidate]]:
         """``_extend`` and its candidate regions, reusing the pre-audit's work when the
         post-audit adds the same regions to the same knowledge (only the counts differ)."""
         formulas = tuple(f for _, f in rows)
         tried = self._tried.get(key)
         if tried is not None and tried[0] is base and tried[1] == formulas:
-            shaped, candidates = tried[2], tried[3]
-            info = shaped.info[: len(shaped.info) - len(rows)] + tuple(r for r, _ in rows)
+            shaped, candidates, changed = tried[2], tried[3], tried[4]
+            fresh = tuple(replace(r, formula=f) for r, f in rows)
+            parts = list(shaped.parts)
+            for i in changed:
+                info = parts[i].info
+                parts[i] = replace(parts[i], info=info[: len(info) - len(rows)] + fresh)
             ids = base.query_ids | {r.query_id for r, _ in rows}
-            return replace(shaped, info=info, query_ids=ids), candidates
-        old, new, touched = _extend(base, rows)
-        candidates = _candidates(old, new, touched)
-        self._tried[key] = (base, formulas, new, candidates)
+            return replace(shaped, parts=tuple(parts), query_ids=ids), candidates
+        new, changes = base.extend(rows, _extend)
+        candidates = _candidates(changes)
+        if new.universe_added:  # the derived row's count depends on the answer: redo
+            self._tried.pop(key, None)
+        else:
+            self._tried[key] = (base, formulas, new, candidates, tuple(c.part for c in changes))
         return new, candidates
 
     def _decide(
@@ -302,38 +321,54 @@ def _in_old_span(old: Knowledge, region: np.ndarray) -> bool:
 @dataclass(frozen=True)
 class Candidate:
     """A determined region never asked and not determined before: where it lies
-    (block, atoms over the block's columns) and its coefficients over block members."""
+    (component, block, atoms over the block's columns) and its coefficients over the
+    block's members."""
 
+    part: int
     block: int
     local: np.ndarray
     coefs: np.ndarray
 
 
-def _candidates(old: Knowledge, new: Knowledge, touched: set[int]) -> list[Candidate]:
+def _candidates(changes: list[Extension]) -> list[Candidate]:
     """The regions the new rows determine that must be sized (structure only)."""
+    out: list[Candidate] = []
+    for change in changes:
+        out += _part_candidates(
+            change.part, change.old, change.new, change.touched, rescan=change.rescan
+        )
+    return out
+
+
+def _part_candidates(
+    part: int, old: Knowledge, new: Knowledge, touched: set[int], *, rescan: bool
+) -> list[Candidate]:
     out: list[Candidate] = []
     for b in sorted(touched):
         block = new.blocks[b]
-        for local in determined_regions(block):
+        for local in determined_regions(block, changed_only=not rescan):
             if np.any(np.all(block.asked == local[None, :], axis=1)):
                 continue  # released directly, with its own noise
             region = np.zeros(new.space.n_atoms, dtype=bool)
             region[block.cols[local]] = True
             if _in_old_span(old, region):
                 continue
-            out.append(Candidate(b, local, coefficients(block, local)))
+            out.append(Candidate(part, b, local, coefficients(block, local)))
     return out
 
 
-def _findings(new: Knowledge, candidates: list[Candidate], k: int, *, pre: bool) -> list[Finding]:
+def _findings(
+    tk: TableKnowledge, candidates: list[Candidate], k: int, *, pre: bool
+) -> list[Finding]:
     """The candidates estimated (from noisy answers only) below ``k``."""
     out: list[Finding] = []
-    cache: dict[int, _BlockCounts] = {}
+    cache: dict[tuple[int, int], _BlockCounts] = {}
     for cand in candidates:
+        new = tk.parts[cand.part]
         block = new.blocks[cand.block]
-        if cand.block not in cache:
-            cache[cand.block] = _BlockCounts.of(new, block)
-        bc = cache[cand.block]
+        if (cand.part, cand.block) not in cache:
+            cache[cand.part, cand.block] = _BlockCounts.of(new, block)
+        bc = cache[cand.part, cand.block]
         local = cand.local
         asked = block.asked
         used = np.abs(cand.coefs) > COEF_TOL

@@ -24,6 +24,7 @@ class RowInfo:
     cell: int
     count: float | None
     pending: bool = False  # in a pre-audit: part of the query being audited, unanswered
+    formula: Formula | None = None  # the region, kept to rebuild merged components
 
 
 @dataclass(frozen=True)

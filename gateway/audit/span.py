@@ -272,7 +272,7 @@ def determined_regions(block: Block, *, changed_only: bool = True) -> list[np.nd
     if n <= EXHAUSTIVE_ATOMS:
         return _minimal_exhaustive(block)
     # a basis row no insertion changed was already a determined region before
-    rows = np.nonzero(block.dirty_rows())[0]
+    rows = np.nonzero(block.dirty_rows())[0] if changed_only else np.arange(block.rank)
     if len(rows):  # cheap first pass: a 0/1 row (even in doubt) lies within [0, 1]
         sub = block.basis[rows]
         inside = (sub.min(axis=1) > -DOUBT_TOL) & (sub.max(axis=1) < 1 + DOUBT_TOL)

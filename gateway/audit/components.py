@@ -1,0 +1,150 @@
+"""A scope's knowledge of one table, split into independent components by dimension.
+
+Queries that never mention a common dimension cannot combine into a narrower region:
+if f(age) + g(city) is a 0/1 indicator for every age and city, one of f and g is
+constant. So the span of all answered regions is the sum of the spans of *components*
+— groups of rows connected through the dimensions they use — provided every component
+also knows the regions that use no dimension at all (``COUNT(*)`` over everyone), which
+are therefore copied into each. Each component has its own, much smaller, cell space;
+a query that bridges components merges them (replaying their rows in a fresh space).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from gateway.audit.knowledge import Knowledge, RowInfo
+from gateway.audit.predicates import TRUE, DimensionKey, Formula
+from gateway.audit.space import CellSpace
+from gateway.audit.span import coefficients, in_span
+from gateway.config import TableConfig
+
+COEF_TOL = 1e-9
+
+Rows = list[tuple[RowInfo, Formula]]
+ExtendFn = Callable[[Knowledge, Rows], tuple[Knowledge, Knowledge, set[int]]]
+"""``(knowledge, rows) → (knowledge refined and split for rows, with rows, touched)``."""
+
+
+@dataclass(frozen=True)
+class Extension:
+    """One component changed by new rows: its index, before and after, touched blocks."""
+
+    part: int
+    old: Knowledge
+    new: Knowledge
+    touched: set[int]
+    rescan: bool = False  # changed by two extensions: look at every basis row again
+
+
+@dataclass(frozen=True)
+class TableKnowledge:
+    """Components (``parts``) with the dimensions each uses, plus the dimensionless rows
+    every component holds a copy of."""
+
+    table: TableConfig
+    parts: tuple[Knowledge, ...] = ()
+    dims: tuple[frozenset[DimensionKey], ...] = ()
+    constant_rows: tuple[tuple[RowInfo, Formula], ...] = ()
+    query_ids: frozenset[str] = frozenset()
+    universe_added: bool = False  # the last ``extend`` shared a derived everyone-row
+
+    def extend(self, rows: Rows, extend_one: ExtendFn) -> tuple[TableKnowledge, list[Extension]]:
+        """The knowledge with ``rows`` added, and the components that changed."""
+        self = replace(self, universe_added=False)
+        rows = [(replace(r, formula=f), f) for r, f in rows]
+        used = frozenset(c.dimension for _, f in rows for c in f.conditions())
+        parts = list(self.parts)
+        dims = list(self.dims)
+        constant_rows = self.constant_rows
+        changes: list[Extension] = []
+        if not used:
+            constant_rows = constant_rows + tuple(rows)
+            if not parts:
+                parts.append(Knowledge(space=CellSpace(self.table)))
+                dims.append(frozenset())
+            for i, part in enumerate(parts):
+                old, new, touched = extend_one(part, rows)
+                parts[i] = new
+                changes.append(Extension(i, old, new, touched))
+        else:
+            hit = [i for i, d in enumerate(dims) if (d & used) or not d]
+            base = parts[hit[0]] if len(hit) == 1 else _replay(self, hit, extend_one)
+            old, new, touched = extend_one(base, rows)
+            merged_dims = frozenset().union(used, *(dims[i] for i in hit))
+            keep = [i for i in range(len(parts)) if i not in hit]
+            parts = [parts[i] for i in keep] + [new]
+            dims = [dims[i] for i in keep] + [merged_dims]
+            changes.append(Extension(len(parts) - 1, old, new, touched))
+        out = replace(
+            self,
+            parts=tuple(parts),
+            dims=tuple(dims),
+            constant_rows=constant_rows,
+            query_ids=self.query_ids | {r.query_id for r, _ in rows},
+        )
+        if out.constant_rows:
+            return out, changes
+        for change in changes:
+            universe = _universe(change.new)
+            if universe is None:
+                continue
+            # one component now determines everyone: every component must know it too
+            shared, more = out.extend([(universe, TRUE)], extend_one)
+            first = {c.part: c for c in changes}
+            merged = []
+            for c in more:
+                before = first.get(c.part)
+                touched = set(range(len(c.new.blocks))) if before is not None else c.touched
+                old = before.old if before is not None else c.old
+                merged.append(Extension(c.part, old, c.new, touched, before is not None))
+            return replace(shared, universe_added=True), merged
+        return out, changes
+
+
+def _replay(tk: TableKnowledge, hit: list[int], extend_one: ExtendFn) -> Knowledge:
+    """One component holding the dimensionless rows and the rows of components ``hit``."""
+    kn = Knowledge(space=CellSpace(tk.table))
+    replay: Rows = list(tk.constant_rows)
+    for i in hit:
+        for info in tk.parts[i].info:
+            if info.formula is not None and info.formula.conditions():
+                replay.append((info, info.formula))
+    # rows of one query are replayed together (its cells are disjoint)
+    start = 0
+    while start < len(replay):
+        end = start + 1
+        qid = replay[start][0].query_id
+        while end < len(replay) and replay[end][0].query_id == qid:
+            end += 1
+        kn = extend_one(kn, replay[start:end])[1]
+        start = end
+    return kn
+
+
+def _universe(kn: Knowledge) -> RowInfo | None:
+    """A row for "everyone" when ``kn``'s span holds it: its count is the same
+    combination of noisy answers (unknown if it needs an unanswered or count-less row)."""
+    if kn.space.n_atoms == 0 or np.any(kn.block_of[: kn.space.n_atoms] < 0):
+        return None
+    estimate = 0.0
+    pending = unknown = False
+    for block in kn.blocks:
+        ones = np.ones(len(block.cols), dtype=bool)
+        if not in_span(block, ones[None, :].astype(float))[0]:
+            return None
+        for c, member in zip(coefficients(block, ones), block.members, strict=True):
+            if abs(c) <= COEF_TOL:
+                continue
+            info = kn.info[member]
+            if info.pending:
+                pending = True
+            elif info.count is None:
+                unknown = True
+            else:
+                estimate += float(c) * info.count
+    count = None if (pending or unknown) else estimate
+    return RowInfo("", -1, count, pending=pending, formula=TRUE)
