@@ -228,3 +228,44 @@ def test_opaque_conditions_are_their_own_dimension(alice: Session) -> None:
         alice.ask("SELECT COUNT(*) FROM patients WHERE zip LIKE '10%' AND age <> 44", 698.0)
     )
     assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE zip LIKE '11%'", 3.0))
+
+
+def test_everyone_derived_in_one_component_is_known_to_the_others(alice: Session) -> None:
+    # age > 30 and age <= 30 together are everyone; then "everyone but Eger" pins Eger
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30", 2000.0))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age <= 30", 1000.0))
+    _, post = alice.ask("SELECT COUNT(*) FROM patients WHERE city <> 'Eger'", 2998.0)
+    assert post is not None and not post.allowed
+    assert post.combined_with == ("q1", "q2")
+
+
+def test_a_long_diverse_honest_session_keeps_being_answered(
+    alice: Session, tables: dict[str, TableConfig]
+) -> None:
+    cities = tables["patients"].columns["city"].values
+    diseases = tables["patients"].columns["disease"].values
+    assert cities is not None and diseases is not None
+    sqls = [
+        "SELECT COUNT(*) FROM patients",
+        "SELECT COUNT(*) FROM patients WHERE age > 30 AND sex = 'F'",
+        "SELECT AVG(glucose) FROM patients WHERE disease IN ('Diabetes', 'Crohn')",
+        "SELECT SUM(income) FROM patients WHERE NOT smoker",
+        "SELECT COUNT(*) FROM patients WHERE zip LIKE '1%' OR city = 'Szeged'",
+        "SELECT COUNT(*) FROM patients WHERE glucose BETWEEN 3.5 AND 7.25",
+        "SELECT COUNT(*) FROM patients WHERE age BETWEEN 20 AND 60 AND smoker",
+        "SELECT COUNT(*) FROM patients WHERE income > 50000",
+        "SELECT COUNT(*) FROM patients WHERE age < 18",
+    ]
+    for i, sql in enumerate(sqls):
+        count = 30000.0 if i == 0 else 700.0 + len(sql)  # everyone, then large subgroups
+        assert not refused(alice.ask(sql, count)), sql
+    grouped = [
+        ("SELECT city, COUNT(*) FROM patients GROUP BY city", cities),
+        ("SELECT disease, COUNT(*) FROM patients WHERE age > 40 GROUP BY disease", diseases),
+        ("SELECT sex, COUNT(*) FROM patients WHERE income > 20000 GROUP BY sex", ("F", "M")),
+    ]
+    for sql, values in grouped:
+        cells = [((v,), 300.0 + i) for i, v in enumerate(values)]
+        assert not refused(alice.ask(sql, cells)), sql
+    kn = alice.auditor.knowledge("alice", "patients")
+    assert max(p.space.n_cells for p in kn.parts) < 100_000

@@ -196,6 +196,8 @@ def run_instance(seed: int, *, exhaustive: bool) -> None:
             p,
             tuple(AnsweredCell(v, c, {}) for v, c in zip(values, new_counts, strict=True)),
         )
+        if q % 2 == 0:  # the pipeline pre-audits first: its work is reused by the post-audit
+            auditor.pre_audit("s", p)
         decision = auditor.post_audit("s", answer)
         # the reference decision: a newly determined minimal region, never asked, est < k
         old_det = ref.determined(rows)

@@ -204,8 +204,15 @@ class Auditor:
             for i in changed:
                 info = parts[i].info
                 parts[i] = replace(parts[i], info=info[: len(info) - len(rows)] + fresh)
+            constant = shaped.constant_rows
+            if not any(f.conditions() for f in formulas):  # copied into every component
+                kept = constant[: len(constant) - len(rows)]
+                constant = kept + tuple(zip(fresh, formulas, strict=True))
             ids = base.query_ids | {r.query_id for r, _ in rows}
-            return replace(shaped, parts=tuple(parts), query_ids=ids), candidates
+            return (
+                replace(shaped, parts=tuple(parts), constant_rows=constant, query_ids=ids),
+                candidates,
+            )
         new, changes = base.extend(rows, _extend)
         candidates = _candidates(changes)
         if new.universe_added:  # the derived row's count depends on the answer: redo
@@ -411,7 +418,8 @@ def _findings(
                 if direct is not None
                 else set(block.members[i] for i in np.nonzero(used)[0]) | bounds
             )
-            out.append(Finding(tuple(sorted({new.info[r].query_id for r in rows} - {""}))))
+            names = {q for r in rows for q in new.info[r].query_id.split(",") if q}
+            out.append(Finding(tuple(sorted(names))))
             if len(out) >= MAX_FINDINGS:
                 break  # enough to refuse and to name the queries involved
     return out

@@ -84,7 +84,7 @@ class TableKnowledge:
             parts=tuple(parts),
             dims=tuple(dims),
             constant_rows=constant_rows,
-            query_ids=self.query_ids | {r.query_id for r, _ in rows},
+            query_ids=self.query_ids | {r.query_id for r, _ in rows if r.cell >= 0},
         )
         if out.constant_rows:
             return out, changes
@@ -132,6 +132,7 @@ def _universe(kn: Knowledge) -> RowInfo | None:
         return None
     estimate = 0.0
     pending = unknown = False
+    sources: set[str] = set()
     for block in kn.blocks:
         ones = np.ones(len(block.cols), dtype=bool)
         if not in_span(block, ones[None, :].astype(float))[0]:
@@ -140,6 +141,7 @@ def _universe(kn: Knowledge) -> RowInfo | None:
             if abs(c) <= COEF_TOL:
                 continue
             info = kn.info[member]
+            sources.update(q for q in info.query_id.split(",") if q)
             if info.pending:
                 pending = True
             elif info.count is None:
@@ -147,4 +149,5 @@ def _universe(kn: Knowledge) -> RowInfo | None:
             else:
                 estimate += float(c) * info.count
     count = None if (pending or unknown) else estimate
-    return RowInfo("", -1, count, pending=pending, formula=TRUE)
+    # the derived row names the queries it comes from (cell −1 marks it as derived)
+    return RowInfo(",".join(sorted(sources)), -1, count, pending=pending, formula=TRUE)

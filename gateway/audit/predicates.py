@@ -221,6 +221,11 @@ class FormulaBuilder:
             return TRUE if node.this else FALSE
         if isinstance(node, exp.Null):
             return NULL
+        dim = self._column_dim(node)
+        if dim is not None and dim.column is not None:
+            col = self.table.columns[dim.column]
+            if col.type == "boolean":  # WHERE smoker means smoker = TRUE
+                return Formula("leaf", leaf=Condition(dim, "in", (True,)))
         try:
             leaf = self._leaf(node)
         except _NotConstant:
