@@ -37,7 +37,7 @@ import numpy as np
 import sqlglot
 
 from gateway.audit import AnsweredCell, AnsweredQuery, Auditor
-from gateway.audit.knowledge import Knowledge
+from gateway.audit.components import TableKnowledge
 from gateway.config import ColumnConfig, TableConfig
 from gateway.plan import GroupKey, QueryPlan
 
@@ -87,10 +87,12 @@ def make_query(rng: random.Random, workload: str, n: int) -> AnsweredQuery:
     return AnsweredQuery(f"q{n}", _plan(where, True), cells)
 
 
-def knowledge_bytes(kn: Knowledge) -> int:
-    total = kn.space.atom_of.nbytes + kn.block_of.nbytes
-    for b in kn.blocks:
-        total += b.basis.nbytes + b.origin.nbytes + b.asked.nbytes + b.cols.nbytes
+def knowledge_bytes(tk: TableKnowledge) -> int:
+    total = 0
+    for kn in tk.parts:
+        total += kn.space.atom_of.nbytes + kn.block_of.nbytes
+        for b in kn.blocks:
+            total += b.basis.nbytes + b.origin.nbytes + b.asked.nbytes + b.cols.nbytes
     return total
 
 
@@ -109,15 +111,16 @@ def run(workload: str, queries: int, probe: int, seed: int = 7) -> dict[str, Any
         times.append(time.perf_counter() - t0)
         refused += (not pre.allowed) or (not post.allowed)
         if n in (100, 250, 500, 1000, 2000) or n == queries:
-            kn = auditor.knowledge("s", "t")
+            tk = auditor.knowledge("s", "t")
             window = times[-50:]
             checkpoints[n] = {
                 "median_ms_last50": statistics.median(window) * 1e3,
-                "atoms": kn.space.n_atoms,
-                "cells": kn.space.n_cells,
-                "blocks": len(kn.blocks),
-                "rank": sum(b.rank for b in kn.blocks),
-                "knowledge_mb": knowledge_bytes(kn) / 2**20,
+                "components": len(tk.parts),
+                "atoms": sum(kn.space.n_atoms for kn in tk.parts),
+                "cells": sum(kn.space.n_cells for kn in tk.parts),
+                "blocks": sum(len(kn.blocks) for kn in tk.parts),
+                "rank": sum(b.rank for kn in tk.parts for b in kn.blocks),
+                "knowledge_mb": knowledge_bytes(tk) / 2**20,
                 "refused_so_far": refused,
             }
             print(f"[bench_audit] {workload} n={n} {checkpoints[n]}", file=sys.stderr, flush=True)
