@@ -142,16 +142,18 @@ with app.test_client() as client:
             client.get(f"/api/v1/datasource/table/{ds_id}/column/disease/values/", headers=headers),
             required=False,
         )
-        step(
-            "dataset samples (row-level; dpgate should refuse)",
+        # The Samples pane is a classic view: it needs a browser session, not the JWT.
+        client.post("/login/", data={"username": "admin", "password": "admin"})
+        samples = step(
+            "dataset samples pane (row-level; dpgate should refuse)",
             client.post(
                 f"/datasource/samples?datasource_id={ds_id}&datasource_type=table",
                 json={},
-                headers=headers,
             ),
             required=False,
             refusal=True,
         )
+        print("  samples pane shows:", json.dumps(samples, ensure_ascii=False)[:400])
     step(
         "SQL Lab aggregate",
         client.post(
