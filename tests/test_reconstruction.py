@@ -4,7 +4,7 @@
 ``COUNT(*) WHERE secret = 1 AND id IN (…)`` and decodes the bits by least squares and by
 the Dinur–Nissim linear program (scipy ``linprog``). On exact answers computed straight
 from the database it recovers (almost) every bit. Through dpgate, with a total budget of
-ε = 1 (pure accounting) split over the same queries, it cannot do much better than
+ε = 1 (pure accounting) split over its queries, it cannot do much better than
 guessing: no ε = 1 mechanism lets anyone guess a bit with probability above
 e / (1 + e) ≈ 73%, and the test asserts ≤ 80%. It runs with the auditor off (the noise
 alone) and on (the auditor also stops the queries once single people are determined).
@@ -28,7 +28,9 @@ from gateway.errors import AuditRefused, BudgetExhausted, GatewayError
 from gateway.plan import QueryRequest
 
 N = 256
-QUERIES = 512
+QUERIES = 512  # on exact answers: twice overdetermined
+DP_QUERIES = 300  # through dpgate: ε = 1/300 each (fewer, noisier-per-query answers
+# change nothing: no split of ε = 1 beats the e/(1+e) ceiling)
 SEED = 20260
 
 
@@ -126,8 +128,8 @@ def test_the_attack_fails_through_dpgate_at_epsilon_one(
     monkeypatch.setenv("DPGATE_ADMIN_KEY", "admin-" + "k" * 40)
     path, secret = people
     gw = _gateway(path, tmp_path, mode)
-    a = subsets()
-    eps = 1.0 / QUERIES * (1 - 1e-9)
+    a = subsets()[:DP_QUERIES]
+    eps = 1.0 / DP_QUERIES * (1 - 1e-9)
     answered: list[int] = []
     y: list[float] = []
     refused = 0
