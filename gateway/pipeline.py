@@ -438,7 +438,7 @@ class Gateway:
             query_id=uuid.uuid4().hex,
             cached=False,
             columns=tuple(ColumnInfo(n, t) for n, t in plan.columns),
-            rows=(plan.row,),
+            rows=plan.rows,
             accuracy={},
             privacy={"mechanism": "none", "epsilon": 0.0, "delta": 0.0, "rho": 0.0},
             budget=self.budget(analyst),

@@ -117,11 +117,12 @@ class QueryPlan:
 
 @dataclass(frozen=True)
 class ProbePlan:
-    """A connection probe from a BI tool (``SELECT 1``, ``SELECT version()``): answered
-    from constants, free, without touching protected data."""
+    """A query answered from public information alone, free, without touching protected
+    data: a BI tool's connection probe (``SELECT 1``, ``SELECT version()``), or the list
+    of a column's declared values (``SELECT DISTINCT sex FROM patients``)."""
 
     columns: tuple[tuple[str, ValueType], ...]
-    row: tuple[Any, ...]
+    rows: tuple[tuple[Any, ...], ...]
 
 
 @dataclass(frozen=True)

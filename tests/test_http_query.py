@@ -417,3 +417,26 @@ def test_the_gaussian_mechanism_end_to_end(ask: Ask, gateway: Gateway) -> None:
     truth = dict(_rows(gateway, "SELECT disease, COUNT(*) FROM patients GROUP BY disease"))
     for disease, n in body["rows"]:
         assert abs(n - truth[disease]) < 8 * sigma  # P(|N(0,σ²)| > 8σ) < 1e-15
+
+
+def test_a_filter_dropdown_lists_declared_values_for_free(ask: Ask) -> None:
+    status, body = ask("SELECT DISTINCT disease AS column_values FROM main.patients LIMIT 10000")
+    assert status == 200
+    assert [r[0] for r in body["rows"]][:3] == ["Crohn", "Influenza", "Meningitis"]
+    assert body["privacy"]["epsilon"] == 0.0 and body["budget"]["rho_spent"] == 0.0
+    # Values that are not declared public, or a filtered list, stay refused.
+    for sql in (
+        "SELECT DISTINCT zip FROM patients",
+        "SELECT DISTINCT disease FROM patients WHERE age > 90",
+    ):
+        status, body = ask(sql)
+        assert status == 400 and body["error"]["code"] == "unsupported_query"
+
+
+def test_where_on_a_group_key_narrows_the_released_groups(ask: Ask) -> None:
+    status, body = ask(
+        "SELECT disease, COUNT(*) FROM patients WHERE disease IN ('Crohn', 'Influenza') "
+        "GROUP BY disease"
+    )
+    assert status == 200
+    assert [r[0] for r in body["rows"]] == ["Crohn", "Influenza"]

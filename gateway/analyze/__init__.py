@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from gateway.analyze.parse import parse_select
-from gateway.analyze.select import build_plan, canonical_sql
+from gateway.analyze.select import build_plan, canonical_sql, public_values_plan
 from gateway.analyze.wrapper import probe_plan, unwrap
 from gateway.config import TableConfig
 from gateway.plan import ProbePlan, QueryPlan
@@ -32,6 +32,9 @@ def analyze(sql: str, tables: Mapping[str, TableConfig]) -> QueryPlan | ProbePla
     probe = probe_plan(select)
     if probe is not None:
         return probe
+    listing = public_values_plan(select, tables)
+    if listing is not None:
+        return listing
     inner, outer = unwrap(select)
     plan = build_plan(inner, tables, outer=outer)
     if outer is not None:

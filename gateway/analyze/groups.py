@@ -72,6 +72,42 @@ def public_domain(node: exp.Expr, table: TableConfig) -> tuple[Any, ...] | None:
     return None
 
 
+def narrow_domain(
+    domain: tuple[Any, ...] | None, key: exp.Expr, where: exp.Expr | None
+) -> tuple[Any, ...] | None:
+    """Keep the declared values the WHERE clause itself admits for this key.
+
+    Only top-level conjuncts ``key = literal`` and ``key IN (literals)`` are used: the
+    released groups are then those the query's own text selects (public information),
+    not every declared value with noise on an empty group.
+    """
+    if domain is None or where is None:
+        return domain
+    conjuncts = list(where.flatten()) if isinstance(where, exp.And) else [where]
+    target = key.sql()
+    allowed: set[Any] | None = None
+    for c in conjuncts:
+        while isinstance(c, exp.Paren):
+            c = c.this
+        values: list[Any] | None = None
+        if isinstance(c, exp.EQ):
+            for side, other in ((c.this, c.expression), (c.expression, c.this)):
+                if side.sql() == target and is_literal(other):
+                    values = [literal_value(other)]
+        elif (
+            isinstance(c, exp.In)
+            and c.this.sql() == target
+            and not c.args.get("query")
+            and all(is_literal(e) for e in c.expressions)
+        ):
+            values = [literal_value(e) for e in c.expressions]
+        if values is not None:
+            allowed = set(values) if allowed is None else allowed & set(values)
+    if allowed is None:
+        return domain
+    return tuple(v for v in domain if v in allowed)
+
+
 def _trunc_div(a: int, d: int) -> int:
     """Integer division truncating toward zero, as the compiled SQL computes it."""
     q = abs(a) // d

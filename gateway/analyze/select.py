@@ -14,13 +14,19 @@ from sqlglot import exp
 from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
 from gateway.analyze.aggregates import AGGREGATES, measures_for
-from gateway.analyze.groups import is_literal, key_type, literal_value, public_domain
+from gateway.analyze.groups import (
+    is_literal,
+    key_type,
+    literal_value,
+    narrow_domain,
+    public_domain,
+)
 from gateway.analyze.parse import READ_DIALECT
 from gateway.analyze.resolve import ALLOWED_NODES, resolve_row_expression, resolve_table
 from gateway.analyze.wrapper import OuterQuery, limit_value
 from gateway.config import TableConfig
 from gateway.errors import GatewayError, UnsupportedQuery
-from gateway.plan import GroupKey, Measure, OrderKey, OutputColumn, QueryPlan
+from gateway.plan import GroupKey, Measure, OrderKey, OutputColumn, ProbePlan, QueryPlan
 
 ROWS_HINT = (
     "dpgate releases aggregates, not rows: ask e.g. SELECT COUNT(*) FROM t, or "
@@ -33,6 +39,7 @@ class _Builder:
     table: TableConfig
     alias: str
     grouped: bool
+    where: exp.Expr | None = None
     group_keys: list[GroupKey] = field(default_factory=list)
     measures: list[Measure] = field(default_factory=list)
     outputs: list[OutputColumn] = field(default_factory=list)
@@ -113,6 +120,37 @@ def _contains_aggregate(node: exp.Expr) -> bool:
     return any(isinstance(n, AGGREGATES) for n in node.walk())
 
 
+def public_values_plan(select: exp.Select, tables: Mapping[str, TableConfig]) -> ProbePlan | None:
+    """``SELECT DISTINCT col FROM t [LIMIT n]`` over a column whose values are declared
+    public: the declared list itself (what BI tools ask for a filter's dropdown). With a
+    WHERE, which values occur would depend on the data, so that is not answered here."""
+    if not select.args.get("distinct") or len(select.expressions) != 1:
+        return None
+    from_ = select.args.get("from") or select.args.get("from_")
+    if from_ is None or not isinstance(from_.this, exp.Table):
+        return None
+    if any(select.args.get(c) for c in ("where", "group", "having", "joins")):
+        return None
+    table, alias = resolve_table(select, tables)
+    item = select.expressions[0]
+    node = item.unalias()
+    if not isinstance(node, exp.Column):
+        return None
+    resolved = resolve_row_expression(node, table, alias, where="SELECT DISTINCT")
+    domain = public_domain(resolved, table)
+    if domain is None:
+        return None
+    name = item.alias if isinstance(item, exp.Alias) else node.name
+    values = list(domain)
+    if select.args.get("order") is not None:
+        desc = bool(select.args["order"].expressions[0].args.get("desc"))
+        values.sort(key=lambda v: (v is None, str(v)), reverse=desc)
+    offset = limit_value(select, "offset") or 0
+    limit = limit_value(select, "limit")
+    values = values[offset:] if limit is None else values[offset : offset + limit]
+    return ProbePlan(columns=((name, key_type(resolved, table)),), rows=tuple((v,) for v in values))
+
+
 def build_plan(
     select: exp.Select, tables: Mapping[str, TableConfig], outer: OuterQuery | None = None
 ) -> QueryPlan:
@@ -134,7 +172,7 @@ def build_plan(
     )
     group_node = select.args.get("group")
     grouped = group_node is not None and bool(group_node.expressions)
-    b = _Builder(table=table, alias=alias, grouped=grouped)
+    b = _Builder(table=table, alias=alias, grouped=grouped, where=where)
     items = list(select.expressions)
     aliases = {i.alias.lower(): i.unalias() for i in items if isinstance(i, exp.Alias)}
     if group_node is not None:
@@ -208,7 +246,7 @@ def _add_group_key(
             expression=resolved,
             name=name or (resolved.name if isinstance(resolved, exp.Column) else resolved.sql()),
             type=key_type(resolved, b.table),
-            domain=public_domain(resolved, b.table),
+            domain=narrow_domain(public_domain(resolved, b.table), resolved, b.where),
         )
     )
 

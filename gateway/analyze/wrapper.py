@@ -70,7 +70,7 @@ def probe_plan(select: exp.Select) -> ProbePlan | None:
         row.append(value)
     if not columns:
         return None
-    return ProbePlan(columns=tuple(columns), row=tuple(row))
+    return ProbePlan(columns=tuple(columns), rows=(tuple(row),))
 
 
 def _function_name(node: exp.Expr) -> str:
