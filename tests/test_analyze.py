@@ -87,6 +87,14 @@ def test_sensitivity_follows_the_contribution_bound(demo_config: Config) -> None
     assert plan.measures[1].sensitivity.l1 == rows * 30
 
 
-@pytest.mark.parametrize("sql", ["SELECT 1", "select version()", "SELECT current_schema()"])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT 1",
+        "select version()",
+        "SELECT current_schema()",
+        "SELECT DISTINCT sex FROM patients",
+    ],
+)
 def test_bi_probes_are_constants(sql: str, demo_config: Config) -> None:
     assert isinstance(analyze(sql, demo_config.tables), ProbePlan)
