@@ -92,16 +92,29 @@ class TableKnowledge:
             universe = _universe(change.new)
             if universe is None:
                 continue
-            # one component now determines everyone: every component must know it too
-            shared, more = out.extend([(universe, TRUE)], extend_one)
+            # one component now determines everyone: every other component must know it
+            # too (not this one: there the row is already in the span)
+            row = (universe, TRUE)
             first = {c.part: c for c in changes}
-            merged = []
-            for c in more:
-                before = first.get(c.part)
-                touched = set(range(len(c.new.blocks))) if before is not None else c.touched
-                old = before.old if before is not None else c.old
-                merged.append(Extension(c.part, old, c.new, touched, before is not None))
-            return replace(shared, universe_added=True), merged
+            parts = list(out.parts)
+            merged = [first[change.part]]
+            for i, part in enumerate(parts):
+                if i == change.part:
+                    continue
+                old, new, touched = extend_one(part, [row])
+                parts[i] = new
+                before = first.get(i)
+                if before is not None:
+                    merged.append(Extension(i, before.old, new, set(range(len(new.blocks))), True))
+                else:
+                    merged.append(Extension(i, old, new, touched))
+            shared = replace(
+                out,
+                parts=tuple(parts),
+                constant_rows=(*out.constant_rows, row),
+                universe_added=True,
+            )
+            return shared, merged
         return out, changes
 
 
