@@ -211,6 +211,14 @@ def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
             "profiler inflates Python-heavy stages)",
             f"total {st['profiled_ms_per_query']:.3g}: {parts}",
         )
+    au = dp.get("analyze_uncached")
+    if au:
+        add(
+            "PUMS",
+            "dpgate SQL analysis alone, plan cache bypassed (median over the 22 queries; "
+            "add it to the latency of a never-seen query text)",
+            f"{fmt(au['median_ms'])} ms",
+        )
     if sn.get("queries"):
         la = sn["latency_all"]
         add(

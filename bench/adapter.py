@@ -130,6 +130,12 @@ class InProcess:
             return Answer(False, [], error=f"{getattr(e, 'code', type(e).__name__)}: {e}")
         return Answer(True, _rows(release), cached=bool(getattr(release, "cached", False)))
 
+    def analyze_uncached(self, sql: str) -> None:
+        """Run dpgate's SQL analysis passes alone, bypassing the gateway's plan cache."""
+        from gateway.analyze import analyze
+
+        analyze(sql, self.config.tables)
+
     def compiled_sql(self, sql: str) -> str | None:
         """The one statement dpgate would execute for ``sql`` (None if unavailable)."""
         try:

@@ -9,6 +9,7 @@ a cache miss; cache hits are timed separately.
 
 from __future__ import annotations
 
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,7 @@ def run(reps: int, cache_reps: int = 50, count_reps: int = 0, epsilon: float = 1
             errs = Q.errors_against_exact(q, exact, answers)
             out["count_all_mae_large"] = mae_summary(errs["abs_errors"])  # type: ignore[arg-type]
         out["stages"] = stage_breakdown(gw, 100 if reps >= 100 else 30, epsilon)
+        out["analyze_uncached"] = analyze_cost(gw)
         return out
     finally:
         gw.close()
@@ -148,7 +150,8 @@ def run(reps: int, cache_reps: int = 50, count_reps: int = 0, epsilon: float = 1
 # (path suffix, function name) of the pipeline stages, in pipeline order. Internal names:
 # if dpgate renames one, its stage is simply missing from the breakdown.
 STAGES = (
-    ("analyze", "gateway/analyze/__init__.py", "analyze"),
+    ("analyze (plan cache)", "gateway/pipeline.py", "analyze"),
+    ("analyze passes", "gateway/analyze/__init__.py", "analyze"),
     ("cache lookup", "gateway/pipeline.py", "_cached"),
     ("calibrate", "gateway/pipeline.py", "_calibrate"),
     ("ledger reserve", "gateway/pipeline.py", "_reserve"),
@@ -158,6 +161,21 @@ STAGES = (
     ("release", "gateway/pipeline.py", "_release"),
     ("ledger commit", "budget/ledger.py", "commit"),
 )
+
+
+def analyze_cost(gw: InProcess, reps: int = 20) -> dict[str, Any]:
+    """SQL analysis alone, without the gateway's plan cache: the extra latency of a query
+    text the gateway has not seen before (the timed loop repeats texts, so it hits the
+    plan cache after the first repetition)."""
+    per_query = {}
+    for q in Q.QUERIES:
+        times = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            gw.analyze_uncached(q.text("pums"))
+            times.append(time.perf_counter() - t)
+        per_query[q.name] = statistics.median(times) * 1e3
+    return {"median_ms": statistics.median(per_query.values()), "per_query_ms": per_query}
 
 
 def stage_breakdown(gw: InProcess, n: int, epsilon: float) -> dict[str, Any]:
