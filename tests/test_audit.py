@@ -269,3 +269,17 @@ def test_a_long_diverse_honest_session_keeps_being_answered(
         assert not refused(alice.ask(sql, cells)), sql
     kn = alice.auditor.knowledge("alice", "patients")
     assert max(p.space.n_cells for p in kn.parts) < 100_000
+
+
+def test_differencing_on_a_declared_bound_is_refused(alice: Session) -> None:
+    """Bounds clamp sums; they do not promise the rows lie inside them. The one person
+    with an income above the declared upper bound must not be singled out by a pair."""
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30", 7012.4))
+    result = alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30 AND income <= 200000", 7011.2)
+    assert refused(result)
+
+
+def test_constants_beyond_the_declared_bounds_are_audited_not_crashed(alice: Session) -> None:
+    for x in (150_000, 250_000, 10**7):
+        pre, post = alice.ask(f"SELECT COUNT(*) FROM patients WHERE income >= {x}", 400.0)
+        assert pre.reason and (post is None or post.reason)

@@ -65,11 +65,13 @@ class Dimension:
         self.key = key
         col = table.columns.get(key.column) if key.column else None
         self.integer = col is not None and col.type == "integer"
-        self.lower = Fraction(col.lower) if col is not None and col.lower is not None else None
-        self.upper = Fraction(col.upper) if col is not None and col.upper is not None else None
+        # Declared bounds are clamping bounds for SUM and AVG, not a promise about the
+        # rows: a value outside them can be filtered on (``income > 10**6``), so ordered
+        # axes extend past them. Treating the outside as empty would hide exactly the
+        # people a differencing pair on the bound singles out.
+        self.lower: Fraction | None = None
+        self.upper: Fraction | None = None
         self.nullable = bool(getattr(col, "nullable", False))
-        if col is not None and col.type == "date":
-            self.lower = self.upper = None
         self.declared: tuple[Any, ...] | None = None
         if col is not None and col.type == "boolean":
             self.declared = (False, True)
