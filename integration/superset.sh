@@ -43,10 +43,10 @@ fi
 "$SUPERSET_VENV/bin/pip" install --quiet "flask-caching>=2.1,<2.4" rich cachetools
 say "installing the dpgate client (dialect entry points) into the Superset venv"
 "$SUPERSET_VENV/bin/pip" install --quiet --no-deps -e "$REPO"
-# Superset finds engine specs through the `superset.db_engine_specs` entry point. Until
-# the dpgate package declares it, register dpgate_client.superset:DpgateEngineSpec with
-# a metadata-only shim in this venv (without it Superset uses its generic spec, which
-# also works; errors then read "base error: …" without the dpgate code).
+# Superset finds engine specs through the `superset.db_engine_specs` entry point, which
+# pyproject.toml declares. For an older checkout that lacks it, register
+# dpgate_client.superset:DpgateEngineSpec with a metadata-only shim (without it Superset
+# uses its generic spec, which also works; errors then read "base error: …").
 "$SUPERSET_VENV/bin/python" - <<'PY'
 import importlib.metadata as md
 import pathlib
