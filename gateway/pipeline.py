@@ -320,6 +320,10 @@ class Gateway:
             )
         except ValueError as e:
             raise InvalidPrivacyParameters(str(e)) from None
+        except ArithmeticError:  # e.g. a denormal ε whose scale no float can hold
+            raise InvalidPrivacyParameters(
+                f"epsilon {request.epsilon!r} is too small to calibrate noise for"
+            ) from None
 
     def _cache_key(self, plan: QueryPlan, request: QueryRequest) -> str:
         material = json.dumps(

@@ -104,8 +104,10 @@ def _check_groups(max_groups_per_unit: int | None) -> None:
 
 def _check_scale(scale: Fraction) -> None:
     if scale > MAX_SCALE:
+        # log10 of the Fraction's parts: float(scale) itself overflows for ε near 5e-324
+        magnitude = len(str(scale.numerator // scale.denominator)) - 1
         raise ValueError(
-            f"the noise scale {float(scale):.3g} is too large (> 2^40): raise epsilon or "
+            f"the noise scale (about 1e{magnitude}) is too large (> 2^40): raise epsilon or "
             "tighten the bounds"
         )
 

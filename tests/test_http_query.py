@@ -141,6 +141,21 @@ ERROR_CASES: list[tuple[dict[str, Any] | str, int, str]] = [
         "invalid_privacy_parameters",
     ),
     ({"sql": "SELECT COUNT(*) FROM patients", "epsilon": 1e309}, 400, "invalid_privacy_parameters"),
+    (
+        {"sql": "SELECT COUNT(*) FROM patients", "epsilon": 5e-324},
+        400,
+        "invalid_privacy_parameters",
+    ),
+    (
+        {
+            "sql": "SELECT COUNT(*) FROM patients",
+            "epsilon": 1e-300,
+            "mechanism": "gaussian",
+            "delta": 1e-9,
+        },
+        400,
+        "invalid_privacy_parameters",
+    ),
 ]
 
 
