@@ -419,21 +419,13 @@ class Gateway:
         noisy: NoisyResult,
         reservation: Reservation,
     ) -> Release:
-        cost = calibration.cost
-        privacy = {
-            "mechanism": request.mechanism,
-            "epsilon": request.epsilon,
-            "delta": request.delta if request.mechanism == "gaussian" else 0.0,
-            "rho": cost.rho,
-            "selection_delta": cost.selection_delta,
-        }
         return Release(
             query_id=query_id,
             cached=False,
             columns=tuple(ColumnInfo(o.name, o.type) for o in plan.visible_outputs),
             rows=noisy.rows,
             accuracy=noisy.accuracy,
-            privacy=privacy,
+            privacy=_privacy(request, calibration),
             budget=reservation.budget.to_json(),
         )
 
@@ -457,20 +449,13 @@ class Gateway:
     ) -> Release:
         status = _ledger_call(self.ledger.budget_status, analyst)
         fits = _would_fit(status, calibration.cost, request.mechanism)
-        cost = calibration.cost
         return Release(
             query_id="dry-run",
             cached=False,
             columns=tuple(ColumnInfo(o.name, o.type) for o in plan.visible_outputs),
             rows=(),
             accuracy=expected_accuracy(plan, calibration),
-            privacy={
-                "mechanism": request.mechanism,
-                "epsilon": request.epsilon,
-                "delta": request.delta if request.mechanism == "gaussian" else 0.0,
-                "rho": cost.rho,
-                "selection_delta": cost.selection_delta,
-            },
+            privacy=_privacy(request, calibration),
             budget=status.to_json(),
             extra={
                 "dry_run": True,
@@ -478,6 +463,17 @@ class Gateway:
                 "plan": _describe(plan, calibration),
             },
         )
+
+
+def _privacy(request: QueryRequest, calibration: QueryCalibration) -> dict[str, Any]:
+    """The ``privacy`` part of a response: what the query was calibrated for and costs."""
+    return {
+        "mechanism": request.mechanism,
+        "epsilon": request.epsilon,
+        "delta": request.delta if request.mechanism == "gaussian" else 0.0,
+        "rho": calibration.cost.rho,
+        "selection_delta": calibration.cost.selection_delta,
+    }
 
 
 def _describe(plan: QueryPlan, calibration: QueryCalibration) -> dict[str, Any]:
