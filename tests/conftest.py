@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import sqlalchemy as sa
 import yaml
 from flask import Flask
 from flask.testing import FlaskClient
@@ -115,3 +117,36 @@ def postgres_url() -> Iterator[str]:
     if not POSTGRES_URL:
         pytest.skip("set DPGATE_TEST_POSTGRES_URL to run PostgreSQL tests")
     yield POSTGRES_URL
+
+
+def postgres_schema_url(base: str) -> tuple[str, str]:
+    """A URL on a fresh PostgreSQL schema (tests share the server), and the schema's name."""
+    schema = "dpgate_t_" + uuid.uuid4().hex[:12]
+    engine = sa.create_engine(base)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    engine.dispose()
+    sep = "&" if "?" in base else "?"
+    return f"{base}{sep}options=-csearch_path%3D{schema}", schema
+
+
+def drop_postgres_schema(base: str, schema: str) -> None:
+    engine = sa.create_engine(base)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A ledger database URL: SQLite always, PostgreSQL (own schema) when configured."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/ledger.db"
+        return
+    if not POSTGRES_URL:
+        pytest.skip("DPGATE_TEST_POSTGRES_URL not set")
+    url, schema = postgres_schema_url(POSTGRES_URL)
+    try:
+        yield url
+    finally:
+        drop_postgres_schema(POSTGRES_URL, schema)

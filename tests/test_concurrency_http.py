@@ -37,7 +37,6 @@ from budget import Ledger, cks_epsilon
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
-PG_URL = os.environ.get("DPGATE_TEST_POSTGRES_URL")
 ADMIN_KEY = "test-admin-" + uuid.uuid4().hex
 N = 16
 CLIENTS = 32
@@ -69,26 +68,6 @@ def request(
         return resp.status, json.loads(resp.read() or b"null")
     finally:
         conn.close()
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/ledger.db"
-        return
-    if not PG_URL:
-        pytest.skip("DPGATE_TEST_POSTGRES_URL not set")
-    schema = "dpgate_t_" + uuid.uuid4().hex[:12]
-    admin = sa.create_engine(PG_URL)
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
-    sep = "&" if "?" in PG_URL else "?"
-    try:
-        yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-        admin.dispose()
 
 
 def write_config(workdir: Path, ledger_url: str) -> Path:

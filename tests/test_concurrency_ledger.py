@@ -12,8 +12,6 @@ import math
 import multiprocessing as mp
 import os
 import threading
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,31 +22,10 @@ from mechanisms.types import PrivacyCost
 
 pytestmark = pytest.mark.slow
 
-PG_URL = os.environ.get("DPGATE_TEST_POSTGRES_URL")
 PROCESSES = 4
 THREADS = 8  # 32 concurrent clients
 N = 16  # queries the budget fits
 COST = PrivacyCost(0.1, 0.0, 0.005)
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/ledger.db"
-        return
-    if not PG_URL:
-        pytest.skip("DPGATE_TEST_POSTGRES_URL not set")
-    schema = "dpgate_t_" + uuid.uuid4().hex[:12]
-    admin = sa.create_engine(PG_URL)
-    with admin.begin() as conn:
-        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
-    sep = "&" if "?" in PG_URL else "?"
-    try:
-        yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-        admin.dispose()
 
 
 def _client_process(

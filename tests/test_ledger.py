@@ -6,8 +6,6 @@ PostgreSQL schema that is dropped afterwards.
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -29,39 +27,6 @@ from budget import (
 )
 from budget.keys import key_hash
 from mechanisms.types import PrivacyCost
-
-PG_URL = os.environ.get("DPGATE_TEST_POSTGRES_URL")
-
-
-def postgres_schema_url(base: str) -> tuple[str, str]:
-    schema = "dpgate_t_" + uuid.uuid4().hex[:12]
-    engine = sa.create_engine(base)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
-    engine.dispose()
-    sep = "&" if "?" in base else "?"
-    return f"{base}{sep}options=-csearch_path%3D{schema}", schema
-
-
-def drop_postgres_schema(base: str, schema: str) -> None:
-    engine = sa.create_engine(base)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-    engine.dispose()
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def ledger_url(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/ledger.db"
-        return
-    if not PG_URL:
-        pytest.skip("DPGATE_TEST_POSTGRES_URL not set")
-    url, schema = postgres_schema_url(PG_URL)
-    try:
-        yield url
-    finally:
-        drop_postgres_schema(PG_URL, schema)
 
 
 @pytest.fixture
