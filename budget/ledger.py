@@ -490,13 +490,20 @@ class Ledger:
                 f"reservation {reservation.id} already has its outcome"
             ) from exc
 
-    def commit(self, reservation: Reservation, release: dict[str, Any], outcome: Outcome) -> None:
+    def commit(
+        self,
+        reservation: Reservation,
+        release: dict[str, Any],
+        outcome: Outcome,
+        reason: str | None = None,
+    ) -> None:
         """Record the outcome of a reserved query: ``answered`` (with the released answer)
-        or ``withheld`` by the post-audit (still charged; ``release`` is what the gateway
-        wants recorded, not sent)."""
+        or ``withheld`` — by the post-audit, or because execution failed after the
+        statement reached the database — still charged; ``release`` is what the gateway
+        wants recorded, not sent, and ``reason`` says why it was withheld."""
         if outcome not in ("answered", "withheld"):
             raise ValueError("outcome must be 'answered' or 'withheld'")
-        self._settle(reservation, outcome, release=release, reason=None)
+        self._settle(reservation, outcome, release=release, reason=reason)
 
     def refund(self, reservation: Reservation, reason: str) -> None:
         """Append a refund: nothing was released, so the charge no longer counts."""

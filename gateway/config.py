@@ -51,7 +51,11 @@ class ColumnConfig:
 
 @dataclass(frozen=True)
 class TableConfig:
-    """One protected table. ``privacy_unit`` None means row-level privacy."""
+    """One protected table. ``privacy_unit`` None means row-level privacy.
+
+    ``deadline_ms`` overrides ``execution.deadline_ms`` for queries on this table (a
+    large table needs a later deadline than a small one).
+    """
 
     name: str
     columns: Mapping[str, ColumnConfig]
@@ -60,6 +64,7 @@ class TableConfig:
     max_groups_per_unit: int | None = None
     schema: str | None = None
     source: str | None = None  # the table's real name in the database, if it differs
+    deadline_ms: int | None = None
 
     @property
     def sql_name(self) -> str:
@@ -86,6 +91,37 @@ class PrivacyConfig:
     delta: float = 1e-7
     composition: Literal["zcdp", "pure"] = "zcdp"
     global_budget: tuple[float, float] | None = None
+    min_epsilon_per_query: float = 0.01
+    min_rho_per_query: float | None = None
+
+    @property
+    def min_rho(self) -> float:
+        """The least zCDP cost (ρ) a query may have: by default that of a Laplace query at
+        the minimum ε (ε²/2), so Gaussian and Laplace queries have the same floor."""
+        if self.min_rho_per_query is not None:
+            return self.min_rho_per_query
+        return self.min_epsilon_per_query**2 / 2
+
+
+#: Bounds beyond this magnitude are refused: arithmetic on bounded columns is checked to
+#: stay exact in 64-bit integers and doubles (see gateway/analyze/totality.py).
+MAX_BOUND_MAGNITUDE = 1e15
+
+
+@dataclass(frozen=True)
+class ExecutionConfig:
+    """When answers that read protected rows are released (docs/privacy.md, "Timing").
+
+    ``timing: deadline``: every query that reaches the protected database is answered
+    exactly ``deadline_ms`` (the table's own, or this default) after its execution
+    starts — never earlier, whatever the rows made it cost — and a statement that has not
+    finished by then is cancelled, charged, and reported at the same moment with the same
+    error as any other failure. ``timing: off`` answers as soon as the database does
+    (response time then depends on the data).
+    """
+
+    timing: Literal["deadline", "off"] = "deadline"
+    deadline_ms: int = 250
 
 
 @dataclass(frozen=True)
@@ -126,6 +162,7 @@ class Config:
     audit: AuditConfig = field(default_factory=AuditConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     analysts: tuple[AnalystBootstrap, ...] = ()
     source: Path | None = None
 
@@ -156,7 +193,19 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
     if not isinstance(raw, Mapping):
         raise ConfigError(["the config must be a mapping at the top level"])
     v.no_unknown(
-        raw, "", {"database", "ledger", "privacy", "audit", "cache", "limits", "tables", "analysts"}
+        raw,
+        "",
+        {
+            "database",
+            "ledger",
+            "privacy",
+            "audit",
+            "cache",
+            "limits",
+            "execution",
+            "tables",
+            "analysts",
+        },
     )
     db = v.section(raw, "database", required=True)
     database = DatabaseConfig(
@@ -186,6 +235,12 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
         analyst_per_minute=v.integer(li, "limits.analyst_per_minute", None, low=1),
         address_per_minute=v.integer(li, "limits.address_per_minute", None, low=1),
     )
+    ex = v.section(raw, "execution")
+    v.no_unknown(ex, "execution", {"timing", "deadline_ms"})
+    execution = ExecutionConfig(
+        timing=v.choice(ex, "execution.timing", ("deadline", "off"), "deadline"),  # type: ignore[arg-type]
+        deadline_ms=v.integer(ex, "execution.deadline_ms", 250, low=1) or 250,
+    )
     tables = _tables(v, raw.get("tables"))
     analysts = _analysts(v, raw.get("analysts"))
     v.raise_if_any()
@@ -197,6 +252,7 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
         audit=audit,
         cache=cache,
         limits=limits,
+        execution=execution,
         analysts=analysts,
         source=source,
     )
@@ -217,7 +273,16 @@ def _privacy(v: _Validator, pr: Mapping[str, Any]) -> PrivacyConfig:
     v.no_unknown(
         pr,
         "privacy",
-        {"mechanism", "epsilon", "max_epsilon_per_query", "delta", "composition", "global_budget"},
+        {
+            "mechanism",
+            "epsilon",
+            "max_epsilon_per_query",
+            "min_epsilon_per_query",
+            "min_rho_per_query",
+            "delta",
+            "composition",
+            "global_budget",
+        },
     )
     gb_raw = pr.get("global_budget")
     global_budget: tuple[float, float] | None = None
@@ -237,6 +302,13 @@ def _privacy(v: _Validator, pr: Mapping[str, Any]) -> PrivacyConfig:
     max_eps = v.number(pr, "privacy.max_epsilon_per_query", 1.0, positive=True) or 1.0
     if epsilon > max_eps:
         v.problem("privacy.epsilon: the default ε exceeds privacy.max_epsilon_per_query")
+    min_eps = v.number(pr, "privacy.min_epsilon_per_query", 0.01, positive=True) or 0.01
+    if min_eps > epsilon:
+        v.problem(
+            f"privacy.min_epsilon_per_query: {min_eps} is above the default ε ({epsilon}): "
+            "the default query would be refused"
+        )
+    min_rho = v.number(pr, "privacy.min_rho_per_query", None, positive=True)
     return PrivacyConfig(
         mechanism=mechanism,  # type: ignore[arg-type]
         epsilon=epsilon,
@@ -244,6 +316,8 @@ def _privacy(v: _Validator, pr: Mapping[str, Any]) -> PrivacyConfig:
         delta=v.number(pr, "privacy.delta", 1e-7, unit=True) or 1e-7,
         composition=composition,  # type: ignore[arg-type]
         global_budget=global_budget,
+        min_epsilon_per_query=min_eps,
+        min_rho_per_query=min_rho,
     )
 
 
@@ -267,6 +341,7 @@ def _tables(v: _Validator, raw: Any) -> dict[str, TableConfig]:
                 "columns",
                 "schema",
                 "source",
+                "deadline_ms",
             },
         )
         columns: dict[str, ColumnConfig] = {}
@@ -289,6 +364,7 @@ def _tables(v: _Validator, raw: Any) -> dict[str, TableConfig]:
             max_groups_per_unit=v.integer(traw, f"{path}.max_groups_per_unit", None, low=1),
             schema=str(traw["schema"]) if traw.get("schema") else None,
             source=str(traw["source"]) if traw.get("source") else None,
+            deadline_ms=v.integer(traw, f"{path}.deadline_ms", None, low=1),
         )
         if unit is None and traw.get("max_rows_per_unit", 1) != 1:
             v.problem(
@@ -314,6 +390,15 @@ def _column(v: _Validator, path: str, name: str, raw: Any) -> ColumnConfig | Non
         v.problem(f"{path}: lower ({lower}) is above upper ({upper})")
     if (lower is not None) and ctype not in ("integer", "real"):
         v.problem(f"{path}: bounds are only for integer and real columns")
+    for which, bound in (("lower", lower), ("upper", upper)):
+        if bound is None:
+            continue
+        if ctype == "integer" and not float(bound).is_integer():
+            # The compiled SQL clamps to the bound and rounds half away from zero, so a
+            # fractional bound would let one row move a SUM by more than it says.
+            v.problem(f"{path}.{which}: an integer column needs a whole-number bound, got {bound}")
+        if abs(bound) > MAX_BOUND_MAGNITUDE:
+            v.problem(f"{path}.{which}: bounds beyond ±{MAX_BOUND_MAGNITUDE:.0e} are not supported")
     values_raw = raw.get("values")
     values: tuple[Any, ...] | None = None
     if values_raw is not None:

@@ -10,13 +10,15 @@ Connections are opened read-only and with a statement timeout, per backend:
 - any other engine: ``SET TRANSACTION READ ONLY`` is attempted, and the statement runs
   under a timer that cancels it where the driver allows.
 
-A failure is reported as ``DatabaseUnavailable`` with a generic message: database error
-texts can quote data values (a failed cast echoes the value), so they never reach the
-analyst.
+A failure is reported without the database's text: error texts can quote data values (a
+failed cast echoes the value), so they never reach the analyst. A failure before the
+statement is sent (``DatabaseUnavailable``) is refundable; one after it
+(``StatementFailed``) is not — see ``run_aggregate``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import threading
@@ -67,36 +69,75 @@ def open_protected_engine(url: str, *, statement_timeout_ms: int) -> sa.Engine:
     return sa.create_engine(parsed, pool_pre_ping=True)
 
 
+class StatementFailed(Exception):
+    """The statement reached the protected database and produced no answer: a runtime
+    error, a timeout or a cancellation. Whether that happens can depend on the rows, so
+    the query stays charged and the analyst is told only that it failed (invariant
+    "failures after the database was reached stay charged", docs/design.md).
+    ``timed_out`` is for the operator's log and metrics, never for the analyst."""
+
+    def __init__(self, timed_out: bool) -> None:
+        super().__init__("timeout" if timed_out else "error")
+        self.timed_out = timed_out
+
+
 def run_aggregate(engine: sa.Engine, sql: str, *, timeout_ms: int) -> list[tuple[Any, ...]]:
-    """Run one aggregate statement and return its (few, aggregated) rows."""
+    """Run one aggregate statement and return its (few, aggregated) rows.
+
+    Two failures are told apart, because only one of them may be refunded:
+
+    - ``DatabaseUnavailable``: no connection could be had (refused, pool exhausted,
+      the per-statement timeout could not be set). The statement was never sent, the
+      failure does not depend on the protected rows, and the caller may refund.
+    - ``StatementFailed``: the statement was sent. Anything from here on — an error, the
+      timeout, a cancellation — may depend on the rows, so the caller keeps the charge.
+    """
     deadline = time.monotonic() + timeout_ms / 1000
     try:
-        with engine.connect() as conn:
-            raw = conn.connection.dbapi_connection
-            timer = _arm_timeout(engine, raw, deadline)
-            try:
-                result = conn.execute(sa.text(sql))
-                rows = [tuple(r) for r in result.fetchall()]
-            finally:
-                _disarm(raw, timer)
-            conn.rollback()
+        conn = engine.connect()
     except sa.exc.SQLAlchemyError as e:
-        timed_out = time.monotonic() >= deadline
-        log.warning(
-            "protected database error: %s%s",
-            type(getattr(e, "orig", e)).__name__,
-            " (timeout)" if timed_out else "",
-        )
-        if timed_out:
-            raise DatabaseUnavailable(
-                f"the query took longer than the database statement timeout "
-                f"({timeout_ms} ms); nothing was charged",
-                reason="timeout",
-            ) from None
+        log.warning("protected database unreachable: %s", type(getattr(e, "orig", e)).__name__)
         raise DatabaseUnavailable(
-            "the protected database could not answer; nothing was charged"
+            "the protected database could not be reached; nothing was charged"
         ) from None
+    with conn:
+        try:
+            raw = conn.connection.dbapi_connection
+            _set_statement_timeout(engine, conn, timeout_ms)
+        except sa.exc.SQLAlchemyError as e:
+            log.warning("could not prepare a connection: %s", type(getattr(e, "orig", e)).__name__)
+            raise DatabaseUnavailable(
+                "the protected database could not be reached; nothing was charged"
+            ) from None
+        timer = _arm_timeout(engine, raw, deadline)
+        try:
+            result = conn.execute(sa.text(sql))
+            rows = [tuple(r) for r in result.fetchall()]
+        except Exception as e:
+            # Deliberately broad: whatever the driver raises once the statement is out.
+            timed_out = time.monotonic() >= deadline
+            log.warning(
+                "protected statement failed: %s%s",
+                type(getattr(e, "orig", e)).__name__,
+                " (timeout)" if timed_out else "",
+            )
+            raise StatementFailed(timed_out) from None
+        finally:
+            _disarm(raw, timer)
+            with contextlib.suppress(sa.exc.SQLAlchemyError):
+                conn.rollback()
     return rows
+
+
+def _set_statement_timeout(engine: sa.Engine, conn: sa.Connection, timeout_ms: int) -> None:
+    """A per-statement timeout where the server enforces it (PostgreSQL): the timing
+    policy gives each query its own deadline. Runs before the protected statement and
+    reads no rows."""
+    if engine.dialect.name == "postgresql":
+        conn.execute(
+            sa.text("SELECT set_config('statement_timeout', :ms, true)"),
+            {"ms": str(max(1, int(timeout_ms)))},
+        )
 
 
 def _arm_timeout(engine: sa.Engine, raw: Any, deadline: float) -> threading.Timer | None:

@@ -3,11 +3,14 @@
     analyze → cache? → calibrate → pre-audit → reserve → execute → add noise
             → post-audit → record → post-process
 
-Invariants kept here (DESIGN.md): nothing computed from protected rows leaves except as
-a noisy value whose cost was durably reserved in the ledger first (1); every failure
-before ``reserve`` costs nothing and a database failure after it is refunded, while a
-post-audit refusal stays charged and releases nothing (2); an identical request gets the
-identical release, free (7); the auditor sees only plans and noisy values (8).
+Invariants kept here (docs/design.md): nothing computed from protected rows leaves
+except as a noisy value whose cost was durably reserved in the ledger first (1); every
+failure before ``reserve`` costs nothing; after it, only a failure to reach the database
+at all is refunded — once the statement is sent, an error, a timeout or a post-audit
+refusal stays charged and releases nothing (2); an identical request gets the identical
+release, free (7); the auditor sees only plans and noisy values (8); every query that
+reaches the database is answered at a release moment fixed from public facts, and costs
+at least the configured minimum (9; ``gateway.timing``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import sqlalchemy as sa
 
@@ -29,10 +32,12 @@ import budget
 from budget import Reservation
 from gateway.analyze import analyze
 from gateway.audit import AnsweredQuery, AuditDecision, Auditor
+from gateway.compile import CompiledQuery, compile_plan
 from gateway.config import Config
 from gateway.errors import (
     AuditRefused,
     BudgetExhausted,
+    DatabaseUnavailable,
     Forbidden,
     GatewayError,
     InvalidPrivacyParameters,
@@ -40,6 +45,7 @@ from gateway.errors import (
     Unauthenticated,
 )
 from gateway.execute import (
+    StatementFailed,
     open_protected_engine,
     ping,
     run_aggregate,
@@ -49,11 +55,17 @@ from gateway.execute import (
 from gateway.noising import NoisyResult, add_noise, expected_accuracy
 from gateway.plan import ProbePlan, QueryPlan, QueryRequest
 from gateway.release import ColumnInfo, Release
+from gateway.timing import ReleaseClock, start_clock
 from mechanisms import QueryCalibration, calibrate_query, prefill
 
 GLOBAL_SCOPE = "*"
 log = logging.getLogger("dpgate.pipeline")
 PLAN_CACHE_SIZE = 1024
+CHARGED_FAILURE_MESSAGE = (
+    "the protected database did not complete this query before its deadline; the query "
+    "was charged and nothing was released (a query that keeps failing may need a later "
+    "deadline: ask the administrator)"
+)
 
 
 @dataclass(frozen=True)
@@ -206,27 +218,48 @@ class Gateway:
                         combined_with=list(decision.combined_with),
                     )
                 flags.append(decision.reason)
+        table = self.config.tables[plan.table]
+        compiled = compile_plan(
+            plan, table, self.dialect, unit_unique=plan.table in self.unique_units
+        )
         _prefill(plan, calibration)
         reservation = self._reserve(analyst, plan, request, calibration, key)
-        query_id = reservation.id
-        table = self.config.tables[plan.table]
+        clock = start_clock(self.config.execution, table, self.config.database.statement_timeout_ms)
         try:
-            from gateway.compile import compile_plan
+            return self._execute_and_release(
+                scope, plan, request, calibration, compiled, reservation, clock, flags
+            )
+        finally:
+            # Whatever happened — answer, failure, withheld — it leaves at the release
+            # moment fixed before execution (invariant: observables are public or DP).
+            clock.wait()
 
-            compiled = compile_plan(
-                plan, table, self.dialect, unit_unique=plan.table in self.unique_units
-            )
-            exact = run_aggregate(
-                self.engine, compiled.sql, timeout_ms=self.config.database.statement_timeout_ms
-            )
-        except GatewayError:
-            _ledger_call(self.ledger.refund, reservation, "database execution failed")
+    def _execute_and_release(
+        self,
+        scope: str,
+        plan: QueryPlan,
+        request: QueryRequest,
+        calibration: QueryCalibration,
+        compiled: CompiledQuery,
+        reservation: Reservation,
+        clock: ReleaseClock,
+        flags: list[str],
+    ) -> Release:
+        """Execute a reserved query, noise it, post-audit it and record the outcome."""
+        try:
+            exact = run_aggregate(self.engine, compiled.sql, timeout_ms=clock.statement_timeout_ms)
+        except DatabaseUnavailable:
+            # The statement was never sent: the failure cannot depend on the rows.
+            _ledger_call(self.ledger.refund, reservation, "the protected database was unreachable")
             raise
+        except StatementFailed as failure:
+            self._charged_failure(reservation, "timeout" if failure.timed_out else "error")
+        try:
+            noisy = add_noise(plan, compiled, exact, calibration)
         except Exception:
-            _ledger_call(self.ledger.refund, reservation, "internal error before release")
-            raise
-        noisy = add_noise(plan, compiled, exact, calibration)
-        answered = AnsweredQuery(query_id=query_id, plan=plan, cells=noisy.cells)
+            log.error("noising failed after execution; the query stays charged", exc_info=True)
+            self._charged_failure(reservation, "noising")
+        answered = AnsweredQuery(query_id=reservation.id, plan=plan, cells=noisy.cells)
         if self.config.audit.mode != "off":
             decision = self._audit(lambda: self.auditor.post_audit(scope, answered))
             if not decision.allowed:
@@ -236,6 +269,7 @@ class Gateway:
                         reservation,
                         {"withheld": True, "audit_cells": noisy.cells_json()},
                         "withheld",
+                        "post-audit",
                     )
                     raise AuditRefused(
                         f"{decision.reason} The query was charged (its answer was computed) "
@@ -244,7 +278,7 @@ class Gateway:
                         combined_with=list(decision.combined_with),
                     )
                 flags.append(decision.reason)
-        release = self._release(query_id, plan, request, calibration, noisy, reservation)
+        release = self._release(reservation.id, plan, request, calibration, noisy, reservation)
         record = release.answer_json()
         record["audit_cells"] = noisy.cells_json()
         if flags:
@@ -253,6 +287,21 @@ class Gateway:
         if self.config.audit.mode != "off":
             self.auditor.remember(scope, answered)
         return release
+
+    def _charged_failure(self, reservation: Reservation, cause: str) -> NoReturn:
+        """Record a failure after the statement reached the database — charged, nothing
+        released — and raise the one error every such failure gets. Its status, code and
+        message are the same for an error, a timeout or a cancellation: which one it was
+        can depend on the rows (``cause`` goes to the operator's log only)."""
+        log.warning("query %s failed after reaching the database (%s)", reservation.id, cause)
+        _ledger_call(
+            self.ledger.commit,
+            reservation,
+            {"withheld": True, "failed": True},
+            "withheld",
+            "execution failed after the statement reached the database",
+        )
+        raise DatabaseUnavailable(CHARGED_FAILURE_MESSAGE, charged=True)
 
     # -- stages --------------------------------------------------------------------------
 
@@ -288,6 +337,14 @@ class Gateway:
                 f"({p.max_epsilon_per_query})",
                 max_epsilon_per_query=p.max_epsilon_per_query,
             )
+        if request.epsilon < p.min_epsilon_per_query:
+            # Near-free queries would let an analyst repeat any residual channel millions
+            # of times; the floor makes the budget bound the number of queries.
+            raise InvalidPrivacyParameters(
+                f"epsilon {request.epsilon} is below this gateway's minimum per query "
+                f"({p.min_epsilon_per_query})",
+                min_epsilon_per_query=p.min_epsilon_per_query,
+            )
         if not (math.isfinite(request.delta) and 0 <= request.delta < 1):
             raise InvalidPrivacyParameters("delta must be in [0, 1)")
         if p.composition == "pure" and request.mechanism != "laplace":
@@ -311,7 +368,7 @@ class Gateway:
                     "key's values in the config)"
                 )
         try:
-            return calibrate_query(
+            calibration = calibrate_query(
                 request.mechanism,
                 request.epsilon,
                 request.delta,
@@ -324,6 +381,15 @@ class Gateway:
             raise InvalidPrivacyParameters(
                 f"epsilon {request.epsilon!r} is too small to calibrate noise for"
             ) from None
+        min_rho = self.config.privacy.min_rho
+        if self.config.privacy.composition == "zcdp" and calibration.cost.rho < min_rho:
+            raise InvalidPrivacyParameters(
+                f"this query would cost ρ={calibration.cost.rho:.3g}, below this gateway's "
+                f"minimum per query (ρ={min_rho:.3g}): ask for a larger epsilon or a smaller "
+                "delta",
+                min_rho_per_query=min_rho,
+            )
+        return calibration
 
     def _cache_key(self, plan: QueryPlan, request: QueryRequest) -> str:
         material = json.dumps(

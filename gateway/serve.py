@@ -1,6 +1,8 @@
 """Running dpgate as a production WSGI server (``dpgate serve``).
 
-On Unix the app runs under gunicorn with N worker processes; SIGTERM stops it
+On Unix the app runs under gunicorn with N worker processes of ``THREADS_PER_WORKER``
+threads each (requests spend most of their time waiting for their release moment, see
+``gateway.timing``, so a worker must serve many at once); SIGTERM stops it
 gracefully (workers finish the requests they have, up to ``GRACEFUL_TIMEOUT`` seconds).
 Where gunicorn is unavailable (Windows), waitress serves it from one process with
 threads. Flask's development server is never used.
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from flask import Flask
 
 GRACEFUL_TIMEOUT = 30
+THREADS_PER_WORKER = 16
 WORKER_TIMEOUT = 120
 APP_FACTORY = "gateway.http.app:create_app"
 SERVER_ENV = "DPGATE_SERVER"  # auto | gunicorn | waitress
@@ -159,7 +162,10 @@ def _run_gunicorn(factory: Callable[[], Flask], *, host: str, port: int, workers
     options: dict[str, Any] = {
         "bind": [_bind_address(host, port)],
         "workers": workers,
-        "worker_class": "sync",
+        # Threads, not sync workers: under the timing policy an answer waits for its
+        # release moment, and a waiting request must not hold a whole worker process.
+        "worker_class": "gthread",
+        "threads": THREADS_PER_WORKER,
         "graceful_timeout": GRACEFUL_TIMEOUT,
         "timeout": WORKER_TIMEOUT,
         "keepalive": 5,

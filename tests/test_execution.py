@@ -20,6 +20,7 @@ from gateway.compile import compile_plan
 from gateway.config import Config, parse_config
 from gateway.demo.hospital import config_yaml
 from gateway.errors import DatabaseUnavailable
+from gateway.execute import StatementFailed
 from gateway.execute import (
     open_protected_engine,
     run_aggregate,
@@ -153,10 +154,19 @@ def test_a_unique_unit_column_is_recognised_from_the_schema(demo_db: Path) -> No
 
 def test_the_protected_database_is_opened_read_only(demo_db: Path) -> None:
     engine = open_protected_engine(f"sqlite:///{demo_db}", statement_timeout_ms=5000)
-    with pytest.raises(DatabaseUnavailable) as info:
+    with pytest.raises(StatementFailed) as info:
         run_aggregate(engine, "DELETE FROM patients", timeout_ms=5000)
-    assert "patients" not in info.value.message
+    assert "patients" not in str(info.value) and not info.value.timed_out
     assert run_aggregate(engine, "SELECT COUNT(*) FROM patients", timeout_ms=5000)[0][0] > 0
+
+
+def test_an_unreachable_database_fails_before_the_statement_is_sent(tmp_path: Path) -> None:
+    """Only this failure may be refunded: the statement never reached the database."""
+    missing = tmp_path / "gone.db"
+    engine = open_protected_engine(f"sqlite:///{missing}", statement_timeout_ms=5000)
+    with pytest.raises(DatabaseUnavailable) as info:
+        run_aggregate(engine, "SELECT COUNT(*) FROM patients", timeout_ms=5000)
+    assert "nothing was charged" in info.value.message
 
 
 def test_a_slow_statement_is_cut_at_the_timeout(demo_db: Path) -> None:
@@ -165,9 +175,9 @@ def test_a_slow_statement_is_cut_at_the_timeout(demo_db: Path) -> None:
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000000) "
         "SELECT COUNT(*) FROM n"
     )
-    with pytest.raises(DatabaseUnavailable) as info:
+    with pytest.raises(StatementFailed) as info:
         run_aggregate(engine, slow, timeout_ms=100)
-    assert info.value.detail.get("reason") == "timeout"
+    assert info.value.timed_out
 
 
 # -- the same answers on every backend ------------------------------------------------------

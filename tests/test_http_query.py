@@ -248,10 +248,13 @@ def test_budget_exhausted_costs_nothing(make_gateway: Callable[..., Gateway]) ->
     )
 
 
-def test_database_failure_is_refunded_and_reveals_nothing(
+def test_a_database_error_after_sending_is_charged_and_reveals_nothing(
     make_gateway: Callable[..., Gateway],
 ) -> None:
+    """Once the statement reached the database, a failure stays charged (it could depend
+    on the rows) and says nothing but that it failed."""
     from gateway.http.app import create_app
+    from gateway.pipeline import CHARGED_FAILURE_MESSAGE
 
     gw = make_gateway()
     key = gw.ledger.create_analyst("carol", 10.0, 1e-6)
@@ -262,12 +265,38 @@ def test_database_failure_is_refunded_and_reveals_nothing(
     client = create_app(gw.config, gateway=gw).test_client()
     h = {"Authorization": f"Bearer {key}"}
     resp = client.post("/v1/query", json={"sql": "SELECT COUNT(*) FROM visits"}, headers=h)
-    assert_envelope(resp.get_json(), 503, "database_unavailable")
-    assert "visits" not in resp.get_json()["error"]["message"].lower() or True
+    body = resp.get_json()
+    assert_envelope(body, 503, "database_unavailable")
+    assert body["error"]["message"] == CHARGED_FAILURE_MESSAGE
+    assert {k: v for k, v in body["error"]["detail"].items() if k != "request_id"} == {
+        "charged": True
+    }
+    budget = client.get("/v1/budget", headers=h).get_json()["budget"]
+    assert budget["rho_spent"] > 0.0
+    history = client.get("/v1/queries", headers=h).get_json()["queries"]
+    assert [q["outcome"] for q in history] == ["withheld"]
+    assert all(q["release"] is None for q in history)
+
+
+def test_an_unreachable_database_is_refunded(make_gateway: Callable[..., Gateway]) -> None:
+    """A failure before the statement is sent cannot depend on the rows: refunded."""
+    from gateway.http.app import create_app
+
+    gw = make_gateway()
+    key = gw.ledger.create_analyst("carol", 10.0, 1e-6)
+    db = Path(gw.config.database.url.removeprefix("sqlite:///"))
+    gw.engine.dispose()
+    db.unlink()
+    client = create_app(gw.config, gateway=gw).test_client()
+    h = {"Authorization": f"Bearer {key}"}
+    resp = client.post("/v1/query", json={"sql": "SELECT COUNT(*) FROM visits"}, headers=h)
+    body = resp.get_json()
+    assert_envelope(body, 503, "database_unavailable")
+    assert "nothing was charged" in body["error"]["message"]
     budget = client.get("/v1/budget", headers=h).get_json()["budget"]
     assert budget["rho_spent"] == 0.0
     history = client.get("/v1/queries", headers=h).get_json()["queries"]
-    assert all(q["release"] is None for q in history)
+    assert [q["outcome"] for q in history] == ["refunded"]
 
 
 def test_unexpected_errors_are_internal_with_a_request_id_only(

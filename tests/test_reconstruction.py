@@ -102,6 +102,7 @@ def _gateway(path: Path, tmp: Path, mode: str) -> Any:
             "mechanism": "laplace",
             "epsilon": 0.01,
             "max_epsilon_per_query": 1.0,
+            "min_epsilon_per_query": 0.001,
             "composition": "pure",
         },
         "audit": {"mode": mode, "min_group_size": 5},

@@ -18,6 +18,7 @@ from gateway.analyze.resolve import resolve_row_expression
 from gateway.config import TableConfig
 from gateway.errors import UnsupportedQuery
 from gateway.plan import Measure
+from mechanisms import grid_resolution, grid_sensitivity
 from mechanisms.types import Sensitivity
 
 AGGREGATES = (exp.Count, exp.Sum, exp.Avg)
@@ -77,10 +78,11 @@ def measures_for(node: exp.Expr, table: TableConfig, alias: str, grouped: bool) 
         )
     lower, upper = float(col.lower or 0.0), float(col.upper or 0.0)
     resolution = _resolution(col.type, lower, upper)
-    steps = max(abs(round(Fraction(lower) / resolution)), abs(round(Fraction(upper) / resolution)))
+    # From the rounding the SQL performs (clamp, then ROUND half away from zero or half to
+    # even, depending on the backend): ⌈max|bound| / resolution⌉ steps per row.
     total = Measure(
         "sum",
-        _uniform(rows * steps),
+        _uniform(grid_sensitivity(lower, upper, resolution, rows)),
         expression=column,
         lower=lower,
         upper=upper,
@@ -91,11 +93,15 @@ def measures_for(node: exp.Expr, table: TableConfig, alias: str, grouped: bool) 
     return [total, Measure("count_values", _uniform(rows), expression=column)]
 
 
-def _resolution(ctype: str, lower: float, upper: float) -> Fraction:
-    if ctype == "integer":
-        return Fraction(1)
-    from mechanisms import grid_resolution
+#: Integer columns whose bounds stay within this magnitude are summed exactly (one step
+#: per unit); larger ones are summed on a power-of-two grid like real columns, so that a
+#: SUM over billions of rows cannot overflow 64-bit integers on any backend.
+EXACT_INTEGER_SUM_BOUND = 2**31
 
+
+def _resolution(ctype: str, lower: float, upper: float) -> Fraction:
+    if ctype == "integer" and max(abs(lower), abs(upper)) <= EXACT_INTEGER_SUM_BOUND:
+        return Fraction(1)
     return grid_resolution(lower, upper)
 
 

@@ -151,10 +151,14 @@ privacy:
   max_epsilon_per_query: 1.0
   delta: 1.0e-7
   composition: zcdp
+  min_epsilon_per_query: 0.01
 audit:
   mode: refuse
   min_group_size: 5
   scope: analyst
+execution:
+  timing: deadline     # answers that read rows leave exactly deadline_ms after execution starts
+  deadline_ms: 250
 tables:
   patients:
     privacy_unit: patient_id
