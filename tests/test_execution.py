@@ -20,8 +20,8 @@ from gateway.compile import compile_plan
 from gateway.config import Config, parse_config
 from gateway.demo.hospital import config_yaml
 from gateway.errors import DatabaseUnavailable
-from gateway.execute import StatementFailed
 from gateway.execute import (
+    StatementFailed,
     open_protected_engine,
     run_aggregate,
     sqlglot_dialect,
