@@ -24,9 +24,9 @@ from fractions import Fraction
 
 from sqlglot import exp
 
-from gateway.analyze.resolve import infer_type
 from gateway.config import TableConfig
-from gateway.plan import Measure, QueryPlan
+from gateway.plan import GroupKey, Measure, QueryPlan
+from gateway.portable import portable
 
 UNIT = "dp_unit"
 ROW_RANK = "dp_row_rank"
@@ -51,9 +51,9 @@ def compile_plan(
     ``unit_unique``: the database itself keeps the privacy unit column unique (primary key
     or unique constraint) and the bound is one row per unit, so no window is needed.
     """
-    keys = [_portable(k.expression, table) for k in plan.group_keys]
-    where = _portable(plan.where, table) if plan.where is not None else None
-    inputs = [_measure_input(m, table) for m in plan.measures]
+    keys = [_group_key(k, table, dialect) for k in plan.group_keys]
+    where = portable(plan.where, table, dialect) if plan.where is not None else None
+    inputs = [_measure_input(m, table, dialect) for m in plan.measures]
     rows_bound = table.max_rows_per_unit if table.privacy_unit else None
     if unit_unique and rows_bound == 1:
         rows_bound = None  # one row per unit, enforced by the database's own constraint
@@ -155,26 +155,50 @@ def _aliased(nodes: Sequence[exp.Expr], prefix: str) -> list[exp.Expr]:
     return [exp.alias_(n, f"{prefix}{i}", quoted=True) for i, n in enumerate(nodes)]
 
 
-def _measure_input(m: Measure, table: TableConfig) -> exp.Expr | None:
+def _group_key(key: GroupKey, table: TableConfig, dialect: str) -> exp.Expr:
+    """A group key's SQL. Dates are read as text: a date outside Python's range
+    (PostgreSQL's 'infinity', year 0) would otherwise fail in the driver after the
+    statement ran."""
+    value = portable(key.expression, table, dialect)
+    if key.type == "date":
+        return exp.Cast(this=value, to=exp.DataType.build("TEXT"))
+    return value
+
+
+def _measure_input(m: Measure, table: TableConfig, dialect: str) -> exp.Expr | None:
     """The per-row value a measure aggregates (None for COUNT(*) and unit counts)."""
     if m.expression is None:
         return None
-    value = _portable(m.expression, table)
+    value = portable(m.expression, table, dialect)
     if m.kind != "sum":
         return value
     assert m.lower is not None and m.upper is not None
     lower, upper = _number(m.lower), _number(m.upper)
-    clamped = exp.Case(
-        ifs=[
-            exp.If(this=exp.LT(this=value.copy(), expression=lower), true=lower.copy()),
-            exp.If(this=exp.GT(this=value.copy(), expression=upper), true=upper.copy()),
-        ],
-        default=value,
-    )
+    ifs = [
+        exp.If(this=exp.LT(this=value.copy(), expression=lower), true=lower.copy()),
+        exp.If(this=exp.GT(this=value.copy(), expression=upper), true=upper.copy()),
+    ]
     steps = 1 / m.resolution
+    if steps != 1:
+        # Values under a quarter step round to 0 anyway; sending them to 0 first keeps
+        # value × steps from underflowing, which PostgreSQL's doubles report as an error
+        # (a subnormal value times 2^-k).
+        quarter = _fraction(m.resolution / 4)
+        ifs.append(
+            exp.If(
+                this=exp.and_(
+                    exp.GT(this=value.copy(), expression=exp.Neg(this=quarter.copy())),
+                    exp.LT(this=value.copy(), expression=quarter.copy()),
+                ),
+                true=exp.Literal.number(0),
+            )
+        )
+    clamped = exp.Case(ifs=ifs, default=value)
     scaled: exp.Expr = clamped
     if steps != 1:
         scaled = exp.Mul(this=exp.Paren(this=clamped), expression=_fraction(steps))
+    elif table.columns[m.expression.name].type == "integer":
+        return clamped  # whole numbers clamped to whole bounds: nothing to round
     return exp.Cast(this=exp.Round(this=scaled), to=exp.DataType.build("BIGINT"))
 
 
@@ -203,23 +227,3 @@ def _fraction(f: Fraction) -> exp.Expr:
     if f.denominator == 1:
         return exp.Literal.number(f.numerator)
     return exp.Literal.number(repr(float(f)))  # powers of two are exact in binary floating point
-
-
-def _portable(node: exp.Expr, table: TableConfig) -> exp.Expr:
-    """A copy of a resolved row expression whose meaning is the same in every dialect.
-
-    Division of two integers truncates (as in SQLite and PostgreSQL); every other
-    division is floating point. Column names are quoted.
-    """
-
-    def fix(n: exp.Expr) -> exp.Expr:
-        if isinstance(n, exp.Div):
-            left, right = infer_type(n.this, table), infer_type(n.expression, table)
-            if left == right == "integer":
-                return exp.IntDiv(this=n.this, expression=n.expression)
-            n.set("typed", False)
-        if isinstance(n, exp.Column):
-            return exp.column(n.name, quoted=True)
-        return n
-
-    return node.copy().transform(fix)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sqlite3
 import threading
 import time
@@ -54,9 +55,16 @@ def open_protected_engine(url: str, *, statement_timeout_ms: int) -> sa.Engine:
             uri = database if database.startswith("file:") else f"file:{database}?mode=ro"
             conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
             conn.execute("PRAGMA query_only = ON")
+            # A BLOB in a text column must not fail the fetch after the statement ran.
+            conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
             return conn
 
-        return sa.create_engine("sqlite://", creator=connect, pool_pre_ping=False)
+        engine = sa.create_engine("sqlite://", creator=connect, pool_pre_ping=False)
+        # SQLAlchemy registers Python's math.floor as SQLite's floor(), which raises on
+        # NULL, infinities and text; replace it (after the dialect's own hook) with
+        # functions that are total, as the analyzer assumes.
+        sa.event.listen(engine, "connect", _total_sqlite_functions)
+        return engine
     if backend == "postgresql":
         options = (
             f"-c default_transaction_read_only=on -c statement_timeout={int(statement_timeout_ms)}"
@@ -111,7 +119,9 @@ def run_aggregate(engine: sa.Engine, sql: str, *, timeout_ms: int) -> list[tuple
             ) from None
         timer = _arm_timeout(engine, raw, deadline)
         try:
-            result = conn.execute(sa.text(sql))
+            # No bind parameters: every ':' is escaped so that a ':x' inside a string
+            # literal stays text (sa.text still doubles '%' for pyformat drivers).
+            result = conn.execute(sa.text(sql.replace(":", "\\:")))
             rows = [tuple(r) for r in result.fetchall()]
         except Exception as e:
             # Deliberately broad: whatever the driver raises once the statement is out.
@@ -127,6 +137,32 @@ def run_aggregate(engine: sa.Engine, sql: str, *, timeout_ms: int) -> list[tuple
             with contextlib.suppress(sa.exc.SQLAlchemyError):
                 conn.rollback()
     return rows
+
+
+def _total_sqlite_functions(dbapi_connection: Any, _record: Any) -> None:
+    if isinstance(dbapi_connection, sqlite3.Connection):
+        dbapi_connection.create_function("floor", 1, _sqlite_floor, deterministic=True)
+        dbapi_connection.create_function("ceil", 1, _sqlite_ceil, deterministic=True)
+        dbapi_connection.create_function("ceiling", 1, _sqlite_ceil, deterministic=True)
+
+
+def _rounded(x: Any, direction: Any) -> int | float | None:
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return None
+    if isinstance(x, int):
+        return x
+    if not math.isfinite(x):
+        return None
+    value = direction(x)
+    return value if -(2**63) <= value < 2**63 else float(value)
+
+
+def _sqlite_floor(x: Any) -> int | float | None:
+    return _rounded(x, math.floor)
+
+
+def _sqlite_ceil(x: Any) -> int | float | None:
+    return _rounded(x, math.ceil)
 
 
 def _set_statement_timeout(engine: sa.Engine, conn: sa.Connection, timeout_ms: int) -> None:

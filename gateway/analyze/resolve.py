@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from sqlglot import exp
 
+from gateway.analyze.totality import check_total
 from gateway.config import TableConfig
 from gateway.errors import UnknownColumn, UnknownTable, UnsupportedQuery
 from gateway.plan import ValueType
@@ -169,8 +170,10 @@ def resolve_row_expression(
                 construct="privacy unit column",
             )
         if column is resolved:
-            return exp.column(name)  # replace() cannot swap the root of a tree
+            resolved = exp.column(name)  # replace() cannot swap the root of a tree
+            break
         column.replace(exp.column(name))
+    check_total(resolved, table, where=where, boolean=where == "WHERE")
     return resolved
 
 

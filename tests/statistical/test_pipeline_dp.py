@@ -151,10 +151,10 @@ def test_the_same_test_catches_a_missing_clamp(
 
     original = compile_module._measure_input
 
-    def unclamped(m: Any, table: Any) -> Any:
+    def unclamped(m: Any, table: Any, dialect: str) -> Any:
         if m.kind == "sum" and m.expression is not None:
-            return compile_module._portable(m.expression, table)
-        return original(m, table)
+            return compile_module.portable(m.expression, table, dialect)
+        return original(m, table, dialect)
 
     monkeypatch.setattr(compile_module, "_measure_input", unclamped)
     many = _release_many("SUM(value)")

@@ -1,0 +1,152 @@
+"""Row expressions in their portable, total SQL form (a part of compilation).
+
+The analyzer has proven, from declared bounds and literals, that every accepted
+expression stays in range (``gateway/analyze/totality.py``). The rows themselves are not
+bound by the declaration, so this rewrite makes the proof hold on the data too:
+
+- a numeric column whose value flows into arithmetic or a function is clamped to its
+  declared [lower, upper] (a comparison ``age > 30`` reads the raw value: comparing
+  cannot fail);
+- integer operands of arithmetic are widened to BIGINT and real ones to DOUBLE
+  (NUMERIC on PostgreSQL, whose doubles raise on underflow), so a PostgreSQL
+  ``integer`` or ``real`` column cannot overflow its storage type;
+- every divisor is ``NULLIF(divisor, 0)``: division and modulo by zero are NULL on every
+  backend; division of two integers truncates (``IntDiv``);
+- LIKE and ILIKE get an explicit ``ESCAPE '\\'``, so a pattern means the same everywhere;
+- CONCAT becomes ``||`` over COALESCE(part, ''); a predicate that is the operand of a
+  comparison is parenthesised;
+- column names are quoted.
+"""
+
+from __future__ import annotations
+
+from sqlglot import exp
+
+from gateway.analyze.totality import Typed, expression_type
+from gateway.config import TableConfig
+
+_COMPARED = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between, exp.Is)
+_ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg, exp.Abs)
+_NUMERIC_FUNCTIONS = (exp.Round, exp.Floor, exp.Ceil)
+_BIGINT = exp.DataType.build("BIGINT")
+_PREDICATES = (exp.Predicate, exp.Connector, exp.Not)
+
+
+def portable(node: exp.Expr, table: TableConfig, dialect: str) -> exp.Expr:
+    """A rewritten copy of a resolved, accepted row expression (see the module doc)."""
+    return _Rewriter(table, dialect).rewrite(node, parent=None)
+
+
+def wide_real(dialect: str) -> exp.DataType:
+    """The type real arithmetic runs in: DOUBLE, except on PostgreSQL, whose doubles
+    raise on overflow and underflow (1e-310 * 1e-20): there NUMERIC, which does not."""
+    return exp.DataType.build("DECIMAL" if dialect == "postgres" else "DOUBLE")
+
+
+class _Rewriter:
+    def __init__(self, table: TableConfig, dialect: str) -> None:
+        self.table = table
+        self.real = wide_real(dialect)
+
+    def kind(self, node: exp.Expr) -> Typed:
+        return expression_type(node, self.table)
+
+    def rewrite(self, node: exp.Expr, parent: exp.Expr | None) -> exp.Expr:
+        if isinstance(node, exp.Column):
+            return self.column(node, parent)
+        if isinstance(node, exp.Div | exp.IntDiv):
+            return self.division(node)
+        if isinstance(node, exp.Mod):
+            return exp.Mod(
+                this=self.operand(node.this, node),
+                expression=_nullif_zero(self.operand(node.expression, node)),
+            )
+        if isinstance(node, exp.Concat):
+            # CONCAT is missing from older SQLite; || with NULL as '' means the same.
+            parts = [
+                exp.Coalesce(this=self.rewrite(p, node), expressions=[exp.Literal.string("")])
+                for p in node.expressions
+            ]
+            joined: exp.Expr = parts[0]
+            for part in parts[1:]:
+                joined = exp.DPipe(this=joined, expression=part)
+            return exp.Paren(this=joined)
+        if isinstance(node, exp.Like | exp.ILike):
+            like = type(node)(this=self.rewrite(node.this, node), expression=node.expression.copy())
+            return exp.Escape(this=like, expression=exp.Literal.string("\\"))
+        out: exp.Expr = node.copy()
+        if isinstance(node, _COMPARED):
+            # sqlglot prints `a > 1 = TRUE` unparenthesised, which PostgreSQL and DuckDB
+            # cannot parse: a predicate that is an operand gets its parentheses.
+            for key, value in node.args.items():
+                if isinstance(value, exp.Expr):
+                    out.set(key, _grouped(self.rewrite(value, node)))
+                elif isinstance(value, list):
+                    out.set(key, [_grouped(self.rewrite(v, node)) for v in value])
+            return out
+        if isinstance(node, (*_ARITHMETIC, *_NUMERIC_FUNCTIONS)):
+            for key in ("this", "expression"):
+                child = node.args.get(key)
+                if isinstance(child, exp.Expr):
+                    out.set(key, self.operand(child, node))
+            return out
+        for key, value in node.args.items():
+            if isinstance(value, exp.Expr):
+                out.set(key, self.rewrite(value, node))
+            elif isinstance(value, list):
+                out.set(
+                    key,
+                    [self.rewrite(v, node) if isinstance(v, exp.Expr) else v for v in value],
+                )
+        return out
+
+    def column(self, node: exp.Column, parent: exp.Expr | None) -> exp.Expr:
+        quoted = exp.column(node.name, quoted=True)
+        col = self.table.columns[node.name]
+        if parent is None or isinstance(parent, _COMPARED) or not (col.numeric and col.bounded):
+            return quoted
+        assert col.lower is not None and col.upper is not None
+        lower, upper = _number(col.lower, col.type), _number(col.upper, col.type)
+        return exp.Case(
+            ifs=[
+                exp.If(this=exp.LT(this=quoted.copy(), expression=lower), true=lower.copy()),
+                exp.If(this=exp.GT(this=quoted.copy(), expression=upper), true=upper.copy()),
+            ],
+            default=quoted,
+        )
+
+    def operand(self, node: exp.Expr, parent: exp.Expr) -> exp.Expr:
+        """A numeric operand, rewritten, widened to BIGINT or DOUBLE unless it is itself
+        arithmetic (whose result is already wide)."""
+        inner = node.unnest() if isinstance(node, exp.Paren) else node
+        rewritten = self.rewrite(inner, parent)
+        if isinstance(inner, _ARITHMETIC):
+            return exp.Paren(this=rewritten)
+        kind = self.kind(inner).kind
+        if kind in ("integer", "null"):  # a bare NULL operand is ambiguous on PostgreSQL
+            return exp.Cast(this=rewritten, to=_BIGINT.copy())
+        if kind == "real":
+            return exp.Cast(this=rewritten, to=self.real.copy())
+        return rewritten
+
+    def division(self, node: exp.Div | exp.IntDiv) -> exp.Expr:
+        left, right = self.kind(node.this), self.kind(node.expression)
+        this = self.operand(node.this, node)
+        divisor = _nullif_zero(self.operand(node.expression, node))
+        if isinstance(node, exp.IntDiv) or left.kind == right.kind == "integer":
+            return exp.IntDiv(this=this, expression=divisor)
+        return exp.Div(this=this, expression=divisor, typed=False)
+
+
+def _grouped(node: exp.Expr) -> exp.Expr:
+    return exp.Paren(this=node) if isinstance(node, _PREDICATES) else node
+
+
+def _nullif_zero(node: exp.Expr) -> exp.Expr:
+    return exp.Nullif(this=node, expression=exp.Literal.number(0))
+
+
+def _number(x: float, ctype: str) -> exp.Expr:
+    value = int(x) if ctype == "integer" or float(x).is_integer() else float(x)
+    literal = exp.Literal.number(repr(abs(value)) if isinstance(value, float) else abs(value))
+    return exp.Neg(this=literal) if value < 0 else literal
