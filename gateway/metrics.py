@@ -60,6 +60,18 @@ BACKEND_ERRORS = Counter(
     "Failures of the protected database or the ledger database seen by requests.",
     ["backend"],
 )
+RELEASE_WAIT = Histogram(
+    "dpgate_release_wait_seconds",
+    "Time an answer that read protected rows was held until its release deadline "
+    "(execution.timing: deadline); query duration minus this is the pipeline's own time.",
+    buckets=_LATENCY_BUCKETS,
+)
+STATEMENT_FAILURES = Counter(
+    "dpgate_statement_failures",
+    "Queries that failed after their statement reached the protected database (charged), "
+    "by cause: error, timeout (the deadline was too short for it), noising.",
+    ["cause"],
+)
 RATE_LIMITED = Counter(
     "dpgate_rate_limited",
     "Requests refused by the rate limiter, by scope (address or analyst).",
@@ -97,6 +109,14 @@ def record_query(
     QUERY_LATENCY.labels(outcome).observe(duration_s)
     if epsilon_spent:
         EPSILON_SPENT.labels(name).inc(epsilon_spent)
+
+
+def record_release_wait(seconds: float) -> None:
+    RELEASE_WAIT.observe(seconds)
+
+
+def record_statement_failure(cause: str) -> None:
+    STATEMENT_FAILURES.labels(cause).inc()
 
 
 def record_rate_limited(scope: str) -> None:

@@ -30,6 +30,7 @@ import sqlalchemy as sa
 
 import budget
 from budget import Reservation
+from gateway import metrics
 from gateway.analyze import analyze
 from gateway.audit import AnsweredQuery, AuditDecision, Auditor
 from gateway.compile import CompiledQuery, compile_plan
@@ -232,7 +233,9 @@ class Gateway:
         finally:
             # Whatever happened — answer, failure, withheld — it leaves at the release
             # moment fixed before execution (invariant: observables are public or DP).
-            clock.wait()
+            held = clock.wait()
+            if clock.release_at is not None:
+                metrics.record_release_wait(held)
 
     def _execute_and_release(
         self,
@@ -294,6 +297,7 @@ class Gateway:
         message are the same for an error, a timeout or a cancellation: which one it was
         can depend on the rows (``cause`` goes to the operator's log only)."""
         log.warning("query %s failed after reaching the database (%s)", reservation.id, cause)
+        metrics.record_statement_failure(cause)
         _ledger_call(
             self.ledger.commit,
             reservation,
