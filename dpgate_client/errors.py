@@ -264,10 +264,16 @@ class RateLimitedError(OperationalError):
 
 
 class DatabaseUnavailableError(OperationalError):
-    """The protected database did not answer; nothing was spent."""
+    """The protected database did not answer. If the query never reached it, nothing was
+    spent; if it did (``charged`` is true), the query stays charged and nothing was
+    released — the gateway does not say why, since that could depend on the data."""
 
     code = "database_unavailable"
     status = 503
+
+    @property
+    def charged(self) -> bool:
+        return bool(self.detail.get("charged"))
 
 
 class LedgerUnavailableError(OperationalError):
