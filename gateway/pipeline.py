@@ -56,7 +56,7 @@ from gateway.execute import (
 from gateway.noising import NoisyResult, add_noise, expected_accuracy
 from gateway.plan import ProbePlan, QueryPlan, QueryRequest
 from gateway.release import ColumnInfo, Release
-from gateway.timing import ReleaseClock, start_clock
+from gateway.timing import ReleaseClock, deadline_ms, start_clock
 from mechanisms import QueryCalibration, calibrate_query, prefill
 
 GLOBAL_SCOPE = "*"
@@ -531,6 +531,10 @@ class Gateway:
                 "dry_run": True,
                 "would_fit": fits,
                 "plan": _describe(plan, calibration),
+                # When the answer would leave after its execution starts (public: config).
+                "release_deadline_ms": deadline_ms(
+                    self.config.execution, self.config.tables[plan.table]
+                ),
             },
         )
 

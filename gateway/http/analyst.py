@@ -83,6 +83,7 @@ register_schema(
             "dry_run": {"type": "boolean"},
             "would_fit": {"type": "boolean"},
             "plan": {"type": "object"},
+            "release_deadline_ms": {"type": ["integer", "null"]},
         },
     },
 )
