@@ -198,7 +198,7 @@ def _run_waitress(factory: Callable[[], Flask], *, host: str, port: int, workers
     if workers > 1:
         print(
             f"dpgate: waitress serves from one process; --workers {workers} becomes "
-            f"{4 * workers} threads",
+            f"{THREADS_PER_WORKER * workers} threads",
             file=sys.stderr,
         )
     app = factory()
@@ -207,4 +207,4 @@ def _run_waitress(factory: Callable[[], Flask], *, host: str, port: int, workers
         raise KeyboardInterrupt  # waitress closes its sockets and returns
 
     signal.signal(signal.SIGTERM, stop)
-    waitress.serve(app, host=host, port=port, threads=4 * workers, ident="dpgate")
+    waitress.serve(app, host=host, port=port, threads=THREADS_PER_WORKER * workers, ident="dpgate")
