@@ -59,7 +59,17 @@ def open_protected_engine(url: str, *, statement_timeout_ms: int) -> sa.Engine:
             conn.text_factory = lambda raw: raw.decode("utf-8", "replace")
             return conn
 
-        engine = sa.create_engine("sqlite://", creator=connect, pool_pre_ping=False)
+        # A queue of connections, not SQLAlchemy's default for a "sqlite://" URL
+        # (SingletonThreadPool), which closes the connections of older threads once more
+        # than five threads have used it — under threaded workers, while they run.
+        engine = sa.create_engine(
+            "sqlite://",
+            creator=connect,
+            poolclass=sa.pool.QueuePool,
+            pool_size=8,
+            max_overflow=24,
+            pool_pre_ping=False,
+        )
         # SQLAlchemy registers Python's math.floor as SQLite's floor(), which raises on
         # NULL, infinities and text; replace it (after the dialect's own hook) with
         # functions that are total, as the analyzer assumes.

@@ -275,3 +275,23 @@ def test_duckdb_computes_the_same_exact_aggregates(
     ref_engine, ref_config = sqlite_reference
     duck_engine, duck_config = duckdb_copy
     assert exact(duck_engine, duck_config, sql, set()) == exact(ref_engine, ref_config, sql, set())
+
+
+def test_many_threads_share_the_protected_sqlite_database(demo_db: Path) -> None:
+    """Threaded workers run statements side by side. SQLAlchemy's default pool for a
+    'sqlite://' URL closes older threads' connections past five threads (while they run:
+    the worker crashed with SIGSEGV); the engine keeps a queue of connections instead."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = open_protected_engine(f"sqlite:///{demo_db}", statement_timeout_ms=5000)
+    assert isinstance(engine.pool, sa.pool.QueuePool)
+
+    def count(i: int) -> int:
+        rows = run_aggregate(
+            engine, f"SELECT COUNT(*) FROM patients WHERE age > {i % 90}", timeout_ms=5000
+        )
+        return int(rows[0][0])
+
+    with ThreadPoolExecutor(16) as pool:
+        counts = list(pool.map(count, range(320)))
+    assert all(c > 0 for c in counts)
