@@ -55,6 +55,14 @@ def test_expressions_that_could_fail_are_refused_by_name(
         assert case["limit"] in info.value.message  # the message names the limit
 
 
+def balanced(terms: list[str]) -> str:
+    """``terms`` joined by OR as a balanced tree (shallow, however many terms)."""
+    if len(terms) == 1:
+        return terms[0]
+    half = len(terms) // 2
+    return f"({balanced(terms[:half])} OR {balanced(terms[half:])})"
+
+
 def where(condition: str) -> str:
     return f"SELECT COUNT(*) FROM patients WHERE {condition}"
 
@@ -65,9 +73,11 @@ def where(condition: str) -> str:
         (where(f"zip = '{'x' * (caps.MAX_STRING_LITERAL + 1)}'"), "max_string_literal"),
         (where(f"age IN ({', '.join(['1'] * (caps.MAX_IN_LIST + 1))})"), "max_in_list"),
         (where("(" * (caps.MAX_DEPTH + 1) + "age > 1" + ")" * (caps.MAX_DEPTH + 1)), "max_depth"),
-        (where(" OR ".join([f"age IN ({', '.join(['1'] * 1000)})"] * 3)), "max_nodes"),
+        (where(balanced(["(age > 1 AND age < 2)"] * 128)), "max_nodes"),
+        (where(" OR ".join([f"zip = '{'x' * 200}'"] * 6)), "max_string_chars"),
+        (where(" OR ".join(["zip LIKE '%1'"] * (caps.MAX_LIKES + 1))), "max_likes"),
     ],
-    ids=["string literal", "IN list", "depth", "size"],
+    ids=["string literal", "IN list", "depth", "size", "string characters", "LIKE count"],
 )
 def test_per_row_cost_is_capped(sql: str, limit: str, demo_config: Config) -> None:
     with pytest.raises(UnsupportedQuery) as info:
@@ -96,6 +106,8 @@ def test_the_caps_themselves_are_accepted(demo_config: Config) -> None:
     at_the_caps = [
         where(f"zip = '{'x' * caps.MAX_STRING_LITERAL}'"),
         where(f"age IN ({', '.join(['1'] * caps.MAX_IN_LIST)})"),
+        where(" AND ".join([f"age NOT IN ({', '.join(['1'] * caps.MAX_IN_LIST)})"] * 3)),
+        where(" OR ".join(["zip LIKE '%1'"] * caps.MAX_LIKES)),
         where(f"zip LIKE '{'%a' * caps.MAX_LIKE_WILDCARDS}'"),
         where(f"zip LIKE '{'a' * caps.MAX_LIKE_PATTERN}'"),
     ]

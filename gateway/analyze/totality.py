@@ -52,9 +52,15 @@ MAX_LIKE_PATTERN = 64
 MAX_LIKE_WILDCARDS = 4
 #: Most values in one IN list.
 MAX_IN_LIST = 1_000
-#: Deepest nesting, and most nodes, in one row expression.
+#: Deepest nesting, and most nodes, in one row expression (the values of IN lists are
+#: not counted: a list is matched by lookup, not one comparison per value).
 MAX_DEPTH = 32
-MAX_NODES = 2_048
+MAX_NODES = 512
+#: Most characters of string literals in one row expression, and most LIKE / ILIKE
+#: matches: a LIKE costs about (subject length × pattern length) per row, and subjects
+#: are built from columns and literals, so these two bound the costliest match.
+MAX_STRING_CHARS = 1_024
+MAX_LIKES = 8
 #: SUBSTRING positions and lengths, ROUND decimals.
 MAX_SUBSTRING = 10**6
 MAX_ROUND_DECIMALS = 10
@@ -129,17 +135,35 @@ def expression_type(node: exp.Expr, table: TableConfig) -> Typed:
 
 
 def _check_size(node: exp.Expr, where: str) -> None:
-    for nodes, sub in enumerate(node.walk(), start=1):
-        if isinstance(sub, exp.In) and len(sub.expressions) > MAX_IN_LIST:
-            raise _limit(
-                f"an IN list in {where} has more than {MAX_IN_LIST} values",
-                "max_in_list",
-                MAX_IN_LIST,
-            )
+    nodes = chars = likes = 0
+    listed: set[int] = set()
+    for sub in node.walk():
+        if isinstance(sub, exp.In):
+            if len(sub.expressions) > MAX_IN_LIST:
+                raise _limit(
+                    f"an IN list in {where} has more than {MAX_IN_LIST} values",
+                    "max_in_list",
+                    MAX_IN_LIST,
+                )
+            listed.update(id(v) for v in sub.expressions if isinstance(v, exp.Literal))
+        if id(sub) not in listed:
+            nodes += 1
+            if isinstance(sub, exp.Literal) and sub.is_string:
+                chars += len(str(sub.this))
+        likes += isinstance(sub, exp.Like | exp.ILike)
         if nodes > MAX_NODES:
             raise _limit(f"the expression in {where} is too large", "max_nodes", MAX_NODES)
         if sub.depth > MAX_DEPTH:
             raise _limit(f"the expression in {where} is nested too deeply", "max_depth", MAX_DEPTH)
+        if chars > MAX_STRING_CHARS:
+            raise _limit(
+                f"the string literals in {where} are longer than {MAX_STRING_CHARS} characters "
+                "in all",
+                "max_string_chars",
+                MAX_STRING_CHARS,
+            )
+        if likes > MAX_LIKES:
+            raise _limit(f"{where} has more than {MAX_LIKES} LIKE matches", "max_likes", MAX_LIKES)
 
 
 def _limit(message: str, limit: str, value: int) -> UnsupportedQuery:
