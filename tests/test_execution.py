@@ -226,14 +226,16 @@ def postgres_copy(demo_db: Path) -> Iterator[tuple[sa.Engine, Config]]:
 @pytest.fixture(scope="module")
 def duckdb_copy(
     demo_db: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[sa.Engine, Config]:
+) -> Iterator[tuple[sa.Engine, Config]]:
     pytest.importorskip("duckdb_engine")
     path = tmp_path_factory.mktemp("duck") / "hospital.duckdb"
     writer = sa.create_engine(f"duckdb:///{path}")
     _copy_demo(demo_db, writer, None)
     writer.dispose()
     config = demo_config(f"duckdb:///{path}")
-    return open_protected_engine(config.database.url, statement_timeout_ms=30_000), config
+    engine = open_protected_engine(config.database.url, statement_timeout_ms=30_000)
+    yield engine, config
+    engine.dispose()
 
 
 @pytest.mark.postgres
