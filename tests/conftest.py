@@ -152,7 +152,6 @@ def ledger_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         drop_postgres_schema(POSTGRES_URL, schema)
 
 
-
 def pytest_unconfigure(config: pytest.Config) -> None:
     """Unload duckdb before the interpreter exits, so its exit is quiet.
 

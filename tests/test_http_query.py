@@ -123,6 +123,8 @@ ERROR_CASES: list[tuple[dict[str, Any] | str, int, str]] = [
     ({"sql": "SELECT COUNT(*) FROM patients", "colour": "blue"}, 400, "invalid_request"),
     ({"sql": "SELECT COUNT(*) FROM patients", "dry_run": "yes"}, 400, "invalid_request"),
     ({"sql": "SELEC COUNT(*) FROM patients"}, 400, "sql_syntax"),
+    ({"sql": "SELECT COUNT(*) FROM patients WHERE age >= 40 GROUP BY"}, 400, "sql_syntax"),
+    ({"sql": "SELECT COUNT(*), FROM patients"}, 400, "sql_syntax"),
     ({"sql": "SELECT * FROM patients"}, 400, "unsupported_query"),
     ({"sql": "SELECT COUNT(*) FROM doctors"}, 400, "unknown_table"),
     ({"sql": "SELECT COUNT(name) FROM patients"}, 400, "unknown_column"),
@@ -201,6 +203,18 @@ def test_syntax_errors_say_where(ask: Ask) -> None:
     status, body = ask("SELECT COUNT(*)\nFROM patients\nWHERE age >")
     assert status == 400
     assert body["error"]["detail"]["line"] == 3
+
+
+def test_syntax_errors_quote_the_offending_token(ask: Ask) -> None:
+    status, body = ask("SELEC COUNT(*) FROM patients")
+    assert status == 400
+    assert body["error"]["detail"] | {"request_id": None} == {
+        "line": 1,
+        "column": 1,
+        "near": "SELEC",
+        "request_id": None,
+    }
+    assert "'SELEC'" in body["error"]["message"] and "SELECT" in body["error"]["message"]
 
 
 def test_unsupported_queries_name_the_construct(ask: Ask) -> None:
