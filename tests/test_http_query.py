@@ -90,6 +90,30 @@ def test_group_keys_not_public_need_partition_selection(ask: Ask, gateway: Gatew
     # Rare zips (a handful of people) are never released; every released zip is real.
     real = {r[0] for r in _rows(gateway, "SELECT DISTINCT zip FROM patients")}
     assert {r[0] for r in body["rows"]} <= real
+    selection = body["partition_selection"]
+    assert selection["keys"] == ["zip"] and selection["threshold"] > 1
+    assert f"reaches {selection['threshold']}" in selection["note"]
+
+
+def test_an_empty_partition_selection_says_why(ask: Ask) -> None:
+    """Groups all below the threshold: an empty, charged answer that says so."""
+    sql = "SELECT zip, COUNT(*) FROM patients WHERE age = 100 GROUP BY zip"
+    status, body = ask(sql, epsilon=0.1)
+    assert status == 200 and body["rows"] == []
+    assert body["budget"]["epsilon_spent"] > 0
+    selection = body["partition_selection"]
+    assert "No group reached the threshold." in selection["note"]
+    # The same note comes with the cached answer, and a dry run gives the threshold first.
+    status, again = ask(sql, epsilon=0.1)
+    assert again["cached"] and again["partition_selection"] == selection
+    status, dry = ask(sql, epsilon=0.1, dry_run=True)
+    assert dry["partition_selection"]["threshold"] == selection["threshold"]
+    assert "No group" not in dry["partition_selection"]["note"]
+
+
+def test_public_keys_need_no_partition_selection(ask: Ask) -> None:
+    status, body = ask("SELECT sex, COUNT(*) FROM patients GROUP BY sex", epsilon=0.5)
+    assert status == 200 and "partition_selection" not in body
 
 
 def test_response_shape_matches_the_contract(ask: Ask) -> None:
