@@ -3,7 +3,7 @@
     analyze → cache? → calibrate → pre-audit → reserve → execute → add noise
             → post-audit → record → post-process
 
-Invariants kept here (DESIGN.md): nothing computed from protected rows leaves except as
+Invariants kept here (docs/design.md): nothing computed from protected rows leaves except as
 a noisy value whose cost was durably reserved in the ledger first (1); every failure
 before ``reserve`` costs nothing and a database failure after it is refunded, while a
 post-audit refusal stays charged and releases nothing (2); an identical request gets the
@@ -507,7 +507,8 @@ def _describe(plan: QueryPlan, calibration: QueryCalibration) -> dict[str, Any]:
 
 def _prefill(plan: QueryPlan, calibration: QueryCalibration) -> None:
     """Have each measure's noise drawn before the data is read, so that the release does
-    no sampling work whose duration could depend on the values (invariant 4)."""
+    no sampling work whose duration could depend on the values (docs/design.md,
+    invariant 4: noise is exact, secret and timing-blind)."""
     cells = 1
     for g in plan.group_keys:
         cells *= len(g.domain) if g.domain is not None else 64

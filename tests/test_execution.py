@@ -1,4 +1,5 @@
-"""Execution: contribution bounding enforced in SQL (invariant 6), read-only access,
+"""Execution: contribution bounding enforced in SQL (docs/design.md, invariant 6:
+influence is bounded in the executed SQL), read-only access,
 statement timeouts, and the same exact aggregates on SQLite, PostgreSQL and DuckDB.
 """
 
@@ -78,7 +79,7 @@ def _normal(v: Any) -> Any:
     return v
 
 
-# -- invariant 6: bounding in SQL -----------------------------------------------------------
+# -- docs/design.md, invariant 6: influence is bounded in the executed SQL -----------------
 
 
 @pytest.fixture

@@ -2,8 +2,8 @@
 real SQLite copy of the demo data and a real ledger.
 
 Covers every supported construct, every error code with its envelope, and invariants 1,
-2 and 7 of DESIGN.md (charged before release; failures cost nothing; identical requests
-get the identical answer for free).
+2 and 7 of docs/design.md (charged before released; refusals are free; same question,
+same answer, free).
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def test_every_bad_request_gets_the_envelope_and_costs_nothing(
 
 
 def assert_envelope(body: dict[str, Any], status: int, code: str) -> None:
-    """The one error shape (DESIGN.md), and nothing else."""
+    """The one error shape (docs/design.md, "Errors"), and nothing else."""
     assert set(body) == {"ok", "status", "error"}
     assert body["ok"] is False and body["status"] == status
     assert set(body["error"]) == {"code", "message", "detail"}
@@ -322,7 +322,7 @@ def test_unexpected_errors_are_internal_with_a_request_id_only(
     assert "Anna" not in resp.get_data(as_text=True)
 
 
-# -- invariants 1 and 7 -------------------------------------------------------------------
+# -- docs/design.md, invariants 1 and 7: charged before released; same answer, free ----
 
 
 def test_identical_requests_get_the_identical_answer_for_free(ask: Ask, gateway: Gateway) -> None:

@@ -44,13 +44,19 @@ def cost_line(privacy: Mapping[str, Any]) -> str:
 
 
 def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    """Left-aligned columns, two spaces apart; NULL prints as nothing."""
-    cells = [[("" if v is None else str(v)) for v in r] for r in rows]
+    """Left-aligned columns, two spaces apart; NULL prints as nothing, reals as ``number``."""
+    cells = [[_cell(v) for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
     for r in cells:
         lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
     return lines
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return number(value) if isinstance(value, float) else str(value)
 
 
 def print_answer(answer: Mapping[str, Any]) -> None:
