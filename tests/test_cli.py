@@ -120,6 +120,13 @@ def test_config_check_reports_a_bad_number_once(tmp_path: Path) -> None:
     ]
 
 
+@pytest.fixture
+def by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the CLI as typed in a shell, not from make (which sets MAKELEVEL)."""
+    monkeypatch.delenv("MAKELEVEL", raising=False)
+
+
+@pytest.mark.usefixtures("by_hand")
 def test_demo_rerun_says_it_resumes_and_fresh_starts_over(tmp_path: Path) -> None:
     where = str(tmp_path / "d")
     first = CliRunner().invoke(main, ["demo", "--dir", where, "--no-serve"])
@@ -133,7 +140,14 @@ def test_demo_rerun_says_it_resumes_and_fresh_starts_over(tmp_path: Path) -> Non
     assert fresh.exit_code == 0 and "Resumed" not in fresh.output
 
 
-def test_demo_names_a_busy_port_and_how_to_choose_another(tmp_path: Path) -> None:
+@pytest.mark.parametrize("under_make", [False, True])
+def test_demo_names_a_busy_port_and_how_to_choose_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, under_make: bool
+) -> None:
+    if under_make:
+        monkeypatch.setenv("MAKELEVEL", "1")
+    else:
+        monkeypatch.delenv("MAKELEVEL", raising=False)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
@@ -141,7 +155,8 @@ def test_demo_names_a_busy_port_and_how_to_choose_another(tmp_path: Path) -> Non
         result = CliRunner().invoke(main, ["demo", "--dir", str(tmp_path), "--port", str(port)])
     assert result.exit_code == 1
     assert f"port {port} on 127.0.0.1 is already in use" in result.output
-    assert "demo --port 8081" in result.output
+    hint = "make demo PORT=8081" if under_make else "demo --port 8081"
+    assert hint in result.output
     assert "serving on" not in result.output and not (tmp_path / "ledger.db").exists()
 
 

@@ -351,6 +351,11 @@ def test_a_fresh_clone_installs_and_tests_without_warnings(
             assert version == pinned[name], line
     tested = subprocess.run(["make", "test"], cwd=clone, env=env, capture_output=True, text=True)
     assert tested.returncode == 0, tested.stdout[-5000:] + tested.stderr[-5000:]
+    postgres = shutil.which("pg_isready") and (
+        subprocess.run(["pg_isready", "-q", "-h", "127.0.0.1", "-p", "5432"]).returncode == 0
+    )
+    if postgres:  # as in .ci/run: a server that answers is used, without being asked
+        assert "PostgreSQL tests: on" in tested.stdout
     assert_no_warnings(tested.stdout + tested.stderr)
     assert "nanobind" not in tested.stdout + tested.stderr
 
