@@ -152,6 +152,8 @@ def _partition_selection(req: QueryRequest, rows: int | None) -> dict[str, Any] 
     plan = gw.analyze(req.sql)
     if not isinstance(plan, QueryPlan) or not plan.needs_partition_selection:
         return None
+    # The pipeline's own calibration (deterministic in the request and the schema), so
+    # the threshold shown is the one the answer was selected with.
     return selection_note(plan, gw._calibrate(plan, req), rows)
 
 
