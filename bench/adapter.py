@@ -3,7 +3,8 @@
 Everything the harness needs from dpgate goes through this module, so a change of
 dpgate's internal API is fixed here once:
 
-- ``write_config``: a dpgate YAML config (public contract, DESIGN.md) for a set of tables;
+- ``write_config``: a dpgate YAML config (public contract: docs/design.md, "Config
+  reference") for a set of tables;
 - ``InProcess``: ``Gateway.from_config`` + ``Gateway.query`` with analysts created in the
   ledger (one fresh analyst per repetition, so a repeated query is a real cache miss with
   a real ledger reserve/commit, not a cache hit — the cache is per analyst by default);

@@ -98,8 +98,16 @@ class Client:
         """The public metadata of the tables the analyst may query."""
         return Schema.from_json(self._transport.request("GET", "/v1/schema"))
 
-    def queries(self) -> list[dict[str, Any]]:
-        """The analyst's own history (as the gateway reports it)."""
-        payload = self._transport.request("GET", "/v1/queries")
-        items = payload.get("queries", payload.get("items", []))
-        return [dict(item) for item in items] if isinstance(items, list) else []
+    def queries(self, *, limit: int | None = None) -> list[dict[str, Any]]:
+        """The analyst's own history, newest first, as the gateway reports it.
+
+        Each entry has ``query_id``, ``sql``, ``mechanism``, ``cost``, ``outcome``,
+        ``reason``, ``release`` (the released answer, for answered queries) and
+        ``created_at``; ``limit`` caps how many (the gateway's default is 1,000).
+        """
+        path = "/v1/queries" if limit is None else f"/v1/queries?limit={int(limit)}"
+        payload = self._transport.request("GET", path)
+        entries = payload.get("queries")
+        if not isinstance(entries, list):
+            raise InterfaceError("the gateway's history has no 'queries' list")
+        return [dict(entry) for entry in entries if isinstance(entry, dict)]

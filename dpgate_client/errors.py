@@ -29,11 +29,17 @@ user (Superset and Jupyter show it verbatim)::
             ├── ForbiddenError               403 forbidden
             ├── BudgetExhaustedError         403 budget_exhausted
             ├── AuditRefusedError            403 audit_refused
+            ├── NotFoundError                404 not_found (wrong URL prefix, no such
+            │                                analyst)
+            ├── MethodNotAllowedError        405 method_not_allowed
+            ├── ConflictError                409 conflict (e.g. analyst name taken)
             ├── RateLimitedError             429 rate_limited
             ├── DatabaseUnavailableError     503 database_unavailable
             └── LedgerUnavailableError       503 ledger_unavailable
 
-The base classes are named exactly as PEP 249 names them, so SQLAlchemy wraps them
+Every code the gateway can send has its class here (``tests/test_client.py`` pins the
+map against the gateway's own list). The base classes are named exactly as PEP 249
+names them, so SQLAlchemy wraps them
 into its own ``sqlalchemy.exc.ProgrammingError`` / ``OperationalError`` / … and keeps
 the original as ``.orig``.
 """
@@ -48,6 +54,7 @@ __all__ = [
     "AuditRefusedError",
     "AuthenticationError",
     "BudgetExhaustedError",
+    "ConflictError",
     "ConnectionFailedError",
     "DataError",
     "DatabaseError",
@@ -60,6 +67,8 @@ __all__ = [
     "InvalidPrivacyParametersError",
     "InvalidRequestError",
     "LedgerUnavailableError",
+    "MethodNotAllowedError",
+    "NotFoundError",
     "NotSupportedError",
     "OperationalError",
     "ProgrammingError",
@@ -251,6 +260,27 @@ class AuditRefusedError(OperationalError):
     status = 403
 
 
+class NotFoundError(OperationalError):
+    """No such endpoint or object: often a gateway URL with a wrong path prefix."""
+
+    code = "not_found"
+    status = 404
+
+
+class MethodNotAllowedError(OperationalError):
+    """The endpoint exists, but not with this HTTP method."""
+
+    code = "method_not_allowed"
+    status = 405
+
+
+class ConflictError(OperationalError):
+    """The request conflicts with existing state (e.g. an analyst name already taken)."""
+
+    code = "conflict"
+    status = 409
+
+
 class RateLimitedError(OperationalError):
     """Too many requests; ``retry_after`` says in how many seconds to retry (if known)."""
 
@@ -283,6 +313,7 @@ class LedgerUnavailableError(OperationalError):
     status = 503
 
 
+#: The class for each error code the gateway sends.
 _BY_CODE: Mapping[str, type[Error]] = MappingProxyType(
     {
         cls.code: cls
@@ -297,6 +328,9 @@ _BY_CODE: Mapping[str, type[Error]] = MappingProxyType(
             ForbiddenError,
             BudgetExhaustedError,
             AuditRefusedError,
+            NotFoundError,
+            MethodNotAllowedError,
+            ConflictError,
             RateLimitedError,
             DatabaseUnavailableError,
             LedgerUnavailableError,

@@ -74,15 +74,56 @@ class ResultColumn:
 
 @dataclass(frozen=True)
 class Accuracy:
-    """How far a released value may be from the exact one, from the noise alone."""
+    """How far a released value may be from the exact one, from the noise alone.
+
+    A COUNT or SUM column has one ``ci95_halfwidth`` (± this, with 95 % probability)
+    and ``stddev``, the same for every row. An AVG column is a noisy SUM over a noisy
+    COUNT, so its error depends on the row: ``ci95_intervals`` holds one 95 % interval
+    ``(low, high)`` per released row, in row order (None where the noisy count was not
+    positive), and ``sum`` and ``count`` the accuracy of its two parts (a dry run, which
+    has no rows, gives only those).
+    """
 
     ci95_halfwidth: float | None
     stddev: float | None
+    ci95_intervals: tuple[tuple[float, float] | None, ...] | None = None
+    sum: Accuracy | None = None
+    count: Accuracy | None = None
 
     @classmethod
     def from_json(cls, data: Any) -> Accuracy:
         data = data if isinstance(data, Mapping) else {}
-        return cls(_float(data.get("ci95_halfwidth")), _float(data.get("stddev")))
+        intervals = data.get("ci95_intervals")
+        return cls(
+            _float(data.get("ci95_halfwidth")),
+            _float(data.get("stddev")),
+            ci95_intervals=(
+                tuple(_interval(i) for i in intervals)
+                if isinstance(intervals, Sequence) and not isinstance(intervals, str)
+                else None
+            ),
+            sum=cls.from_json(data["sum"]) if isinstance(data.get("sum"), Mapping) else None,
+            count=cls.from_json(data["count"]) if isinstance(data.get("count"), Mapping) else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (what ``to_pandas`` puts in ``df.attrs["accuracy"]``)."""
+        out: dict[str, Any] = {"ci95_halfwidth": self.ci95_halfwidth, "stddev": self.stddev}
+        if self.ci95_intervals is not None:
+            out["ci95_intervals"] = [list(i) if i else None for i in self.ci95_intervals]
+        if self.sum is not None:
+            out["sum"] = self.sum.to_dict()
+        if self.count is not None:
+            out["count"] = self.count.to_dict()
+        return out
+
+
+def _interval(value: Any) -> tuple[float, float] | None:
+    if isinstance(value, Sequence) and not isinstance(value, str) and len(value) == 2:
+        low, high = _float(value[0]), _float(value[1])
+        if low is not None and high is not None:
+            return (low, high)
+    return None
 
 
 @dataclass(frozen=True)
@@ -168,7 +209,11 @@ class QueryResult:
     ``accuracy`` maps a noisy column's name to its ``Accuracy``; exact columns (group
     keys released from a declared domain) have none. ``privacy`` is the cost of this
     answer (``epsilon == 0`` for cached answers and free probes), ``budget`` the
-    analyst's budget after it. A dry run has no rows; its plan is in ``plan``.
+    analyst's budget after it. A dry run has no rows; its plan is in ``plan`` and
+    ``would_fit`` says whether the budget admits it now. ``partition_selection`` is set
+    when the groups were released through DP partition selection (GROUP BY keys whose
+    values are not declared public): ``threshold`` is the noisy number of people a group
+    needed to be released, and ``note`` says so in words.
     """
 
     columns: tuple[ResultColumn, ...]
@@ -180,6 +225,8 @@ class QueryResult:
     cached: bool = False
     dry_run: bool = False
     plan: Mapping[str, Any] | None = None
+    would_fit: bool | None = None
+    partition_selection: Mapping[str, Any] | None = None
     raw: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
     @classmethod
@@ -206,6 +253,8 @@ class QueryResult:
             for name, value in (accuracy_json.items() if isinstance(accuracy_json, Mapping) else ())
         }
         plan = data.get("plan")
+        selection = data.get("partition_selection")
+        would_fit = data.get("would_fit")
         return cls(
             columns=columns,
             rows=tuple(rows),
@@ -216,6 +265,8 @@ class QueryResult:
             cached=bool(data.get("cached", False)),
             dry_run=bool(data.get("dry_run", dry_run)),
             plan=_frozen(plan) if isinstance(plan, Mapping) else None,
+            would_fit=would_fit if isinstance(would_fit, bool) else None,
+            partition_selection=_frozen(selection) if isinstance(selection, Mapping) else None,
             raw=_frozen({k: v for k, v in data.items() if k != "ok"}),
         )
 
@@ -241,18 +292,17 @@ class QueryResult:
     def to_pandas(self) -> Any:
         """The rows as a ``pandas.DataFrame``; cost and accuracy in ``df.attrs``.
 
-        ``df.attrs["accuracy"]`` maps column → ``{"ci95_halfwidth", "stddev"}``;
-        ``df.attrs["privacy"]`` and ``df.attrs["budget"]`` are plain dicts.
+        ``df.attrs["accuracy"]`` maps column → ``{"ci95_halfwidth", "stddev"}``, and for
+        an AVG column also its per-row ``"ci95_intervals"`` and the ``"sum"`` and
+        ``"count"`` it is the ratio of (see ``Accuracy``); ``df.attrs["privacy"]`` and
+        ``df.attrs["budget"]`` are plain dicts.
         """
         try:
             import pandas as pd
         except ImportError as exc:  # pragma: no cover - exercised only without pandas
             raise ImportError("to_pandas() needs pandas: pip install 'dpgate[pandas]'") from exc
         frame = pd.DataFrame.from_records(list(self.rows), columns=list(self.column_names))
-        frame.attrs["accuracy"] = {
-            name: {"ci95_halfwidth": a.ci95_halfwidth, "stddev": a.stddev}
-            for name, a in self.accuracy.items()
-        }
+        frame.attrs["accuracy"] = {name: a.to_dict() for name, a in self.accuracy.items()}
         frame.attrs["privacy"] = _plain(self.privacy)
         frame.attrs["budget"] = _plain(self.budget)
         frame.attrs["query_id"] = self.query_id

@@ -8,7 +8,8 @@ with sqlglot. It enforces, inside the SQL,
 - per-unit contribution bounding: at most ``max_rows_per_unit`` rows per privacy unit
   (``ROW_NUMBER() OVER (PARTITION BY unit …)``) and, with GROUP BY, at most
   ``max_groups_per_unit`` groups (``DENSE_RANK``), so the sensitivities in the plan hold
-  whatever the data is (DESIGN.md invariant 6);
+  whatever the data is (docs/design.md, invariant 6: influence is bounded in the
+  executed SQL);
 - for keys that are not public, the number of distinct units per group, which partition
   selection thresholds.
 

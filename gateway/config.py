@@ -382,9 +382,12 @@ def _column(v: _Validator, path: str, name: str, raw: Any) -> ColumnConfig | Non
     ctype = v.choice(raw, f"{path}.type", COLUMN_TYPES, None)
     if ctype is None:
         return None
+    reported = len(v.problems)
     lower = v.number(raw, f"{path}.lower", None)
     upper = v.number(raw, f"{path}.upper", None)
-    if (lower is None) != (upper is None):
+    if len(v.problems) > reported:
+        pass  # a bound that is not a number is reported once, without a follow-on
+    elif (lower is None) != (upper is None):
         v.problem(f"{path}: declare both lower and upper, or neither")
     elif lower is not None and upper is not None and lower > upper:
         v.problem(f"{path}: lower ({lower}) is above upper ({upper})")
@@ -495,8 +498,10 @@ class _Validator:
             return default
         if positive and value <= 0:
             self.problem(f"{path}: must be > 0")
+            return default  # reported once: checks that use it see no follow-on error
         if unit and not 0 <= value < 1:
             self.problem(f"{path}: must be in [0, 1)")
+            return default
         return value
 
     def integer(

@@ -205,3 +205,32 @@ def expected_accuracy(plan: QueryPlan, calibration: QueryCalibration) -> dict[st
                 "count": _measure_accuracy(plan.measures[c], calibration.noises[c]),
             }
     return out
+
+
+def selection_note(
+    plan: QueryPlan, calibration: QueryCalibration, rows: int | None
+) -> dict[str, Any]:
+    """What an analyst must know when groups were released by DP partition selection.
+
+    Groups whose noisy count of people falls below the threshold are left out rather than
+    shown, so a short or empty answer needs saying in words. The threshold comes from the
+    calibration (ε, δ and the contribution bounds), never from the data; ``rows`` is the
+    number of released rows, itself a DP output (None for a dry run, which has none).
+    """
+    selection = calibration.selection
+    assert selection is not None
+    keys = [g.name for g in plan.group_keys if g.domain is None]
+    named = ", ".join(keys)
+    note = (
+        f"The values of {named} are not declared public, so a group is released only if "
+        f"its number of people plus noise reaches {selection.threshold} (DP partition "
+        f"selection): smaller groups are left out, not shown as zero."
+    )
+    if rows == 0:  # the answer is empty: say why, rather than leave it unexplained
+        note += " No group reached the threshold"
+        note += (
+            " (or HAVING, LIMIT or OFFSET removed those that did)."
+            if plan.having is not None or plan.limit is not None or plan.offset
+            else "."
+        )
+    return {"threshold": selection.threshold, "keys": keys, "note": note}

@@ -581,7 +581,8 @@ def _describe(plan: QueryPlan, calibration: QueryCalibration) -> dict[str, Any]:
 
 def _prefill(plan: QueryPlan, calibration: QueryCalibration) -> None:
     """Have each measure's noise drawn before the data is read, so that the release does
-    no sampling work whose duration could depend on the values (invariant 4)."""
+    no sampling work whose duration could depend on the values (docs/design.md,
+    invariant 4: noise is exact, secret and timing-blind)."""
     cells = 1
     for g in plan.group_keys:
         cells *= len(g.domain) if g.domain is not None else 64

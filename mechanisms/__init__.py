@@ -1,7 +1,7 @@
 """Exact integer noise, calibration and accuracy for dpgate (see docs/mechanisms.md).
 
 Neighbouring relation throughout: databases differing by all rows of one privacy unit
-(add/remove one unit, DESIGN.md). The package knows nothing of SQL or HTTP.
+(add/remove one unit, docs/design.md). The package knows nothing of SQL or HTTP.
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ def sample(noise: Noise, size: int) -> list[int]:
     of every value returned before, and never returned twice (also across forked workers).
     Added to an integer statistic this is the mechanism ``calibrate_query`` calibrated, DP
     under add/remove one privacy unit. The call copies values out of a pool filled ahead of
-    time, so its duration depends on ``size`` and not on the values (DESIGN.md invariant 4).
+    time, so its duration depends on ``size`` and not on the values (docs/design.md,
+    invariant 4: noise is exact, secret and timing-blind).
     """
     return POOLS.take(noise, size)
 

@@ -1,6 +1,6 @@
 """Calibration: from a query's privacy parameters and sensitivities to noise and cost.
 
-Neighbouring relation everywhere in this module (DESIGN.md): two databases are neighbours
+Neighbouring relation everywhere in this module (docs/design.md): two databases are neighbours
 when one is the other plus all rows of one privacy unit (add/remove one unit). A
 ``Sensitivity`` is the most one unit can move one measure, summed over all the groups the
 unit may touch (the gateway already multiplied by ``max_groups_per_unit``), in integer units.

@@ -1,11 +1,12 @@
 """Noise drawn ahead of time, so that the time of a release does not depend on the noise.
 
-Invariant 4 of DESIGN.md: the response time must not depend on the noise drawn. The
-samplers are vectorised and their running time depends on the values they produce only
-through rare events (a rejected proposal, a tail recursion, an undecided prefix), but a
-sampler that runs *while* a release waits would still leak those events. So the release
-path never samples: ``sample`` copies values out of a pool that was filled earlier, an
-operation whose cost depends on how many values are taken, never on what they are.
+docs/design.md, invariant 4 (noise is exact, secret and timing-blind): the response time
+must not depend on the noise drawn. The samplers are vectorised and their running time
+depends on the values they produce only through rare events (a rejected proposal, a tail
+recursion, an undecided prefix), but a sampler that runs *while* a release waits would
+still leak those events. So the release path never samples: ``sample`` copies values out
+of a pool that was filled earlier, an operation whose cost depends on how many values
+are taken, never on what they are.
 
 Pools are keyed by the exact ``Noise`` spec. A daemon thread refills a pool when it falls
 below its low-water mark, off the request path. A release that finds its pool short (the

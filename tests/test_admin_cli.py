@@ -90,6 +90,7 @@ def test_audit_log_command(cli: click.Group, config: str, tmp_path: Path) -> Non
     )
     out = run(cli, config, "audit-log")
     assert "403 budget_exhausted" in out and "SELECT COUNT(*) FROM t" in out
+    assert "budget_exhausted budget_exhausted" not in out  # the code is printed once
     entries = json.loads(run(cli, config, "audit-log", "--analyst", "alice", "--json"))
     assert [e["request_id"] for e in entries] == ["r1"]
     assert json.loads(run(cli, config, "audit-log", "--since", "2999-01-01", "--json")) == []

@@ -56,6 +56,17 @@ def test_refused(case: dict[str, Any], demo_config: Config) -> None:
     assert info.value.message  # a message a person can read
 
 
+@pytest.mark.parametrize("case", FIXTURES["malformed"], ids=lambda c: c["sql"][:60])
+def test_malformed(case: dict[str, Any], demo_config: Config) -> None:
+    with pytest.raises(SqlSyntaxError) as info:
+        analyze(case["sql"], demo_config.tables)
+    error = info.value
+    assert error.detail["near"] == case["near"]
+    assert (error.detail["line"], error.detail["column"]) == (1, case["column"])
+    assert case["sql"][case["column"] - 1 :].startswith(case["near"])
+    assert f"at '{case['near']}'" in error.message
+
+
 def test_syntax_errors_carry_line_and_column(demo_config: Config) -> None:
     with pytest.raises(SqlSyntaxError) as info:
         analyze("SELECT COUNT(*)\nFROM patients\nWHERE age >", demo_config.tables)

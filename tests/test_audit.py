@@ -2,7 +2,7 @@
 
 Every test constructs the auditor from the public schema only and feeds it noisy
 answers by hand: that it works here is also the proof that it needs no handle on the
-protected data (DESIGN.md invariant 8).
+protected data (docs/design.md, invariant 8: the auditor never touches the data).
 """
 
 from __future__ import annotations

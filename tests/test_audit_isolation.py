@@ -1,4 +1,5 @@
-"""The auditor has no handle on the protected database (DESIGN.md invariant 8).
+"""The auditor has no handle on the protected database (docs/design.md, invariant 8:
+the auditor never touches the data).
 
 Two checks: no module under ``gateway/audit/`` imports anything that can reach a
 database (read from the source, so a lazy import inside a function is caught too), and

@@ -76,6 +76,53 @@ def test_to_pandas_keeps_accuracy_and_cost_in_attrs(gateway: FakeGateway) -> Non
     assert frame.attrs["budget"]["epsilon_remaining"] == 8.0
 
 
+AVG_ACCURACY = {
+    "ci95_intervals": [[5.61, 6.02], None],
+    "sum": {"ci95_halfwidth": 34.0, "stddev": 11.3},
+    "count": {"ci95_halfwidth": 6.0, "stddev": 2.0},
+}
+
+
+def test_avg_accuracy_keeps_its_intervals_and_parts(gateway: FakeGateway) -> None:
+    """An AVG has no single half-width: per-row intervals and its SUM and COUNT parts."""
+    gateway.routes[("POST", "/v1/query")] = released(
+        [("sex", "text"), ("mean_glucose", "real")],
+        [["F", 5.8], ["M", None]],
+        accuracy={"mean_glucose": AVG_ACCURACY},
+    )
+    answer = Client(gateway.url, "k").query("SELECT sex, AVG(glucose) …")
+    accuracy = answer.accuracy["mean_glucose"]
+    assert accuracy.ci95_intervals == ((5.61, 6.02), None)
+    assert accuracy.sum == dpgate_client.Accuracy(34.0, 11.3)
+    assert accuracy.count == dpgate_client.Accuracy(6.0, 2.0)
+    assert (accuracy.ci95_halfwidth, accuracy.stddev) == (None, None)
+    pytest.importorskip("pandas")
+    frame = answer.to_pandas()
+    assert frame.attrs["accuracy"]["mean_glucose"] == {
+        "ci95_halfwidth": None,
+        "stddev": None,
+        **AVG_ACCURACY,
+    }
+
+
+def test_partition_selection_is_reported(gateway: FakeGateway) -> None:
+    selection = {"threshold": 43, "note": "Groups need about 43 people …"}
+    gateway.routes[("POST", "/v1/query")] = released(
+        [("zip", "text"), ("n", "integer")], [], partition_selection=selection
+    )
+    answer = Client(gateway.url, "k").query("SELECT zip, COUNT(*) AS n …")
+    assert answer.rows == () and answer.partition_selection == selection
+
+
+def test_history_is_read_from_the_queries_list(gateway: FakeGateway) -> None:
+    entry = {"query_id": "q-1", "sql": "SELECT COUNT(*) FROM patients", "outcome": "answered"}
+    gateway.routes[("GET", "/v1/queries")] = (200, {"ok": True, "queries": [entry]})
+    assert Client(gateway.url, "k").queries() == [entry]
+    gateway.routes[("GET", "/v1/queries")] = (200, {"ok": True, "items": [entry]})
+    with pytest.raises(errors.InterfaceError):
+        Client(gateway.url, "k").queries()
+
+
 def test_dry_run_has_a_plan_and_cost_but_no_rows(gateway: FakeGateway) -> None:
     gateway.routes[("POST", "/v1/query")] = (
         200,
@@ -85,10 +132,12 @@ def test_dry_run_has_a_plan_and_cost_but_no_rows(gateway: FakeGateway) -> None:
             "plan": {"table": "patients"},
             "privacy": {"mechanism": "laplace", "epsilon": 0.1, "delta": 0, "rho": 0.005},
             "accuracy": {"n": {"ci95_halfwidth": 30.0, "stddev": 14.1}},
+            "would_fit": True,
         },
     )
     answer = Client(gateway.url, "k").query("SELECT COUNT(*) AS n FROM patients", dry_run=True)
     assert answer.dry_run and answer.rows == () and answer.plan == {"table": "patients"}
+    assert answer.would_fit is True
     assert answer.privacy is not None and answer.privacy.epsilon == 0.1
     assert answer.accuracy["n"].ci95_halfwidth == 30.0
 
@@ -183,6 +232,26 @@ def test_every_gateway_error_code_maps_to_its_class(
     assert str(exc).startswith("Something is wrong.") and code in str(exc)
 
 
+def test_the_client_knows_every_code_the_gateway_sends() -> None:
+    """Each gateway error has its own client class, with the same code and status."""
+    from gateway.errors import ALL_ERRORS
+
+    for server_class in ALL_ERRORS:
+        server_error = server_class("Something is wrong.")
+        exc = errors.error_from_response(server_error.status, server_error.to_dict())
+        assert type(exc).code == server_class.code, server_class.__name__
+        assert (exc.code, exc.status) == (server_class.code, server_class.status)
+        assert type(exc).status == server_class.status
+    # And the other way: each leaf's code is one the gateway sends, or the client's own.
+    client_side = {"connection_failed", "interface_error", "not_supported"}
+    server_codes = {c.code for c in ALL_ERRORS}
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        own_leaf = isinstance(cls, type) and "code" in vars(cls) and not cls.__subclasses__()
+        if own_leaf and issubclass(cls, errors.Error):
+            assert cls.code in server_codes | client_side, name
+
+
 def test_syntax_errors_say_where(gateway: FakeGateway) -> None:
     gateway.routes[("POST", "/v1/query")] = error(
         400, "sql_syntax", "Unexpected token FORM.", line=1, column=17
@@ -266,6 +335,7 @@ def test_public_api_is_pinned() -> None:
         "BudgetExhaustedError",
         "Client",
         "ColumnSchema",
+        "ConflictError",
         "ConnectionFailedError",
         "DataError",
         "DatabaseError",
@@ -278,6 +348,8 @@ def test_public_api_is_pinned() -> None:
         "InvalidPrivacyParametersError",
         "InvalidRequestError",
         "LedgerUnavailableError",
+        "MethodNotAllowedError",
+        "NotFoundError",
         "NotSupportedError",
         "OperationalError",
         "Privacy",

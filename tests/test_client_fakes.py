@@ -1,7 +1,7 @@
 """A scripted stand-in for the gateway's HTTP API, for unit tests of the client only.
 
-It speaks the public contract (DESIGN.md) from canned answers; the acceptance tests in
-``test_client_e2e.py`` run against the real server.
+It speaks the public contract (docs/design.md, "HTTP contract") from canned answers;
+the acceptance tests in ``test_client_e2e.py`` run against the real server.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Execution: contribution bounding enforced in SQL (invariant 6), read-only access,
+"""Execution: contribution bounding enforced in SQL (docs/design.md, invariant 6:
+influence is bounded in the executed SQL), read-only access,
 statement timeouts, and the same exact aggregates on SQLite, PostgreSQL and DuckDB.
 """
 
@@ -79,7 +80,7 @@ def _normal(v: Any) -> Any:
     return v
 
 
-# -- invariant 6: bounding in SQL -----------------------------------------------------------
+# -- docs/design.md, invariant 6: influence is bounded in the executed SQL -----------------
 
 
 @pytest.fixture
@@ -236,14 +237,16 @@ def postgres_copy(demo_db: Path) -> Iterator[tuple[sa.Engine, Config]]:
 @pytest.fixture(scope="module")
 def duckdb_copy(
     demo_db: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[sa.Engine, Config]:
+) -> Iterator[tuple[sa.Engine, Config]]:
     pytest.importorskip("duckdb_engine")
     path = tmp_path_factory.mktemp("duck") / "hospital.duckdb"
     writer = sa.create_engine(f"duckdb:///{path}")
     _copy_demo(demo_db, writer, None)
     writer.dispose()
     config = demo_config(f"duckdb:///{path}")
-    return open_protected_engine(config.database.url, statement_timeout_ms=30_000), config
+    engine = open_protected_engine(config.database.url, statement_timeout_ms=30_000)
+    yield engine, config
+    engine.dispose()
 
 
 @pytest.mark.postgres

@@ -2,8 +2,8 @@
 real SQLite copy of the demo data and a real ledger.
 
 Covers every supported construct, every error code with its envelope, and invariants 1,
-2 and 7 of DESIGN.md (charged before release; failures cost nothing; identical requests
-get the identical answer for free).
+2 and 7 of docs/design.md (charged before released; refusals are free; same question,
+same answer, free).
 """
 
 from __future__ import annotations
@@ -90,6 +90,30 @@ def test_group_keys_not_public_need_partition_selection(ask: Ask, gateway: Gatew
     # Rare zips (a handful of people) are never released; every released zip is real.
     real = {r[0] for r in _rows(gateway, "SELECT DISTINCT zip FROM patients")}
     assert {r[0] for r in body["rows"]} <= real
+    selection = body["partition_selection"]
+    assert selection["keys"] == ["zip"] and selection["threshold"] > 1
+    assert f"reaches {selection['threshold']}" in selection["note"]
+
+
+def test_an_empty_partition_selection_says_why(ask: Ask) -> None:
+    """Groups all below the threshold: an empty, charged answer that says so."""
+    sql = "SELECT zip, COUNT(*) FROM patients WHERE age = 100 GROUP BY zip"
+    status, body = ask(sql, epsilon=0.1)
+    assert status == 200 and body["rows"] == []
+    assert body["budget"]["epsilon_spent"] > 0
+    selection = body["partition_selection"]
+    assert "No group reached the threshold." in selection["note"]
+    # The same note comes with the cached answer, and a dry run gives the threshold first.
+    status, again = ask(sql, epsilon=0.1)
+    assert again["cached"] and again["partition_selection"] == selection
+    status, dry = ask(sql, epsilon=0.1, dry_run=True)
+    assert dry["partition_selection"]["threshold"] == selection["threshold"]
+    assert "No group" not in dry["partition_selection"]["note"]
+
+
+def test_public_keys_need_no_partition_selection(ask: Ask) -> None:
+    status, body = ask("SELECT sex, COUNT(*) FROM patients GROUP BY sex", epsilon=0.5)
+    assert status == 200 and "partition_selection" not in body
 
 
 def test_response_shape_matches_the_contract(ask: Ask) -> None:
@@ -123,6 +147,8 @@ ERROR_CASES: list[tuple[dict[str, Any] | str, int, str]] = [
     ({"sql": "SELECT COUNT(*) FROM patients", "colour": "blue"}, 400, "invalid_request"),
     ({"sql": "SELECT COUNT(*) FROM patients", "dry_run": "yes"}, 400, "invalid_request"),
     ({"sql": "SELEC COUNT(*) FROM patients"}, 400, "sql_syntax"),
+    ({"sql": "SELECT COUNT(*) FROM patients WHERE age >= 40 GROUP BY"}, 400, "sql_syntax"),
+    ({"sql": "SELECT COUNT(*), FROM patients"}, 400, "sql_syntax"),
     ({"sql": "SELECT * FROM patients"}, 400, "unsupported_query"),
     ({"sql": "SELECT COUNT(*) FROM doctors"}, 400, "unknown_table"),
     ({"sql": "SELECT COUNT(name) FROM patients"}, 400, "unknown_column"),
@@ -187,7 +213,7 @@ def test_every_bad_request_gets_the_envelope_and_costs_nothing(
 
 
 def assert_envelope(body: dict[str, Any], status: int, code: str) -> None:
-    """The one error shape (DESIGN.md), and nothing else."""
+    """The one error shape (docs/design.md, "Errors"), and nothing else."""
     assert set(body) == {"ok", "status", "error"}
     assert body["ok"] is False and body["status"] == status
     assert set(body["error"]) == {"code", "message", "detail"}
@@ -201,6 +227,18 @@ def test_syntax_errors_say_where(ask: Ask) -> None:
     status, body = ask("SELECT COUNT(*)\nFROM patients\nWHERE age >")
     assert status == 400
     assert body["error"]["detail"]["line"] == 3
+
+
+def test_syntax_errors_quote_the_offending_token(ask: Ask) -> None:
+    status, body = ask("SELEC COUNT(*) FROM patients")
+    assert status == 400
+    assert body["error"]["detail"] | {"request_id": None} == {
+        "line": 1,
+        "column": 1,
+        "near": "SELEC",
+        "request_id": None,
+    }
+    assert "'SELEC'" in body["error"]["message"] and "SELECT" in body["error"]["message"]
 
 
 def test_unsupported_queries_name_the_construct(ask: Ask) -> None:
@@ -313,7 +351,7 @@ def test_unexpected_errors_are_internal_with_a_request_id_only(
     assert "Anna" not in resp.get_data(as_text=True)
 
 
-# -- invariants 1 and 7 -------------------------------------------------------------------
+# -- docs/design.md, invariants 1 and 7: charged before released; same answer, free ----
 
 
 def test_identical_requests_get_the_identical_answer_for_free(ask: Ask, gateway: Gateway) -> None:

@@ -1,6 +1,7 @@
 """Nothing leaks: no response, of any kind, carries a protected value that was not
-declared public (invariant 5), and no input makes the query endpoint fail with a 500, a
-stack trace, or rows on a refusal (a property-based test with hypothesis).
+declared public (docs/design.md, invariant 5: only what is declared public is
+published), and no input makes the query endpoint fail with a 500, a stack trace, or
+rows on a refusal (a property-based test with hypothesis).
 """
 
 from __future__ import annotations

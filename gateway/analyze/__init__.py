@@ -2,7 +2,9 @@
 
 The passes, each in its own module:
 
-1. ``parse``      text → one SELECT (syntax errors with line and column)
+1. ``parse``      text → one SELECT (syntax errors at the offending token, quoted);
+   ``malformed``  with what sqlglot would silently repair (``GROUP BY`` with nothing
+                  after it, trailing commas, ``IN ()``) refused as syntax errors
 2. ``wrapper``    BI wrappers and connection probes
 3. ``resolve``    the table, the columns, the expression allow-list
 4. ``aggregates`` aggregate calls → measures with their sensitivities

@@ -1,19 +1,52 @@
 """Pass 1: SQL text → exactly one SELECT expression, or a precise refusal.
 
-Syntax errors carry line and column; several statements, non-SELECT statements and
-set operations are refused by name before anything looks at tables or columns.
+Syntax errors carry line and column and quote the offending token (a misspelt keyword
+is named as such: ``SELEC`` → did you mean SELECT?); what sqlglot would parse by dropping
+a missing piece is refused by ``malformed`` first. Several statements, non-SELECT
+statements and set operations are refused by name before anything looks at tables or
+columns.
 """
 
 from __future__ import annotations
 
-import sqlglot
-from sqlglot import exp
-from sqlglot.errors import ParseError, TokenError
+import difflib
 
+from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
+from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import Token, TokenType
+
+from gateway.analyze.malformed import check_tokens, syntax_error
 from gateway.errors import SqlSyntaxError, UnsupportedQuery
 
 #: Analysts write PostgreSQL-flavoured SQL: double-quoted identifiers, typed division.
 READ_DIALECT = "postgres"
+
+#: Keywords a misspelt word is compared with, to say which one was meant.
+KEYWORDS = (
+    "SELECT",
+    "FROM",
+    "WHERE",
+    "GROUP",
+    "ORDER",
+    "BY",
+    "HAVING",
+    "LIMIT",
+    "OFFSET",
+    "DISTINCT",
+    "BETWEEN",
+    "AND",
+    "NOT",
+    "NULL",
+    "LIKE",
+    "CASE",
+    "WHEN",
+    "THEN",
+    "ELSE",
+    "END",
+    "COUNT",
+)
+SEMICOLON = TokenType.SEMICOLON
 
 _STATEMENT_NAMES: dict[type[exp.Expr], str] = {
     exp.Insert: "INSERT",
@@ -42,18 +75,9 @@ def parse_select(sql: str) -> exp.Select:
     """Parse ``sql`` into a single SELECT; raise ``SqlSyntaxError`` or ``UnsupportedQuery``."""
     if not sql.strip():
         raise SqlSyntaxError("the query is empty", line=1, column=1)
+    dialect = Dialect.get_or_raise(READ_DIALECT)
     try:
-        statements = [s for s in sqlglot.parse(sql, read=READ_DIALECT) if s is not None]
-    except ParseError as e:
-        first = e.errors[0] if e.errors else {}
-        line = int(first.get("line") or 1)
-        col = int(first.get("col") or 1)
-        desc = str(first.get("description") or "cannot parse the query")
-        # sqlglot's description repeats its token repr; keep the human part only.
-        desc = desc.split(" <Token", 1)[0].split(". Line", 1)[0]
-        raise SqlSyntaxError(
-            f"syntax error at line {line}, column {col}: {desc}", line=line, column=col
-        ) from None
+        tokens = dialect.tokenize(sql)
     except TokenError as e:
         line, col = _position_of_token_error(sql, str(e))
         raise SqlSyntaxError(
@@ -62,6 +86,12 @@ def parse_select(sql: str) -> exp.Select:
             line=line,
             column=col,
         ) from None
+    _check_first_word(sql, tokens)
+    check_tokens(sql, tokens)
+    try:
+        statements = [s for s in dialect.parser().parse(tokens, sql) if s is not None]
+    except ParseError as e:
+        raise _syntax_error(sql, tokens, e) from None
     if not statements:
         raise SqlSyntaxError("the query is empty", line=1, column=1)
     if len(statements) > 1:
@@ -79,6 +109,65 @@ def parse_select(sql: str) -> exp.Select:
             construct=name,
         )
     return statement
+
+
+def _check_first_word(sql: str, tokens: list[Token]) -> None:
+    """A statement starts with a keyword; a plain word there is a misspelt one (SELEC)."""
+    starts = [t for i, t in enumerate(tokens) if i == 0 or tokens[i - 1].token_type == SEMICOLON]
+    for token in starts:
+        close = difflib.get_close_matches(token.text.upper(), ("SELECT", "WITH"), 1, 0.75)
+        if token.token_type == TokenType.VAR and close:
+            raise syntax_error(sql, token, f"not a keyword (did you mean {close[0]}?)")
+
+
+def _syntax_error(sql: str, tokens: list[Token], error: ParseError) -> SqlSyntaxError:
+    """sqlglot's first error, at the offending token and quoting it.
+
+    A misspelt keyword (``FORM``) is usually read as an alias, and sqlglot then stumbles
+    on the next word: the misspelling is the offending token, so it is named instead.
+    """
+    first = error.errors[0] if error.errors else {}
+    line = int(first.get("line") or 1)
+    col = int(first.get("col") or 1)
+    end = _offset(sql, line, col)
+    at = next((t for t in tokens if t.start <= end <= t.end), None)
+    before = [t for t in tokens if at is None or t.end < at.start]
+    for token in reversed(before[-3:]):
+        suggestion = _did_you_mean(token)
+        if token.token_type == TokenType.VAR and suggestion:
+            return syntax_error(sql, token, f"unexpected word{suggestion}")
+    desc = str(first.get("description") or "cannot parse the query")
+    if at is None:  # past the last token: the query stops too early
+        last = tokens[-1] if tokens else None
+        if last is None:
+            return SqlSyntaxError("the query is empty", line=1, column=1)
+        return syntax_error(sql, last, f"the query ends too early ({_problem(desc)})")
+    return syntax_error(sql, at, _problem(desc))
+
+
+def _problem(description: str) -> str:
+    """sqlglot's description, in words about the quoted token, without its reprs."""
+    if description.startswith("Invalid expression / Unexpected token"):
+        return "unexpected here"
+    if description.startswith("Required keyword"):
+        return "incomplete: something is missing after it"
+    if description.startswith("Expecting "):
+        expected = description[len("Expecting ") :].strip()
+        return f"expected '{expected}' after it"
+    if description.startswith("Expected table name"):
+        return "expected a table name after it"
+    return description.split(" <Token", 1)[0].split(". Line", 1)[0]
+
+
+def _did_you_mean(token: Token) -> str:
+    close = difflib.get_close_matches(token.text.upper(), KEYWORDS, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _offset(sql: str, line: int, col: int) -> int:
+    """The 0-based offset of a 1-based line and column."""
+    lines = sql.split("\n")
+    return sum(len(x) + 1 for x in lines[: line - 1]) + col - 1
 
 
 def _statement_name(statement: exp.Expr) -> str:

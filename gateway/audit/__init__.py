@@ -7,7 +7,8 @@
     auditor     Auditor.pre_audit / post_audit / remember
 
 Everything here is a function of query texts, the public schema and noisy answers
-(DESIGN.md invariant 8); ``tests/test_audit_isolation.py`` pins the imports.
+(docs/design.md, invariant 8: the auditor never touches the data);
+``tests/test_audit_isolation.py`` pins the imports.
 """
 
 from gateway.audit.auditor import AnsweredCell, AnsweredQuery, AuditDecision, Auditor

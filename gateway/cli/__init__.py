@@ -7,10 +7,10 @@ import os
 import secrets
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
+from gateway.cli.render import print_answer, print_dry_run
 from gateway.config import ConfigError, load_config
 
 
@@ -21,7 +21,14 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--config",
+    "config_path",
+    envvar="DPGATE_CONFIG",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The dpgate YAML config (or env DPGATE_CONFIG).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option("--workers", default=1, show_default=True, type=int)
@@ -29,6 +36,12 @@ def serve(config_path: str, host: str, port: int, workers: int) -> None:
     """Serve the gateway with a production WSGI server (gunicorn; waitress as fallback)."""
     from gateway.serve import run
 
+    try:
+        load_config(config_path)
+    except ConfigError:
+        pass  # run() reports every problem of the config and exits with status 2
+    else:
+        check_port(host, port, "--port P")
     run(config_path, host=host, port=port, workers=workers)
 
 
@@ -45,52 +58,59 @@ def serve(config_path: str, host: str, port: int, workers: int) -> None:
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option("--workers", default=2, show_default=True, type=int)
 @click.option("--no-serve", is_flag=True, help="build the demo and print the key, then exit")
-def demo(directory: str, host: str, port: int, workers: int, no_serve: bool) -> None:
-    """Build the demo hospital database and config, print a demo analyst key, and serve."""
-    import budget
-    from gateway.demo.hospital import build, config_yaml
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="start afresh: forget the earlier demo's answers, spent budget and analysts",
+)
+def demo(directory: str, host: str, port: int, workers: int, no_serve: bool, fresh: bool) -> None:
+    """Build the demo hospital database and config, print a demo analyst key, and serve.
 
-    root = Path(directory).resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    db, ledger_path, config_path = root / "hospital.db", root / "ledger.db", root / "dpgate.yaml"
-    if not db.exists():
-        build(db)
-    config_path.write_text(config_yaml(str(db), str(ledger_path)))
-    config = load_config(config_path)
-    ledger = budget.Ledger.from_url(
-        config.ledger.url,
-        composition=config.privacy.composition,
-        global_budget=config.privacy.global_budget,
-    )
-    ledger.migrate()
-    try:
-        key = ledger.create_analyst("demo", 10.0, 1e-6)
-    except budget.AnalystExists:
-        key = ledger.rotate_key("demo")
-    ledger.close()
+    Run again, it resumes the earlier demo (same ledger: what was spent stays spent) and
+    says so; --fresh starts a new ledger.
+    """
+    from gateway.cli.demo import prepare
+
+    if not no_serve:
+        check_port(host, port, _make_or("PORT=8081", "--port 8081"))
+    demo_run = prepare(Path(directory), fresh=fresh)
     admin_key = os.environ.get("DPGATE_ADMIN_KEY")
     if not admin_key:
         admin_key = secrets.token_urlsafe(24)
         os.environ["DPGATE_ADMIN_KEY"] = admin_key
     url = f"http://{host}:{port}"
+    dpgate = self_command()
+    config = _shown(demo_run.config)
     sql = "SELECT disease, COUNT(*) AS n FROM patients WHERE age >= 40 GROUP BY disease"
+    key = demo_run.key
     click.echo(
         f"""
 dpgate demo
-  data:    {db}  (12,000 synthetic patients, their visits)
-  config:  {config_path}
-  ledger:  {ledger_path}
+  data:    {_shown(demo_run.database)}  (12,000 synthetic patients, their visits)
+  config:  {config}
+  ledger:  {_shown(demo_run.ledger)}
 
   demo analyst key: {key}
   admin key:        {admin_key}
-
-Try it:
+"""
+    )
+    if demo_run.resumed is not None:
+        click.echo(
+            f"""  Resumed the earlier demo: its ledger keeps what was spent and who was added
+  ({demo_run.resumed}). The key above is new; older demo keys no longer work.
+  To start afresh: {_make_or("FRESH=1", "--fresh")}
+"""
+        )
+    click.echo(
+        f"""Try it{" (in another terminal: this one serves)" if not no_serve else ""}:
   curl -s {url}/v1/query \\
     -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\
     -d '{{"sql": "{sql}", "epsilon": 0.5}}'
 
   curl -s {url}/v1/budget -H 'Authorization: Bearer {key}'
-  dpgate query --url {url} --key {key} "SELECT COUNT(*) FROM patients"
+  {dpgate} query --url {url} --key {key} "SELECT COUNT(*) FROM patients"
+  {dpgate} query --url {url} --key {key} --dry-run "SELECT zip, COUNT(*) FROM patients GROUP BY zip"
+  {dpgate} budget show demo --config {config}
 """
     )
     if no_serve:
@@ -98,7 +118,66 @@ Try it:
     click.echo(f"serving on {url} (Ctrl-C to stop)")
     from gateway.serve import run
 
-    run(str(config_path), host=host, port=port, workers=workers)
+    run(str(demo_run.config), host=host, port=port, workers=workers)
+
+
+def check_port(host: str, port: int, how_to_change: str) -> None:
+    """Fail at once, naming the port, if another program already listens on it."""
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError, OverflowError):
+        raise click.ClickException(f"cannot serve on {host}:{port}: no such address") from None
+    with socket.socket(family, kind, proto) as probe:
+        # As gunicorn and waitress bind: a port left in TIME_WAIT is free, a listener not.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise click.ClickException(
+                    f"port {port} on {host} is already in use by another program; "
+                    f"choose another port: {how_to_change}"
+                ) from None
+            raise click.ClickException(
+                f"cannot serve on {host}:{port}: {e.strerror}; choose another port: {how_to_change}"
+            ) from None
+
+
+def self_command() -> str:
+    """How to run this same ``dpgate`` again from the current directory, as printed.
+
+    ``dpgate`` if that is what the shell finds; else the script's path (``.venv/bin/dpgate``
+    after ``make demo``), or ``python -m gateway.cli`` when run as a module.
+    """
+    import shlex
+    import shutil
+
+    script = Path(sys.argv[0])
+    if script.name != "dpgate" or not script.is_file():
+        return f"{shlex.quote(sys.executable)} -m gateway.cli"
+    found = shutil.which("dpgate")
+    if found and Path(found).resolve() == script.resolve():
+        return "dpgate"
+    return shlex.quote(str(_shown(script)))
+
+
+def _shown(path: Path) -> str:
+    """A path as a user would type it here: relative when under the current directory."""
+    absolute = path.absolute()
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
+
+
+def _make_or(make_variable: str, option: str) -> str:
+    """The way to pass an option, as ``make demo`` (MAKELEVEL is set) or the CLI takes it."""
+    if os.environ.get("MAKELEVEL"):
+        return f"make demo {make_variable}"
+    return f"{self_command()} demo {option}"
 
 
 @main.command()
@@ -148,30 +227,12 @@ def query(
         click.echo(
             f"error {answer.get('status')} {err.get('code')}: {err.get('message')}", err=True
         )
+    elif answer.get("dry_run"):
+        print_dry_run(answer)
     else:
-        _print_release(answer)
+        print_answer(answer)
     if not answer.get("ok"):
         sys.exit(1)
-
-
-def _print_release(answer: dict[str, Any]) -> None:
-    columns = [str(c["name"]) for c in answer["columns"]]
-    rows = [[("" if v is None else str(v)) for v in r] for r in answer["rows"]]
-    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
-    click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-    for r in rows:
-        click.echo("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)))
-    accuracy = answer.get("accuracy") or {}
-    for name, acc in accuracy.items():
-        if "ci95_halfwidth" in acc:
-            click.echo(f"  {name}: ±{acc['ci95_halfwidth']:g} (95%), stddev {acc['stddev']:.3g}")
-    budget = answer.get("budget") or {}
-    if answer.get("cached"):
-        click.echo("(cached: identical earlier answer, no charge)")
-    click.echo(
-        f"budget: ε spent {budget.get('epsilon_spent')}, "
-        f"remaining {budget.get('epsilon_remaining')}"
-    )
 
 
 @main.group()

@@ -16,7 +16,6 @@ serializes its writers.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -25,6 +24,7 @@ from typing import Any
 import click
 
 import budget
+from gateway.cli.render import number
 from gateway.config import ConfigError, load_config
 
 CONFIG_OPTION = click.option(
@@ -62,24 +62,20 @@ def _ledger_errors() -> Iterator[None]:
         raise click.ClickException(str(e)) from None
 
 
-def _fmt(value: float) -> str:
-    return "∞" if math.isinf(value) else f"{value:.6g}"
-
-
 def _print_status(status: budget.BudgetStatus) -> None:
     state = " (disabled)" if status.disabled else ""
     click.echo(f"{status.name}{state}  [{status.composition}]  queries: {status.queries}")
     click.echo(
-        f"  ε: {_fmt(status.epsilon_spent)} spent of {_fmt(status.epsilon)}, "
-        f"{_fmt(status.epsilon_remaining)} remaining"
+        f"  ε: {number(status.epsilon_spent)} spent of {number(status.epsilon)}, "
+        f"{number(status.epsilon_remaining)} remaining"
     )
     click.echo(
-        f"  δ: {_fmt(status.delta_spent)} spent of {_fmt(status.delta)}, "
-        f"{_fmt(status.delta_remaining)} remaining"
+        f"  δ: {number(status.delta_spent)} spent of {number(status.delta)}, "
+        f"{number(status.delta_remaining)} remaining"
     )
     click.echo(
-        f"  ρ: {_fmt(status.rho_spent)} spent of {_fmt(status.rho_budget)}; largest next "
-        f"Laplace query: ε = {_fmt(status.max_next_laplace_epsilon)}"
+        f"  ρ: {number(status.rho_spent)} spent of {number(status.rho_budget)}; largest next "
+        f"Laplace query: ε = {number(status.max_next_laplace_epsilon)}"
     )
 
 
@@ -229,7 +225,8 @@ def audit_log(
         return
     for e in entries:
         who = e.analyst or "-"
-        code = f" {e.error_code}" if e.error_code else ""
+        # A refused request's outcome is its error code: print it once.
+        code = f" {e.error_code}" if e.error_code and e.error_code != e.outcome else ""
         sql = f"  {e.sql}" if e.sql else ""
         click.echo(
             f"{e.created_at.isoformat(timespec='seconds')} {e.status} {e.outcome}{code} "

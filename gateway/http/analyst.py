@@ -23,8 +23,9 @@ from gateway.errors import (
     UnsupportedQuery,
 )
 from gateway.http.auth import gateway, require_analyst
+from gateway.noising import selection_note
 from gateway.openapi import document, ref, register_schema
-from gateway.plan import QueryRequest
+from gateway.plan import QueryPlan, QueryRequest
 
 bp = Blueprint("analyst", __name__)
 log = logging.getLogger("dpgate.http")
@@ -84,6 +85,17 @@ register_schema(
             "would_fit": {"type": "boolean"},
             "plan": {"type": "object"},
             "release_deadline_ms": {"type": ["integer", "null"]},
+            "partition_selection": {
+                "type": "object",
+                "description": "present when GROUP BY keys are not declared public: groups "
+                "were released only if their noisy number of people reached `threshold`",
+                "required": ["threshold", "keys", "note"],
+                "properties": {
+                    "threshold": {"type": "integer"},
+                    "keys": {"type": "array", "items": {"type": "string"}},
+                    "note": {"type": "string"},
+                },
+            },
         },
     },
 )
@@ -124,7 +136,26 @@ def query() -> Response:
     g.query_outcome = "cached" if release.cached else ("dry_run" if req.dry_run else "answered")
     if not release.cached and not req.dry_run:
         g.epsilon_spent = req.epsilon
-    return jsonify(release.to_json())
+    body = release.to_json()
+    selection = _partition_selection(req, None if req.dry_run else len(release.rows))
+    if selection is not None:
+        body["partition_selection"] = selection
+    return jsonify(body)
+
+
+def _partition_selection(req: QueryRequest, rows: int | None) -> dict[str, Any] | None:
+    """The partition-selection note for an answered query whose keys are not public.
+
+    Re-derived from the request and the public schema (the plan is cached, calibration
+    is deterministic), so cached answers and dry runs carry it too.
+    """
+    gw = gateway()
+    plan = gw.analyze(req.sql)
+    if not isinstance(plan, QueryPlan) or not plan.needs_partition_selection:
+        return None
+    # The pipeline's own calibration (deterministic in the request and the schema), so
+    # the threshold shown is the one the answer was selected with.
+    return selection_note(plan, gw._calibrate(plan, req), rows)
 
 
 @bp.get("/v1/budget")

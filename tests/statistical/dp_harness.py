@@ -34,7 +34,8 @@ API (for the gateway's end-to-end tests)::
 ``release`` is called n + n_pilot times per database; pass ``release_many(db, k) -> list[int]``
 as well to batch. ``noise`` and ``true_values`` are optional (no scale test without them).
 Through the full gateway: give the test analyst a budget for 2·(n + n_pilot) queries and
-make every request a cache miss (invariant 7 would otherwise return one answer n times).
+make every request a cache miss (docs/design.md, invariant 7: same question, same
+answer, free — would otherwise return one answer n times).
 A withheld answer (a group not selected, an audit refusal) can be encoded as a fixed
 integer outside the output range (e.g. −2**62): threshold events treat it like any value,
 so the profile test covers "was it released" too (leave the scale test out then).

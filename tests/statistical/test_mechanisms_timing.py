@@ -1,4 +1,5 @@
-"""Invariant 4 (timing): the time of ``sample`` does not depend on the noise it returns.
+"""The time of ``sample`` does not depend on the noise it returns (docs/design.md,
+invariant 4: noise is exact, secret and timing-blind).
 
 Statistic: Spearman rank correlation between |noise| and the duration of the call, over
 n = 20,000 single-value releases. Under independence √(n−1)·ρ is asymptotically N(0, 1), so

@@ -1,0 +1,76 @@
+"""``dpgate demo``'s files: the demo database, its config, its ledger and the demo key.
+
+A second ``dpgate demo`` in the same folder resumes the first: the ledger keeps what was
+spent and who was added, which the command must say (a fresh key on a spent budget is
+confusing otherwise); ``--fresh`` starts a new ledger. The data is deterministic, so it
+is built once and kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import budget
+from gateway.config import load_config
+from gateway.demo.hospital import build, config_yaml
+
+DEMO_ANALYST = "demo"
+DEMO_EPSILON = 10.0
+DEMO_DELTA = 1e-6
+
+
+@dataclass(frozen=True)
+class DemoFiles:
+    """What ``prepare`` made: paths, the demo analyst's new key, and what was resumed.
+
+    ``resumed`` is None for a new ledger, else a short account of the earlier state
+    (``demo: ε 2.5 spent of 10; analysts: demo, alice``).
+    """
+
+    database: Path
+    config: Path
+    ledger: Path
+    key: str
+    resumed: str | None
+
+
+def prepare(directory: Path, *, fresh: bool = False) -> DemoFiles:
+    """Write the demo into ``directory`` and give the demo analyst a new key."""
+    from gateway.cli.render import number
+
+    root = directory.resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    db, ledger_path, config_path = root / "hospital.db", root / "ledger.db", root / "dpgate.yaml"
+    if fresh:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(f"{ledger_path}{suffix}").unlink(missing_ok=True)
+    existed = ledger_path.exists()
+    if not db.exists():
+        build(db)
+    config_path.write_text(config_yaml(str(db), str(ledger_path)))
+    config = load_config(config_path)
+    ledger = budget.Ledger.from_url(
+        config.ledger.url,
+        composition=config.privacy.composition,
+        global_budget=config.privacy.global_budget,
+    )
+    try:
+        ledger.migrate()
+        resumed = None
+        if existed:
+            analysts = ledger.list_analysts()
+            spent = next((a for a in analysts if a.name == DEMO_ANALYST), None)
+            resumed = "analysts: " + (", ".join(a.name for a in analysts) or "none")
+            if spent is not None:
+                resumed = (
+                    f"{DEMO_ANALYST}: ε {number(spent.epsilon_spent)} spent of "
+                    f"{number(spent.epsilon)} in {spent.queries} queries; {resumed}"
+                )
+        try:
+            key = ledger.create_analyst(DEMO_ANALYST, DEMO_EPSILON, DEMO_DELTA)
+        except budget.AnalystExists:
+            key = ledger.rotate_key(DEMO_ANALYST)
+    finally:
+        ledger.close()
+    return DemoFiles(database=db, config=config_path, ledger=ledger_path, key=key, resumed=resumed)

@@ -1,0 +1,116 @@
+"""How the CLI shows numbers, answers and budgets: one format everywhere.
+
+Budgets and costs print with ``number`` (six significant digits, ``∞`` for no limit),
+whether they come from ``dpgate query`` (the HTTP answer) or from the admin commands
+(the ledger), so the same budget reads the same in both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import click
+
+
+def number(value: Any) -> str:
+    """A budget, cost or accuracy figure: six significant digits, ``∞``, or ``?``."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return "?"
+    if math.isinf(value):
+        return "∞"
+    return f"{value:.6g}"
+
+
+def budget_line(budget: Mapping[str, Any]) -> str:
+    """``budget: ε 0.5 spent of 10, 9.5 remaining`` from a budget JSON object."""
+    return (
+        f"budget: ε {number(budget.get('epsilon_spent'))} spent of "
+        f"{number(budget.get('epsilon'))}, {number(budget.get('epsilon_remaining'))} remaining"
+    )
+
+
+def cost_line(privacy: Mapping[str, Any]) -> str:
+    """``cost: ε 0.5 (laplace), ρ 0.125`` from a response's ``privacy`` object."""
+    parts = [f"ε {number(privacy.get('epsilon'))}"]
+    if privacy.get("delta"):
+        parts.append(f"δ {number(privacy.get('delta'))}")
+    if privacy.get("selection_delta"):
+        parts.append(f"partition-selection δ {number(privacy.get('selection_delta'))}")
+    if privacy.get("rho") is not None:
+        parts.append(f"ρ {number(privacy.get('rho'))}")
+    return f"cost: {', '.join(parts)} ({privacy.get('mechanism', '?')})"
+
+
+def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """Left-aligned columns, two spaces apart; NULL prints as nothing, reals as ``number``."""
+    cells = [[_cell(v) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
+    for r in cells:
+        lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
+    return lines
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return number(value) if isinstance(value, float) else str(value)
+
+
+def print_answer(answer: Mapping[str, Any]) -> None:
+    """A released answer: its rows, how accurate each column is, what it cost."""
+    accuracy: Mapping[str, Any] = answer.get("accuracy") or {}
+    columns = [str(c["name"]) for c in answer["columns"]]
+    rows = [list(r) for r in answer["rows"]]
+    # An AVG has a 95% interval per row (noisy SUM / noisy COUNT): shown beside it.
+    shown = list(columns)
+    for name in reversed(columns):
+        intervals = (accuracy.get(name) or {}).get("ci95_intervals")
+        if intervals is None:
+            continue
+        at = columns.index(name) + 1
+        shown.insert(shown.index(name) + 1, f"{name} 95% interval")
+        for row, interval in zip(rows, intervals, strict=False):
+            row.insert(at, f"[{number(interval[0])}, {number(interval[1])}]" if interval else "")
+    for line in table(shown, rows):
+        click.echo(line)
+    for name, acc in accuracy.items():
+        if acc.get("ci95_halfwidth") is not None:
+            click.echo(
+                f"  {name}: ± {number(acc['ci95_halfwidth'])} (95%), "
+                f"stddev {number(acc.get('stddev'))}"
+            )
+    selection = answer.get("partition_selection")
+    if selection:
+        click.echo(f"note: {selection.get('note')}")
+    if answer.get("cached"):
+        click.echo("cached: the identical earlier answer, at no charge")
+    else:
+        click.echo(cost_line(answer.get("privacy") or {}))
+    click.echo(budget_line(answer.get("budget") or {}))
+
+
+def print_dry_run(answer: Mapping[str, Any]) -> None:
+    """A dry run: what the query would cost and how accurate it would be, no data."""
+    click.echo("dry run: nothing was read from the data and nothing was charged")
+    click.echo("columns: " + ", ".join(str(c["name"]) for c in answer.get("columns") or []))
+    click.echo("would " + cost_line(answer.get("privacy") or {}))
+    fits = answer.get("would_fit")
+    click.echo(
+        "would fit your budget: "
+        + ("yes" if fits else "no (the query would be refused)" if fits is False else "?")
+    )
+    for name, acc in (answer.get("accuracy") or {}).items():
+        if acc.get("ci95_halfwidth") is not None:
+            click.echo(f"  {name}: ± {number(acc['ci95_halfwidth'])} (95%) expected")
+        elif acc.get("sum") and acc.get("count"):
+            click.echo(
+                f"  {name}: an AVG: its SUM ± {number(acc['sum'].get('ci95_halfwidth'))}, "
+                f"its COUNT ± {number(acc['count'].get('ci95_halfwidth'))} (95%) expected"
+            )
+    selection = answer.get("partition_selection")
+    if selection:
+        click.echo(f"note: {selection.get('note')}")
+    click.echo(budget_line(answer.get("budget") or {}))
