@@ -1,4 +1,5 @@
-"""Accepted expressions are total (DESIGN.md invariant 9, issue 11).
+"""Accepted expressions are total (docs/design.md, invariant 9: everything observable is
+public or DP; issue 11).
 
 A hypothesis property test: it generates queries whose row expressions use everything the
 analyzer allows (comparisons, boolean logic, IN, BETWEEN, LIKE/ILIKE, IS NULL, arithmetic,
