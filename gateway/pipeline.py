@@ -23,7 +23,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 import sqlalchemy as sa
@@ -33,7 +33,7 @@ from budget import Reservation
 from gateway.analyze import analyze
 from gateway.audit import AnsweredQuery, AuditDecision, Auditor
 from gateway.compile import CompiledQuery, compile_plan
-from gateway.config import Config
+from gateway.config import Config, with_nullability
 from gateway.errors import (
     AuditRefused,
     BudgetExhausted,
@@ -46,6 +46,7 @@ from gateway.errors import (
 )
 from gateway.execute import (
     StatementFailed,
+    nullability_by_schema,
     open_protected_engine,
     ping,
     run_aggregate,
@@ -91,6 +92,9 @@ class Gateway:
             config.database.url, statement_timeout_ms=config.database.statement_timeout_ms
         )
         self.dialect = sqlglot_dialect(self.engine)
+        # undeclared ``nullable:`` comes from the catalogue (gateway/domain.py)
+        nullable = nullability_by_schema(self.engine, config.tables)
+        self.config = config = replace(config, tables=with_nullability(config.tables, nullable))
         self.unique_units = units_unique_by_schema(self.engine, config.tables)
         self._plans: OrderedDict[str, QueryPlan | ProbePlan] = OrderedDict()
         self.ledger = ledger or budget.Ledger.from_url(
@@ -101,7 +105,11 @@ class Gateway:
         self.ledger.migrate()
         for a in config.analysts:
             self.ledger.ensure_analyst(a.name, a.epsilon, a.delta)
-        self.auditor = Auditor(config.tables, min_group_size=config.audit.min_group_size)
+        self.auditor = Auditor(
+            config.tables,
+            min_group_size=config.audit.min_group_size,
+            confidence=config.audit.confidence,
+        )
         self._synced: dict[str, int] = {}
         self._sync_lock = threading.Lock()
 
@@ -129,7 +137,7 @@ class Gateway:
         for t in self.config.tables.values():
             columns = []
             for c in t.columns.values():
-                col: dict[str, Any] = {"name": c.name, "type": c.type, "nullable": True}
+                col: dict[str, Any] = {"name": c.name, "type": c.type, "nullable": c.may_be_null}
                 if c.bounded:
                     col["lower"], col["upper"] = c.lower, c.upper
                 if c.values is not None:

@@ -14,18 +14,19 @@ import pytest
 import yaml
 
 from gateway.analyze import analyze
-from gateway.audit import AnsweredCell, AnsweredQuery, AuditDecision, Auditor
-from gateway.config import TableConfig, parse_config
-from gateway.demo.hospital import config_yaml
+from gateway.audit import AnsweredCell, AnsweredQuery, AuditDecision, Auditor, CountNoise
+from gateway.config import TableConfig, parse_config, with_nullability
+from gateway.demo.hospital import NULLABLE, config_yaml
 from gateway.plan import QueryPlan
 
 K = 5
+NOISE = CountNoise("laplace", 1.0)  # every count here: ε = 1, sensitivity 1
 
 
 @pytest.fixture(scope="module")
 def tables() -> dict[str, TableConfig]:
     cfg = parse_config(yaml.safe_load(config_yaml("demo.db", "ledger.db")))
-    return dict(cfg.tables)
+    return with_nullability(cfg.tables, NULLABLE)
 
 
 @pytest.fixture
@@ -58,9 +59,9 @@ class Session:
         if not pre.allowed:
             return pre, None
         if counts is None or isinstance(counts, int | float):
-            cells: tuple[AnsweredCell, ...] = (AnsweredCell((), counts, {}),)
+            cells: tuple[AnsweredCell, ...] = (AnsweredCell((), counts, {}, NOISE),)
         else:
-            cells = tuple(AnsweredCell(v, c, {}) for v, c in counts)
+            cells = tuple(AnsweredCell(v, c, {}, NOISE) for v, c in counts)
         answer = AnsweredQuery(f"q{self.n}", plan, cells)
         post = self.auditor.post_audit(self.scope, answer)
         if post.allowed or self.remember_anyway:
@@ -205,13 +206,13 @@ def test_remember_is_idempotent_by_query_id(
 ) -> None:
     s = Session(auditor, tables)
     plan = s.plan("SELECT COUNT(*) FROM patients WHERE disease = 'Crohn'")
-    answer = AnsweredQuery("same", plan, (AnsweredCell((), 40.0, {}),))
+    answer = AnsweredQuery("same", plan, (AnsweredCell((), 40.0, {}, NOISE),))
     for _ in range(3):
         auditor.remember("alice", answer)
     other = AnsweredQuery(
         "other",
         s.plan("SELECT COUNT(*) FROM patients WHERE disease = 'Crohn' AND city = 'Eger'"),
-        (AnsweredCell((), 38.0, {}),),
+        (AnsweredCell((), 38.0, {}, NOISE),),
     )
     decision = auditor.post_audit("alice", other)
     assert not decision.allowed and decision.combined_with == ("same",)
@@ -271,11 +272,25 @@ def test_a_long_diverse_honest_session_keeps_being_answered(
     assert max(p.space.n_cells for p in kn.parts) < 100_000
 
 
+def test_values_beyond_a_bound_count_as_the_bound(alice: Session) -> None:
+    """The compiled SQL clamps bounded numbers (gateway/domain.py): nobody lies outside
+    the bounds, so conditions that differ only there are one region."""
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients", 3000.4))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age >= -1", 3001.2))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age >= -2", 2999.1))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE income <= 200000", 3002.0))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30", 2012.4))
+    assert not refused(
+        alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30 AND income <= 10000000", 2011.2)
+    )
+
+
 def test_differencing_on_a_declared_bound_is_refused(alice: Session) -> None:
-    """Bounds clamp sums; they do not promise the rows lie inside them. The one person
-    with an income above the declared upper bound must not be singled out by a pair."""
-    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30", 7012.4))
-    result = alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30 AND income <= 200000", 7011.2)
+    """The bound itself holds everyone clamped to it: a pair around it is refused."""
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE income >= 150000", 8.2))
+    result = alice.ask(
+        "SELECT COUNT(*) FROM patients WHERE income >= 150000 AND income < 200000", 7.1
+    )
     assert refused(result)
 
 

@@ -11,9 +11,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from gateway.audit.confidence import CountNoise
 from gateway.audit.predicates import Formula
 from gateway.audit.space import CellSpace
 from gateway.audit.span import Block, merge
+
+NoiseTerms = tuple[tuple[tuple[str, int], float, CountNoise], ...]
+"""A count's noise as a combination of released noises: ((query id, cell), coefficient,
+distribution) per source; the same source in two rows is the same random variable."""
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,7 @@ class RowInfo:
     count: float | None
     pending: bool = False  # in a pre-audit: part of the query being audited, unanswered
     formula: Formula | None = None  # the region, kept to rebuild merged components
+    noise: NoiseTerms | None = None  # None: the noise of this count is not known
 
 
 @dataclass(frozen=True)
