@@ -23,6 +23,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
@@ -214,33 +215,37 @@ class Gateway:
         if request.dry_run:
             return self._dry_run(analyst, plan, request, calibration)
         scope = analyst if self.config.audit.scope == "analyst" else GLOBAL_SCOPE
-        flags: list[str] = []
-        if self.config.audit.mode != "off":
-            self._sync_auditor(scope)
-            decision = self._audit(lambda: self.auditor.pre_audit(scope, plan))
-            if not decision.allowed:
-                if self.config.audit.mode == "refuse":
-                    raise AuditRefused(
-                        f"{decision.reason} Nothing was charged.",
-                        charged=False,
-                        combined_with=list(decision.combined_with),
-                    )
-                flags.append(decision.reason)
-        table = self.config.tables[plan.table]
-        compiled = compile_plan(
-            plan, table, self.dialect, unit_unique=plan.table in self.unique_units
-        )
-        _prefill(plan, calibration)
-        reservation = self._reserve(analyst, plan, request, calibration, key)
-        clock = start_clock(self.config.execution, table, self.config.database.statement_timeout_ms)
-        try:
-            return self._execute_and_release(
-                scope, plan, request, calibration, compiled, reservation, clock, flags
+        # One query per audit scope at a time, across workers (budget/locks.py), from the
+        # re-sync of the scope's knowledge to the release moment: the other half of a
+        # differencing pair sent at the same moment then sees this one's answer. Held
+        # until the release moment, so its holding time is public too.
+        with self._scope_lock(scope):
+            flags: list[str] = []
+            if self.config.audit.mode != "off":
+                self._sync_auditor(scope)
+                self._refused_before(analyst, key)
+                decision = self._audit(lambda: self.auditor.pre_audit(scope, plan))
+                if not decision.allowed:
+                    if self.config.audit.mode == "refuse":
+                        self._refuse(analyst, key, request, decision)
+                    flags.append(decision.reason)
+            table = self.config.tables[plan.table]
+            compiled = compile_plan(
+                plan, table, self.dialect, unit_unique=plan.table in self.unique_units
             )
-        finally:
-            # Whatever happened — answer, failure, withheld — it leaves at the release
-            # moment fixed before execution (invariant: observables are public or DP).
-            clock.wait()
+            _prefill(plan, calibration)
+            reservation = self._reserve(analyst, plan, request, calibration, key)
+            clock = start_clock(
+                self.config.execution, table, self.config.database.statement_timeout_ms
+            )
+            try:
+                return self._execute_and_release(
+                    scope, plan, request, calibration, compiled, reservation, clock, flags
+                )
+            finally:
+                # Whatever happened — answer, failure, withheld — it leaves at the release
+                # moment fixed before execution (invariant: observables are public or DP).
+                clock.wait()
 
     def _execute_and_release(
         self,
@@ -277,7 +282,10 @@ class Gateway:
                         reservation,
                         {"withheld": True, "audit_cells": noisy.cells_json()},
                         "withheld",
-                        "post-audit",
+                        f"post-audit: {decision.reason}",
+                    )
+                    self._record_refusal(
+                        reservation.analyst, reservation.query_key, request, decision, reservation
                     )
                     raise AuditRefused(
                         f"{decision.reason} The query was charged (its answer was computed) "
@@ -295,6 +303,59 @@ class Gateway:
         if self.config.audit.mode != "off":
             self.auditor.remember(scope, answered)
         return release
+
+    def _scope_lock(self, scope: str) -> AbstractContextManager[None]:
+        """The audit scope's lock on the ledger (nothing to hold when the audit is off)."""
+        if self.config.audit.mode == "off":
+            return nullcontext()
+        return self.ledger.scope_lock(scope)
+
+    def _refused_before(self, analyst: str, key: str) -> None:
+        """Refuse again, free and without recomputing, a request the auditor refused."""
+        if self.config.audit.mode != "refuse":
+            return
+        refusal = _ledger_call(
+            self.ledger.find_refusal, key, analyst, self.config.database.data_version
+        )
+        if refusal is not None:
+            raise AuditRefused(
+                f"{refusal.reason} This request was refused before: it is refused again, "
+                "and nothing was charged.",
+                charged=False,
+                combined_with=list(refusal.combined_with),
+                refused_before=True,
+            )
+
+    def _refuse(
+        self, analyst: str, key: str, request: QueryRequest, decision: AuditDecision
+    ) -> NoReturn:
+        """Record a pre-audit refusal (for the history, and to refuse a repeat free)."""
+        self._record_refusal(analyst, key, request, decision, None)
+        raise AuditRefused(
+            f"{decision.reason} Nothing was charged.",
+            charged=False,
+            combined_with=list(decision.combined_with),
+        )
+
+    def _record_refusal(
+        self,
+        analyst: str,
+        key: str,
+        request: QueryRequest,
+        decision: AuditDecision,
+        reservation: Reservation | None,
+    ) -> None:
+        _ledger_call(
+            lambda: self.ledger.record_refusal(
+                analyst,
+                query_key=key,
+                sql=request.sql,
+                data_version=self.config.database.data_version,
+                reason=decision.reason,
+                combined_with=decision.combined_with,
+                reservation_id=None if reservation is None else reservation.id,
+            )
+        )
 
     def _charged_failure(self, reservation: Reservation, cause: str) -> NoReturn:
         """Record a failure after the statement reached the database — charged, nothing

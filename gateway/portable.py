@@ -168,6 +168,7 @@ def _reads_alike(column: exp.Column, parent: exp.Expr, col: ColumnConfig) -> boo
         )
     if not isinstance(parent, exp.EQ | exp.NEQ | exp.GT | exp.GTE | exp.LT | exp.LTE):
         return False
+    op: type[exp.Expr]
     if parent.this is column:
         other, op = parent.expression, type(parent)
     elif parent.expression is column:

@@ -53,7 +53,7 @@ ENUMERATE_MAX = 4096
 normalised only for monotone expressions (by bisection)."""
 
 _CONSTS = {False: FALSE, None: NULL, True: TRUE}
-_ORDER_OPS = {exp.LT: "lt", exp.LTE: "le", exp.GT: "gt", exp.GTE: "ge"}
+_ORDER_OPS: dict[type[exp.Expr], str] = {exp.LT: "lt", exp.LTE: "le", exp.GT: "gt", exp.GTE: "ge"}
 _FLIP = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq"}
 _INTEGER_TYPES = {exp.DataType.Type.SMALLINT, exp.DataType.Type.INT, exp.DataType.Type.BIGINT}
 _SAME_TYPE = {

@@ -133,8 +133,8 @@ class Dimension:
                 out.append(Piece(OTHER))
             return [*out, Piece(None)] if self.nullable else out
         if self.points is not None:  # declared values: nothing else exists
-            cands = [Piece(v, v, v) for v in self.points]
-            return [*cands, Piece(None)] if self.nullable else cands
+            fixed = [Piece(v, v, v) for v in self.points]
+            return [*fixed, Piece(None)] if self.nullable else fixed
         points = set(self.constants)
         if self.lower is not None:
             points.add(self.lower)
