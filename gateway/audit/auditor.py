@@ -322,8 +322,10 @@ class Auditor:
         return AuditDecision(
             False,
             combined,
-            f"this query would, with {names}, determine a group smaller than the minimum "
-            "group size (differencing).",
+            f"this query would, with {names}, determine a group that the noisy answers "
+            "cannot show to reach the minimum group size (differencing). To go on, ask for "
+            "that group (or its complement) directly, where it is released with its own "
+            "noise, or use coarser groups and fewer overlapping filters.",
         )
 
 
