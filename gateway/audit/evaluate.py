@@ -56,7 +56,13 @@ def evaluate(node: exp.Expr, column: str, value: Any, named: frozenset[str] = fr
     """The value of ``node`` when ``column`` holds ``value`` (None: NULL; numbers as int or
     Fraction; ``OTHER``: a text value outside ``named``). Truth values are True / False /
     None. Raises ``Unknown``."""
-    return _Evaluator(column, value, named).eval(node)
+    # Case mapping differs between backends (SQLite and PostgreSQL's C locale map ASCII
+    # only, DuckDB and other locales all of Unicode): decide only where both agree.
+    ascii_only = _Evaluator(column, value, named, unicode=False).eval(node)
+    unicode = _Evaluator(column, value, named, unicode=True).eval(node)
+    if ascii_only != unicode or type(ascii_only) is not type(unicode):
+        raise Unknown("depends on the backend's case mapping")
+    return ascii_only
 
 
 def string_constants(node: exp.Expr) -> frozenset[str]:
@@ -95,10 +101,11 @@ def _is_number(v: Any) -> bool:
 
 
 class _Evaluator:
-    def __init__(self, column: str, value: Any, named: frozenset[str]) -> None:
+    def __init__(self, column: str, value: Any, named: frozenset[str], *, unicode: bool) -> None:
         self.column = column
         self.value = value
         self.named = named
+        self.unicode = unicode
 
     def eval(self, node: exp.Expr) -> Any:
         method = getattr(self, "_" + type(node).__name__.lower(), None)
@@ -253,7 +260,7 @@ class _Evaluator:
         readings = {exact, ascii_folded is not None}
         if insensitive:
             unicode_folded = re.fullmatch(_like_regex(p.lower()), v.lower(), re.DOTALL)
-            readings = {ascii_folded is not None, unicode_folded is not None}
+            readings = {(unicode_folded if self.unicode else ascii_folded) is not None}
         if len(readings) != 1:
             raise Unknown("LIKE depends on the backend's case rules")
         return readings.pop()
@@ -363,12 +370,12 @@ class _Evaluator:
     # -- text -----------------------------------------------------------------------
 
     def _lower(self, node: exp.Lower) -> Any:
-        return self.fold(node, str.lower)
+        return self.fold(node, upper=False)
 
     def _upper(self, node: exp.Upper) -> Any:
-        return self.fold(node, str.upper)
+        return self.fold(node, upper=True)
 
-    def fold(self, node: exp.Expr, how: Any) -> Any:
+    def fold(self, node: exp.Expr, *, upper: bool) -> Any:
         v = self.eval(node.this)
         if v is None:
             return None
@@ -376,9 +383,9 @@ class _Evaluator:
             return FOLDED
         if not isinstance(v, str):
             raise Unknown("case of a non-text value")
-        if not v.isascii():
-            raise Unknown("case of non-ASCII text")  # SQLite maps ASCII only
-        return how(v)
+        if self.unicode:
+            return v.upper() if upper else v.lower()
+        return "".join((ch.upper() if upper else ch.lower()) if ch.isascii() else ch for ch in v)
 
     def _dpipe(self, node: exp.DPipe) -> Any:
         a, b = self.eval(node.this), self.eval(node.expression)

@@ -133,6 +133,7 @@ class FormulaBuilder:
         self._normaliser = Normaliser(table, self)
         self._cache: dict[int, tuple[exp.Expr, Formula]] = {}
         self._cells: dict[tuple[str, Any], Formula] = {}
+        self._keys: dict[int, tuple[exp.Expr, str]] = {}
 
     # -- dimensions -------------------------------------------------------------------
 
@@ -278,7 +279,12 @@ class FormulaBuilder:
 
     def group_condition(self, key: exp.Expr, value: Any) -> Formula:
         """The formula ``key = value`` of one GROUP BY cell (``value`` None: IS NULL)."""
-        cache_key = (canonical(key), _hashable(value))
+        known = self._keys.get(id(key))
+        if known is None or known[0] is not key:
+            if len(self._keys) >= CACHE_SIZE:
+                self._keys.clear()
+            known = self._keys[id(key)] = (key, canonical(key))  # keeps ``key`` alive
+        cache_key = (known[1], _hashable(value))
         hit = self._cells.get(cache_key)
         if hit is not None:
             return hit
