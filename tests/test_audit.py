@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
@@ -298,3 +299,90 @@ def test_constants_beyond_the_declared_bounds_are_audited_not_crashed(alice: Ses
     for x in (150_000, 250_000, 10**7):
         pre, post = alice.ask(f"SELECT COUNT(*) FROM patients WHERE income >= {x}", 400.0)
         assert pre.reason and (post is None or post.reason)
+
+
+# -- normalisation: rewrites of one condition are one region ------------------------------
+
+SAME_REGION = [
+    ("zip = '1051'", "LOWER(zip) = '1051'"),
+    ("zip = '1051'", "UPPER(zip) = '1051'"),
+    ("zip = '1051'", "zip || '' = '1051'"),
+    ("zip = '1051'", "zip LIKE '1051'"),
+    ("zip = '1051'", "CASE WHEN zip = '1051' THEN 1 ELSE 0 END = 1"),
+    ("zip = '1051'", "(zip = '1051') IS TRUE"),
+    ("zip = '1051'", "COALESCE(zip, '') = '1051'"),
+    ("zip = '1051'", "CAST(zip AS TEXT) = '1051'"),
+    ("zip <> '1051'", "NOT (zip = '1051')"),
+    ("zip = '1051' AND age > 3", "NOT (zip <> '1051' OR age <= 3)"),
+    ("city = 'Eger'", "LOWER(city) = 'eger'"),
+    ("city = 'Pécs'", "LOWER(city) = 'pécs'"),
+    ("city IN ('Eger', 'Győr')", "city LIKE '%r'"),
+    ("city = 'Eger'", "CASE WHEN city = 'Eger' THEN TRUE ELSE FALSE END"),
+    ("smoker", "CAST(smoker AS INTEGER) = 1"),
+    ("smoker", "smoker IS TRUE"),
+    ("age BETWEEN 30 AND 39", "age / 10 = 3"),
+    ("age >= 30", "age / 10 >= 3"),
+    ("age = 37", "age + 0 = 37"),
+    ("age = 37", "age * 2 = 74"),
+    ("age > 30", "age * 1 - 0 > 30"),
+    ("age < 18", "CASE WHEN age < 18 THEN 'child' ELSE 'adult' END = 'child'"),
+    ("age >= 40 AND age <= 60", "ABS(age - 50) <= 10"),
+    ("income >= 24000 AND income <= 24999", "income / 1000 = 24"),
+    ("income > 50000", "income - 50000 > 0"),
+    ("income < 0", "FALSE"),
+    ("age >= -1", "TRUE"),
+    ("age IS NULL", "FALSE"),
+    ("glucose > 5", "glucose + 0 > 5"),
+    ("zip LIKE '10%'", "zip LIKE '10%' AND zip LIKE '1%'"),
+]
+
+
+@pytest.mark.parametrize(("plain", "rewrite"), SAME_REGION)
+def test_rewrites_are_one_region(plain: str, rewrite: str, tables: dict[str, TableConfig]) -> None:
+    import sqlglot
+
+    from gateway.audit.predicates import FormulaBuilder
+    from gateway.audit.space import CellSpace
+
+    table = tables["patients"]
+    b = FormulaBuilder(table)
+    f, g = b.build(sqlglot.parse_one(plain)), b.build(sqlglot.parse_one(rewrite))
+    space = CellSpace(table)
+    space.ensure([f, g])
+    shape = space.atom_of.shape
+    assert (np.broadcast_to(space.truth(f), shape) == np.broadcast_to(space.truth(g), shape)).all()
+    assert all(d.key.column is not None for d in space.dims)  # no dimension of its own
+
+
+def test_a_rewrite_and_its_plain_form_add_nothing(alice: Session) -> None:
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE zip = '1051'", 9.0))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE LOWER(zip) = '1051'", 9.4))
+    kn = alice.auditor.knowledge("alice", "patients")
+    assert [sorted(d.sql for d in p.space.index) for p in kn.parts] == [["zip"]]
+
+
+def test_an_expression_that_cannot_be_normalised_is_not_treated_as_unrelated(
+    alice: Session,
+) -> None:
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE LENGTH(zip) = 4", 3000.0))
+    pre, post = alice.ask("SELECT COUNT(*) FROM patients WHERE zip = '1051' AND smoker", 2.0)
+    assert not pre.allowed and post is None
+    assert pre.combined_with == ("q1",) and "zip" in pre.reason and "relate" in pre.reason
+    # nor two such expressions on one column, nor one within a single query
+    assert refused(alice.ask("SELECT COUNT(*) FROM patients WHERE TRIM(zip) = '1051'", 9.0))
+    bob = Session(alice.auditor, alice.tables, "bob")
+    assert not refused(bob.ask("SELECT COUNT(*) FROM patients WHERE age > income / 1000", 900.0))
+    assert refused(bob.ask("SELECT COUNT(*) FROM patients WHERE age > 30", 2000.0))
+
+
+def test_nullable_columns_have_a_null_cell_and_others_none(alice: Session) -> None:
+    # glucose may be NULL (the catalogue says so): the NULL cell is a region of its own
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients", 3000.0))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE glucose > 5", 2000.0))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE glucose <= 5", 910.0))
+    # ... so everyone minus both is the NULL glucose group, determined: sized 90, allowed
+    kn = alice.auditor.knowledge("alice", "patients")
+    glucose = next(d for p in kn.parts for d in p.space.dims if d.key.column == "glucose")
+    assert any(p.sample is None for p in glucose.pieces)
+    # age may not be NULL: no row is read with a NULL age, the region is empty
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age IS NULL", 0.4))
