@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -72,6 +72,19 @@ class AuditDecision:
 
 
 @dataclass(frozen=True)
+class Sizing:
+    """How one determined region was sized (``Auditor.observe``, for inspection): its
+    estimate from the noisy answers known (in a pre-audit, before the query's own), the
+    confidence margin subtracted from it, the noise terms behind both, the verdict."""
+
+    pre: bool
+    estimate: float
+    margin: float
+    terms: tuple[tuple[float, CountNoise], ...] | None
+    small: bool
+
+
+@dataclass(frozen=True)
 class Finding:
     """A determined region that is too small (or whose size cannot be shown large)."""
 
@@ -99,6 +112,7 @@ class Auditor:
         self.tables = dict(tables)
         self.min_group_size = min_group_size
         self.alpha = 1 - confidence
+        self.observe: Callable[[Sizing], None] | None = None  # sees every region sized
         self._builders = {name: FormulaBuilder(t) for name, t in self.tables.items()}
         self._state: dict[tuple[str, str], TableKnowledge] = {}
         self._saturated: set[tuple[str, str]] = set()
@@ -306,7 +320,9 @@ class Auditor:
                 return unrelated
             try:
                 new, candidates = self._extended(key, base, rows)
-                findings = _findings(new, candidates, self.min_group_size, self.alpha, pre=pre)
+                findings = _findings(
+                    new, candidates, self.min_group_size, self.alpha, pre=pre, observe=self.observe
+                )
             except SpaceTooLarge:
                 return AuditDecision(
                     False, (), "the query's conditions make the audit too large to decide"
@@ -456,7 +472,13 @@ def _part_candidates(
 
 
 def _findings(
-    tk: TableKnowledge, candidates: list[Candidate], k: int, alpha: float, *, pre: bool
+    tk: TableKnowledge,
+    candidates: list[Candidate],
+    k: int,
+    alpha: float,
+    *,
+    pre: bool,
+    observe: Callable[[Sizing], None] | None = None,
 ) -> list[Finding]:
     """The candidates not shown to hold ``k`` people or more with confidence 1 − ``alpha``
     (a lower confidence bound from the noisy answers and their public noise scales)."""
@@ -476,8 +498,7 @@ def _findings(
         unknown = bool(np.any(used & bc.member_unknown))
         noise: dict[tuple[str, int], tuple[float, CountNoise]] | None = {}
         for i in np.nonzero(known)[0]:
-            info = new.info[block.members[i]]
-            noise = add_noise_terms(noise, float(cand.coefs[i]), info.noise)
+            noise = add_noise_terms(noise, float(cand.coefs[i]), bc.member_info[i].noise)
         margin = math.inf if noise is None else noise_quantile(list(noise.values()), alpha)
         extra = 0.0
         bounds: set[int] = set()
@@ -494,8 +515,8 @@ def _findings(
             else:
                 extra = math.inf
         direct: set[int] | None = None
+        upper = math.inf if unknown else estimate + extra
         if pre:
-            upper = math.inf if unknown else estimate + extra
             # a region inside an answered region is no larger than its noisy count
             supersets = ~np.any(local[None, :] & ~asked, axis=1) & bc.counted
             upper_direct = float(np.min(bc.counts[supersets])) if supersets.any() else math.inf
@@ -515,6 +536,9 @@ def _findings(
             small = not lows or max(lows) < k
         else:
             small = estimate - margin < k
+        if observe is not None:
+            terms = None if noise is None else tuple(noise.values())
+            observe(Sizing(pre, upper if pre else estimate, margin, terms, small))
         if small:
             rows = (
                 direct
@@ -545,19 +569,32 @@ class _BlockCounts:
     member_known: np.ndarray
     member_unknown: np.ndarray
     member_pending: np.ndarray
+    member_info: list[RowInfo]
 
     @staticmethod
     def of(new: Knowledge, block: Block) -> _BlockCounts:
         infos = [new.info[i] for i in block.asked_ids]
+        position = {row_id: j for j, row_id in enumerate(block.asked_ids)}
         members = [new.info[i] for i in block.members]
+        for i, (row_id, r) in enumerate(zip(block.members, members, strict=True)):
+            if r.count is None and not r.pending:
+                # a SUM released no count; the same region answered by another query
+                # with one (an AVG, a COUNT) stands in for it
+                same = np.all(block.asked == block.asked[position[row_id]][None, :], axis=1)
+                for j in np.nonzero(same)[0]:
+                    other = infos[j]
+                    if other.count is not None and not other.pending:
+                        members[i] = other
+                        break
         pending = np.array([r.pending for r in members], dtype=bool)
         missing = np.array([r.count is None for r in members], dtype=bool)
         return _BlockCounts(
             counted=np.array([r.count is not None and not r.pending for r in infos], dtype=bool),
             counts=np.array([r.count if r.count is not None else np.nan for r in infos]),
-            position={row_id: j for j, row_id in enumerate(block.asked_ids)},
+            position=position,
             member_counts=np.array([r.count if r.count is not None else 0.0 for r in members]),
             member_known=~pending & ~missing,
             member_unknown=~pending & missing,
             member_pending=pending,
+            member_info=members,
         )
