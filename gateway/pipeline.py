@@ -162,7 +162,7 @@ class Gateway:
         return _ledger_call(self.ledger.budget_status, analyst).to_json()
 
     def history(self, analyst: str, *, limit: int = 1000) -> list[dict[str, Any]]:
-        """The analyst's own charged queries, newest first, as JSON (``GET /v1/queries``)."""
+        """The analyst's own charged and refused queries, as JSON (``GET /v1/queries``)."""
         entries = _ledger_call(lambda: self.ledger.history(analyst, limit=limit))
         out = []
         for e in entries:

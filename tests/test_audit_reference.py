@@ -1,10 +1,14 @@
 """The auditor's linear algebra against an exact brute-force reference.
 
-Hundreds of random small instances (a 3 × 3 or smaller cell space, random predicates
-and GROUP BY queries): after every answered query, the regions the auditor knows to be
-determined, and its post-audit decisions, equal those of a reference that evaluates each
-predicate on explicit rows with SQLite (an independent evaluator, on no protected data),
-and decides span membership exactly over the rationals on every subset of cells.
+Hundreds of random small instances (a 3 × 4 or smaller cell space — every cell the
+domain model lets the SQL populate —, random predicates, rewrites the auditor must
+normalise (UPPER, ``|| ''``, CASE, integer division, ``* 1 + 0``, LIKE) and GROUP BY
+queries): after every answered query, the regions the auditor knows to be determined,
+and its post-audit decisions, equal those of a reference that evaluates each predicate
+on explicit rows with SQLite (an independent evaluator, on no protected data), and
+decides span membership exactly over the rationals on every subset of cells. Counts
+carry no noise here, so the confidence margin is 0 and decisions compare estimates with
+k (the margin itself: tests/test_audit_confidence.py).
 """
 
 from __future__ import annotations
