@@ -78,7 +78,7 @@ class Knowledge:
             atoms = np.nonzero(mask)[0]
             if len(atoms) == 0:
                 continue
-            ids = sorted({int(b) for b in np.unique(block_of[atoms]) if b >= 0})
+            ids = sorted(b for b in set(block_of[atoms].tolist()) if b >= 0)
             for i in ids:
                 if i not in cleaned:
                     old_block = blocks[i]
