@@ -86,8 +86,10 @@ class ScopeLocks:
         finally:
             try:
                 transaction.rollback()  # ends the transaction: the lock is released
-            finally:
                 conn.close()
+            except sa.exc.SQLAlchemyError:
+                # the connection died (and the lock with it): nothing left to release
+                conn.invalidate()
 
     @contextmanager
     def _file(self, scope: str) -> Iterator[None]:
