@@ -125,7 +125,7 @@ def test_sum_without_counts_is_refused_when_the_difference_cannot_be_sized(alice
 def test_honest_nested_queries_are_answered(alice: Session) -> None:
     assert not refused(alice.ask("SELECT COUNT(*) FROM patients", 3001.0))
     assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30", 2010.0))
-    assert not refused(alice.ask("SELECT AVG(glucose) FROM patients WHERE age > 30", 2011.0))
+    assert not refused(alice.ask("SELECT AVG(glucose) FROM patients WHERE age > 30", 1950.0))
     assert not refused(
         alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30 AND sex = 'F'", 1003.0)
     )
@@ -386,3 +386,10 @@ def test_nullable_columns_have_a_null_cell_and_others_none(alice: Session) -> No
     assert any(p.sample is None for p in glucose.pieces)
     # age may not be NULL: no row is read with a NULL age, the region is empty
     assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age IS NULL", 0.4))
+
+
+def test_an_avg_counts_the_rows_where_its_column_is_not_null(alice: Session) -> None:
+    """COUNT(*) − the count of AVG(glucose) is the people without a glucose reading: a
+    region the auditor must see (here, in one zip, a group of one)."""
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE zip = '1051'", 9.0))
+    assert refused(alice.ask("SELECT AVG(glucose) FROM patients WHERE zip = '1051'", 8.0))

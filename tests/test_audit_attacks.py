@@ -39,20 +39,25 @@ MAX_ANSWERED = 1
 EPSILON = 1.0
 
 
-def _data(demo_db: Path) -> tuple[str, str]:
-    """A zip with exactly one Crohn patient, and a one-person (sex, age, city) target."""
+def _data(demo_db: Path) -> tuple[str, str, str]:
+    """A zip with exactly one Crohn patient, a one-person (sex, age, city) target, and a
+    zip with exactly one patient without a glucose reading."""
     with sqlite3.connect(demo_db) as conn:
         (zip_code,) = conn.execute(
             "SELECT zip FROM patients GROUP BY zip HAVING SUM(disease = 'Crohn') = 1 "
             "ORDER BY COUNT(*) DESC, zip LIMIT 1"
         ).fetchone()
+        (no_reading,) = conn.execute(
+            "SELECT zip FROM patients GROUP BY zip HAVING SUM(glucose IS NULL) = 1 "
+            "ORDER BY COUNT(*) DESC, zip LIMIT 1"
+        ).fetchone()
         target = "sex = 'F' AND age = 37 AND city = 'Eger'"
         (n,) = conn.execute(f"SELECT COUNT(*) FROM patients WHERE {target}").fetchone()
     assert n <= 1
-    return str(zip_code), target
+    return str(zip_code), target, str(no_reading)
 
 
-def _attacks(z: str, target: str) -> dict[str, list[str]]:
+def _attacks(z: str, target: str, z_null: str) -> dict[str, list[str]]:
     base = "SELECT COUNT(*) FROM patients WHERE "
     rest = f"{base}zip = '{z}' AND NOT disease = 'Crohn'"
 
@@ -100,6 +105,11 @@ def _attacks(z: str, target: str) -> dict[str, list[str]]:
             f"{base}({target}) OR smoker",
             f"{base}({target}) OR NOT smoker",
         ],
+        # COUNT(*) − the count behind AVG(glucose): who has no glucose reading
+        "avg counts non-null": [
+            f"{base}zip = '{z_null}'",
+            f"SELECT AVG(glucose) FROM patients WHERE zip = '{z_null}'",
+        ],
         # 1000·X − 999·Y: one person's income
         "avg pair": [
             "SELECT AVG(income) FROM patients",
@@ -113,7 +123,7 @@ def attacks(demo_db: Path) -> dict[str, list[str]]:
     return _attacks(*_data(demo_db))
 
 
-NAMES = list(_attacks("0000", "TRUE"))
+NAMES = list(_attacks("0000", "TRUE", "0000"))
 
 
 def _gateway(demo_db: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> Gateway:

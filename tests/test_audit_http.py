@@ -74,7 +74,7 @@ def test_honest_nested_queries_are_answered(ask: Ask) -> None:
     for sql in (
         "SELECT COUNT(*) FROM patients",
         "SELECT COUNT(*) FROM patients WHERE age > 30",
-        "SELECT AVG(glucose) FROM patients WHERE age > 30",
+        "SELECT AVG(income) FROM patients WHERE age > 30",
         "SELECT sex, COUNT(*) FROM patients WHERE age > 30 GROUP BY sex",
         "SELECT COUNT(*) FROM patients WHERE age > 30 AND disease = 'Hypertension'",
     ):

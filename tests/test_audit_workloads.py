@@ -129,6 +129,11 @@ def _sql(node: exp.Expr) -> str:
 
 def _region_sql(plan: QueryPlan, view: str, cell: tuple[Any, ...]) -> tuple[str, list[Any]]:
     conditions = [f"({_sql(plan.where)})"] if plan.where is not None else []
+    kinds = [m.kind for m in plan.measures]
+    if "count_values" in kinds and not {"count_rows", "count_units"} & set(kinds):
+        counted = plan.measures[kinds.index("count_values")].expression
+        assert counted is not None  # COUNT(x), AVG(x): the count is of non-NULL x
+        conditions.append(f"({_sql(counted)}) IS NOT NULL")
     params: list[Any] = []
     for key, value in zip(plan.group_keys, cell, strict=True):
         if value is None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from sqlglot import exp
 
 from gateway.audit.components import Extension, TableKnowledge, add_noise_terms
 from gateway.audit.confidence import CountNoise, noise_quantile
@@ -245,6 +246,11 @@ class Auditor:
         """The region of each cell; the WHERE formula object is shared by all of them."""
         builder = self._builders[plan.table]
         where = builder.build(plan.where)
+        counted = counted_expression(plan)
+        if counted is not None:
+            # COUNT(x) and AVG(x) count the rows where x is not NULL: that is the region
+            # their count describes
+            where = conj(where, builder.counted(counted))
         keys = tuple(g.expression for g in plan.group_keys)
         return [
             conj(where, *(builder.group_condition(k, v) for k, v in zip(keys, values, strict=True)))
@@ -343,6 +349,16 @@ class Auditor:
             "that group (or its complement) directly, where it is released with its own "
             "noise, or use coarser groups and fewer overlapping filters.",
         )
+
+
+def counted_expression(plan: QueryPlan) -> exp.Expr | None:
+    """The expression whose non-NULL rows a released count counts, when the count comes
+    from COUNT(x) (or an AVG's count) rather than COUNT(*): the cell's count is the
+    first of COUNT(*), COUNT(DISTINCT unit), COUNT(x), as ``gateway/noising.py`` picks."""
+    kinds = [m.kind for m in plan.measures]
+    if "count_rows" in kinds or "count_units" in kinds or "count_values" not in kinds:
+        return None
+    return plan.measures[kinds.index("count_values")].expression
 
 
 def _sample(value_type: str) -> Any:

@@ -134,6 +134,7 @@ class FormulaBuilder:
         self._cache: dict[int, tuple[exp.Expr, Formula]] = {}
         self._cells: dict[tuple[str, Any], Formula] = {}
         self._keys: dict[int, tuple[exp.Expr, str]] = {}
+        self._counted: dict[int, tuple[exp.Expr, Formula]] = {}
 
     # -- dimensions -------------------------------------------------------------------
 
@@ -276,6 +277,16 @@ class FormulaBuilder:
 
             return self.branches(inner, result)
         return None
+
+    def counted(self, node: exp.Expr) -> Formula:
+        """The rows where ``node`` is not NULL (what COUNT(node) counts)."""
+        hit = self._counted.get(id(node))
+        if hit is None or hit[0] is not node:
+            if len(self._counted) >= CACHE_SIZE:
+                self._counted.clear()
+            formula = self.formula(exp.Not(this=exp.Is(this=node.copy(), expression=exp.Null())))
+            hit = self._counted[id(node)] = (node, formula)  # keeps ``node`` alive
+        return hit[1]
 
     def group_condition(self, key: exp.Expr, value: Any) -> Formula:
         """The formula ``key = value`` of one GROUP BY cell (``value`` None: IS NULL)."""
