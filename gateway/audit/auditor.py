@@ -281,7 +281,7 @@ class Auditor:
         tried = self._tried.get(key)
         if tried is not None and tried[0] is base and tried[1] == formulas:
             shaped, candidates, changed = tried[2], tried[3], tried[4]
-            fresh = tuple(replace(r, formula=f) for r, f in rows)
+            fresh = tuple(r.with_formula(f) for r, f in rows)
             parts = list(shaped.parts)
             for i in changed:
                 info = parts[i].info

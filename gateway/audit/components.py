@@ -56,7 +56,7 @@ class TableKnowledge:
     def extend(self, rows: Rows, extend_one: ExtendFn) -> tuple[TableKnowledge, list[Extension]]:
         """The knowledge with ``rows`` added, and the components that changed."""
         self = replace(self, universe_added=False)
-        rows = [(replace(r, formula=f), f) for r, f in rows]
+        rows = [(r.with_formula(f), f) for r, f in rows]
         used = frozenset(c.dimension for _, f in rows for c in f.conditions())
         parts = list(self.parts)
         dims = list(self.dims)

@@ -32,6 +32,11 @@ class RowInfo:
     formula: Formula | None = None  # the region, kept to rebuild merged components
     noise: NoiseTerms | None = None  # None: the noise of this count is not known
 
+    def with_formula(self, formula: Formula) -> RowInfo:
+        """The same row carrying its region (``dataclasses.replace``, without its cost:
+        this runs for every released cell)."""
+        return RowInfo(self.query_id, self.cell, self.count, self.pending, formula, self.noise)
+
 
 @dataclass(frozen=True)
 class Knowledge:
