@@ -213,7 +213,13 @@ class Auditor:
         known: dict[DimensionKey, None] = {}
         for part in base.parts:
             known.update(dict.fromkeys(part.space.index))
-        new = {c.dimension: None for f in formulas for c in f.conditions()}
+        new: dict[DimensionKey, None] = {}
+        seen: set[int] = set()
+        for f in formulas:  # a query's cells share their WHERE formula: read it once
+            for piece in f.children if f.op == "and" else (f,):
+                if id(piece) not in seen:
+                    seen.add(id(piece))
+                    new.update(dict.fromkeys(c.dimension for c in piece.conditions()))
         owner: dict[str, DimensionKey] = {}
         for dim in [*known, *new]:
             for column in sorted(dim.columns):
