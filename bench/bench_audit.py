@@ -36,18 +36,19 @@ from typing import Any
 import numpy as np
 import sqlglot
 
-from gateway.audit import AnsweredCell, AnsweredQuery, Auditor
+from gateway.audit import AnsweredCell, AnsweredQuery, Auditor, CountNoise
 from gateway.audit.components import TableKnowledge
 from gateway.config import ColumnConfig, TableConfig
 from gateway.plan import GroupKey, QueryPlan
 
 GROUPS = tuple(f"g{i:03d}" for i in range(100))
+NOISE = CountNoise("laplace", 1.5)  # the released counts' public noise (≈ the gauss(0, 2) used)
 TABLE = TableConfig(
     name="t",
     columns={
-        "a": ColumnConfig("a", "integer", lower=0, upper=100),
-        "b": ColumnConfig("b", "integer", lower=0, upper=30),
-        "g": ColumnConfig("g", "text", values=GROUPS),
+        "a": ColumnConfig("a", "integer", lower=0, upper=100, nullable=False),
+        "b": ColumnConfig("b", "integer", lower=0, upper=30, nullable=False),
+        "g": ColumnConfig("g", "text", values=GROUPS, nullable=False),
     },
 )
 
@@ -79,11 +80,13 @@ def make_query(rng: random.Random, workload: str, n: int) -> AnsweredQuery:
         where = f"a BETWEEN {a0} AND {a1} AND b BETWEEN {b0} AND {b1}"
         size = 20 * (a1 - a0 + 1) * (b1 - b0 + 1)
         return AnsweredQuery(
-            f"q{n}", _plan(where, False), (AnsweredCell((), size + rng.gauss(0, 2), {}),)
+            f"q{n}", _plan(where, False), (AnsweredCell((), size + rng.gauss(0, 2), {}, NOISE),)
         )
     a0, a1 = _range(rng, 100)
     where = f"a BETWEEN {a0} AND {a1}"
-    cells = tuple(AnsweredCell((g,), 5 * (a1 - a0 + 1) + rng.gauss(0, 2), {}) for g in GROUPS)
+    cells = tuple(
+        AnsweredCell((g,), 5 * (a1 - a0 + 1) + rng.gauss(0, 2), {}, NOISE) for g in GROUPS
+    )
     return AnsweredQuery(f"q{n}", _plan(where, True), cells)
 
 

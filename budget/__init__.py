@@ -33,6 +33,7 @@ from budget.records import (
     HistoryEntry,
     HistoryOutcome,
     Outcome,
+    Refusal,
     ReleaseEntry,
     Reservation,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "LedgerUnavailable",
     "Outcome",
     "PureFilter",
+    "Refusal",
     "ReleaseEntry",
     "Reservation",
     "ReservationSettled",

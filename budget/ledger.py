@@ -45,12 +45,14 @@ from budget.errors import (
     UnsupportedCost,
 )
 from budget.keys import key_hash, new_api_key
+from budget.locks import ScopeLocks
 from budget.records import (
     Analyst,
     AuditEntry,
     BudgetStatus,
     HistoryEntry,
     Outcome,
+    Refusal,
     ReleaseEntry,
     Reservation,
 )
@@ -105,6 +107,7 @@ class Ledger:
         self._sqlite = engine.dialect.name == "sqlite"
         if self._sqlite:
             install_sqlite_hooks(engine, sqlite_synchronous, busy_timeout_ms)
+        self._locks = ScopeLocks(engine)
 
     @classmethod
     def from_url(cls, url: str, **kw: Any) -> Ledger:
@@ -508,6 +511,49 @@ class Ledger:
     def refund(self, reservation: Reservation, reason: str) -> None:
         """Append a refund: nothing was released, so the charge no longer counts."""
         self._settle(reservation, "refund", release=None, reason=reason)
+
+    # -- audit refusals ------------------------------------------------------------------
+
+    def record_refusal(
+        self,
+        analyst: str,
+        *,
+        query_key: str,
+        sql: str,
+        data_version: str,
+        reason: str,
+        combined_with: tuple[str, ...] = (),
+        reservation_id: str | None = None,
+    ) -> None:
+        """Append an audit refusal of this request (its cost, if any, is the charge of
+        ``reservation_id``, recorded apart)."""
+        with self._transaction(write=True, durable=False) as conn:
+            row = self._analyst_row(conn, analyst)
+            conn.execute(
+                sa.insert(schema.refusals).values(
+                    analyst_id=row.id,
+                    query_key=query_key,
+                    sql=sql,
+                    data_version=data_version,
+                    reservation_id=reservation_id,
+                    reason=reason,
+                    combined_with=json.dumps(list(combined_with)),
+                    created_at=schema.utcnow(),
+                )
+            )
+
+    def find_refusal(self, query_key: str, analyst: str, data_version: str) -> Refusal | None:
+        """The auditor's refusal of this request for this analyst, if it was refused."""
+        with self._transaction(write=False) as conn:
+            row = self._analyst_row(conn, analyst)
+            return reads.find_refusal(conn, row.id, query_key, data_version)
+
+    @contextmanager
+    def scope_lock(self, scope: str) -> Iterator[None]:
+        """Hold the audit lock of ``scope`` (``locks``): across processes and hosts
+        sharing this ledger, one query of a scope is audited and answered at a time."""
+        with self._locks.hold(scope):
+            yield
 
     # -- reading the ledger --------------------------------------------------------------
 

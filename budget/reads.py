@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from budget import schema
-from budget.records import AuditEntry, HistoryEntry, ReleaseEntry
+from budget.records import AuditEntry, HistoryEntry, Refusal, ReleaseEntry
 from mechanisms.types import PrivacyCost
 
 t_analysts = schema.analysts
@@ -92,8 +92,71 @@ _RELEASES = (
 )
 
 
+t_refusals = schema.refusals
+_r = t_refusals.c
+# Refusals before spending: post-audit ones are already in the history as withheld charges
+_REFUSED = (
+    sa.select(_r.query_key, _r.sql, _r.reason, _r.combined_with, _r.created_at, _r.id)
+    .where(_r.analyst_id == sa.bindparam("analyst_id"), _r.reservation_id.is_(None))
+    .order_by(_r.id.desc())
+)
+_FIND_REFUSAL = (
+    sa.select(_r.query_key, _r.sql, _r.reason, _r.combined_with, _r.reservation_id, _r.created_at)
+    .where(
+        _r.analyst_id == sa.bindparam("analyst_id"),
+        _r.query_key == sa.bindparam("query_key"),
+        _r.data_version == sa.bindparam("data_version"),
+    )
+    .order_by(_r.id)
+    .limit(1)
+)
+
+
+def find_refusal(
+    conn: Connection, analyst_id: int, query_key: str, data_version: str
+) -> Refusal | None:
+    """The first refusal of this request (key and data version) for the analyst."""
+    params = {"analyst_id": analyst_id, "query_key": query_key, "data_version": data_version}
+    r = conn.execute(_FIND_REFUSAL, params).first()
+    if r is None:
+        return None
+    return Refusal(
+        query_key=r.query_key,
+        sql=r.sql,
+        reason=r.reason,
+        combined_with=tuple(json.loads(r.combined_with)),
+        reservation_id=r.reservation_id,
+        created_at=schema.as_utc(r.created_at),
+    )
+
+
 def history(conn: Connection, analyst_id: int, limit: int | None) -> list[HistoryEntry]:
-    """The analyst's charges with their outcomes, oldest first (the last ``limit``)."""
+    """The analyst's charges with their outcomes, and the queries refused before
+    spending, oldest first (the last ``limit``)."""
+    entries = _charges(conn, analyst_id, limit) + _refused(conn, analyst_id, limit)
+    entries.sort(key=lambda e: e.created_at)
+    return entries if limit is None else entries[len(entries) - min(limit, len(entries)) :]
+
+
+def _refused(conn: Connection, analyst_id: int, limit: int | None) -> list[HistoryEntry]:
+    query = _REFUSED if limit is None else _REFUSED.limit(limit)
+    return [
+        HistoryEntry(
+            reservation_id=f"refused-{r.id}",
+            sql=r.sql,
+            mechanism="none",
+            cost=PrivacyCost(0.0, 0.0, 0.0, 0.0),
+            outcome="refused",
+            release=None,
+            reason=r.reason,
+            created_at=schema.as_utc(r.created_at),
+            settled_at=schema.as_utc(r.created_at),
+        )
+        for r in conn.execute(query, {"analyst_id": analyst_id}).all()
+    ]
+
+
+def _charges(conn: Connection, analyst_id: int, limit: int | None) -> list[HistoryEntry]:
     query = _HISTORY if limit is None else _HISTORY.limit(limit)
     rows = conn.execute(query, {"analyst_id": analyst_id}).all()
     return [

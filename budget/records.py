@@ -11,7 +11,7 @@ from budget.accountants import CompositionName
 from mechanisms.types import PrivacyCost
 
 Outcome = Literal["answered", "withheld"]
-HistoryOutcome = Literal["pending", "answered", "withheld", "refunded"]
+HistoryOutcome = Literal["pending", "answered", "withheld", "refunded", "refused"]
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,22 @@ class Reservation:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A query the auditor refused: why, and the earlier queries it would combine with.
+    ``reservation_id`` is set when the refusal came after execution (charged)."""
+
+    query_key: str
+    sql: str
+    reason: str
+    combined_with: tuple[str, ...]
+    reservation_id: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
 class HistoryEntry:
-    """One query an analyst was charged for, with its outcome (``GET /v1/queries``)."""
+    """One query of an analyst with its outcome (``GET /v1/queries``): every charged
+    query, and every query the auditor refused before spending (``refused``, cost 0)."""
 
     reservation_id: str
     sql: str

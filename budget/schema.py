@@ -126,6 +126,27 @@ checkpoints = sa.Table(
 )
 
 
+# Audit refusals (schema v3), append-only: a query the auditor refused, so that the same
+# request (same query_key) is refused again from here, free, without being recomputed,
+# and the analyst's history can say why. ``reservation_id`` is set when the refusal came
+# after execution (the charge stays; its outcome row is ``withheld``).
+refusals = sa.Table(
+    "dpgate_refusals",
+    metadata,
+    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+    sa.Column("analyst_id", sa.Integer, sa.ForeignKey("dpgate_analysts.id"), nullable=False),
+    sa.Column("query_key", sa.Text, nullable=False),
+    sa.Column("sql", sa.Text, nullable=False),
+    sa.Column("data_version", sa.String(200), nullable=False),
+    sa.Column("reservation_id", sa.String(32), nullable=True),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("combined_with", sa.Text, nullable=False),  # JSON list of query ids
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Index("dpgate_refusals_query", "analyst_id", "query_key", "data_version"),
+    sa.Index("dpgate_refusals_analyst", "analyst_id", "id"),
+)
+
+
 def utcnow() -> datetime:
     """Now, as the naive UTC datetime every table stores."""
     return datetime.now(UTC).replace(tzinfo=None)
@@ -151,8 +172,12 @@ def _v2_checkpoints(conn: Connection) -> None:
     checkpoints.create(conn, checkfirst=True)
 
 
+def _v3_refusals(conn: Connection) -> None:
+    refusals.create(conn, checkfirst=True)
+
+
 # Append new migrations here; never edit an applied one.
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1_initial, _v2_checkpoints)
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1_initial, _v2_checkpoints, _v3_refusals)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _PG_MIGRATION_LOCK = 0x64706761  # "dpga": serializes concurrent migrate() on PostgreSQL

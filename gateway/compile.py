@@ -3,6 +3,9 @@
 The analyst's text is never sent to the database: the statement is rebuilt from the plan
 with sqlglot. It enforces, inside the SQL,
 
+- the domain model (``gateway/domain.py``): only rows inside every column's declared
+  domain are read, and bounded numbers are clamped wherever they are read;
+
 - clamping of every summed value to its declared [lower, upper], then rounding to the
   measure's grid (``resolution``), summed as integers;
 - per-unit contribution bounding: at most ``max_rows_per_unit`` rows per privacy unit
@@ -26,6 +29,7 @@ from fractions import Fraction
 from sqlglot import exp
 
 from gateway.config import TableConfig
+from gateway.domain import row_filter
 from gateway.plan import GroupKey, Measure, QueryPlan
 from gateway.portable import portable
 
@@ -54,6 +58,10 @@ def compile_plan(
     """
     keys = [_group_key(k, table, dialect) for k in plan.group_keys]
     where = portable(plan.where, table, dialect) if plan.where is not None else None
+    domain = row_filter(table)
+    if domain is not None:
+        # the rows inside the declared domain are the table (gateway/domain.py)
+        where = domain if where is None else exp.and_(domain, exp.Paren(this=where))
     inputs = [_measure_input(m, table, dialect) for m in plan.measures]
     rows_bound = table.max_rows_per_unit if table.privacy_unit else None
     if unit_unique and rows_bound == 1:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,6 +39,12 @@ class ColumnConfig:
     lower: float | None = None
     upper: float | None = None
     values: tuple[Any, ...] | None = None
+    nullable: bool | None = None  # None: not declared (the catalogue decides, else True)
+
+    @property
+    def may_be_null(self) -> bool:
+        """Whether the column's domain has NULL (``nullable`` undecided counts as yes)."""
+        return self.nullable is not False
 
     @property
     def bounded(self) -> bool:
@@ -126,9 +132,16 @@ class ExecutionConfig:
 
 @dataclass(frozen=True)
 class AuditConfig:
+    """The differencing auditor (docs/privacy.md, "What the auditor adds").
+
+    A determined group is let through only if a lower confidence bound on its size, at
+    level ``confidence``, reaches ``min_group_size``.
+    """
+
     mode: Literal["refuse", "flag", "off"] = "refuse"
     min_group_size: int = 5
     scope: Literal["analyst", "global"] = "analyst"
+    confidence: float = 0.999
 
 
 @dataclass(frozen=True)
@@ -220,11 +233,16 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
     ledger = LedgerConfig(url=_resolve_url(v.string(lg, "ledger.url", required=True), base_dir))
     privacy = _privacy(v, v.section(raw, "privacy"))
     au = v.section(raw, "audit")
-    v.no_unknown(au, "audit", {"mode", "min_group_size", "scope"})
+    v.no_unknown(au, "audit", {"mode", "min_group_size", "scope", "confidence"})
+    confidence = v.number(au, "audit.confidence", 0.999)
+    if confidence is None or not 0.5 <= confidence < 1:
+        v.problem("audit.confidence: must be in [0.5, 1)")
+        confidence = 0.999
     audit = AuditConfig(
         mode=v.choice(au, "audit.mode", ("refuse", "flag", "off"), "refuse"),  # type: ignore[arg-type]
         min_group_size=v.integer(au, "audit.min_group_size", 5, low=1) or 5,
         scope=v.choice(au, "audit.scope", ("analyst", "global"), "analyst"),  # type: ignore[arg-type]
+        confidence=confidence,
     )
     ca = v.section(raw, "cache")
     v.no_unknown(ca, "cache", {"scope"})
@@ -378,7 +396,7 @@ def _column(v: _Validator, path: str, name: str, raw: Any) -> ColumnConfig | Non
     if not isinstance(raw, Mapping):
         v.problem(f"{path}: must be a mapping like {{type: integer, lower: 0, upper: 120}}")
         return None
-    v.no_unknown(raw, path, {"type", "lower", "upper", "values"})
+    v.no_unknown(raw, path, {"type", "lower", "upper", "values", "nullable"})
     ctype = v.choice(raw, f"{path}.type", COLUMN_TYPES, None)
     if ctype is None:
         return None
@@ -409,9 +427,48 @@ def _column(v: _Validator, path: str, name: str, raw: Any) -> ColumnConfig | Non
             v.problem(f"{path}.values: must be a non-empty list")
         elif len(set(map(repr, values_raw))) != len(values_raw):
             v.problem(f"{path}.values: has duplicates")
+        elif any(x is None for x in values_raw):
+            v.problem(f"{path}.values: NULL is not a value (declare nullable: true)")
+        elif ctype == "text":
+            values = tuple(str(x) for x in values_raw)  # YAML reads 1051 as a number
         else:
             values = tuple(values_raw)
-    return ColumnConfig(name=name, type=ctype, lower=lower, upper=upper, values=values)  # type: ignore[arg-type]
+    if values is not None and lower is not None and upper is not None:
+        outside = [
+            x
+            for x in values
+            if not isinstance(x, int | float) or isinstance(x, bool) or not lower <= x <= upper
+        ]
+        if outside:
+            v.problem(f"{path}.values: {outside[0]!r} is not a number within [lower, upper]")
+    nullable = raw.get("nullable")
+    if nullable is not None and not isinstance(nullable, bool):
+        v.problem(f"{path}.nullable: must be true or false")
+        nullable = None
+    return ColumnConfig(
+        name=name,
+        type=ctype,  # type: ignore[arg-type]
+        lower=lower,
+        upper=upper,
+        values=values,
+        nullable=nullable,
+    )
+
+
+def with_nullability(
+    tables: Mapping[str, TableConfig], catalogue: Mapping[str, Mapping[str, bool]]
+) -> dict[str, TableConfig]:
+    """``tables`` with every undeclared ``nullable`` decided: from ``catalogue`` (table →
+    column → whether the database lets it hold NULL), and True where it says nothing."""
+    out: dict[str, TableConfig] = {}
+    for key, t in tables.items():
+        known = {c.lower(): n for c, n in catalogue.get(key, {}).items()}
+        columns = {
+            name: c if c.nullable is not None else replace(c, nullable=known.get(name, True))
+            for name, c in t.columns.items()
+        }
+        out[key] = replace(t, columns=columns)
+    return out
 
 
 def _analysts(v: _Validator, raw: Any) -> tuple[AnalystBootstrap, ...]:

@@ -246,6 +246,36 @@ def units_unique_by_schema(engine: sa.Engine, tables: Mapping[str, TableConfig])
     return unique
 
 
+def nullability_by_schema(
+    engine: sa.Engine, tables: Mapping[str, TableConfig]
+) -> dict[str, dict[str, bool]]:
+    """Per table, per declared column: whether the database's catalogue lets it hold NULL
+    (``nullable`` in the config defaults to this; docs/privacy.md, "The domain model").
+
+    A column of a primary key is NOT NULL whatever its declaration says (SQLite reports an
+    ``INTEGER PRIMARY KEY`` as nullable, yet it never holds NULL). Read once, at start-up,
+    from the catalogue (schema metadata, never rows); a table or column the catalogue does
+    not describe is left out (and taken to be nullable).
+    """
+    out: dict[str, dict[str, bool]] = {}
+    try:
+        inspector = sa.inspect(engine)
+        for key, t in tables.items():
+            if not inspector.has_table(t.sql_name, schema=t.schema):
+                continue
+            pk = inspector.get_pk_constraint(t.sql_name, schema=t.schema)
+            keys = {str(c).lower() for c in pk.get("constrained_columns") or []}
+            columns = inspector.get_columns(t.sql_name, schema=t.schema)
+            out[key] = {
+                str(c["name"]).lower(): bool(c.get("nullable", True))
+                and str(c["name"]).lower() not in keys
+                for c in columns
+            }
+    except (sa.exc.SQLAlchemyError, NotImplementedError):
+        log.warning("could not read the protected database's catalogue; columns nullable")
+    return out
+
+
 def ping(engine: sa.Engine) -> bool:
     """Whether the protected database answers a trivial statement."""
     try:

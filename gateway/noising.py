@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.audit import AnsweredCell
+from gateway.audit import AnsweredCell, CountNoise
 from gateway.compile import CompiledQuery
 from gateway.plan import Measure, OutputColumn, QueryPlan
 from gateway.postprocess import post_process
@@ -34,15 +34,29 @@ class NoisyResult:
 
     def cells_json(self) -> list[dict[str, Any]]:
         return [
-            {"key": list(c.group_values), "count": c.count, "sums": dict(c.sums)}
+            {
+                "key": list(c.group_values),
+                "count": c.count,
+                "sums": dict(c.sums),
+                "noise": None
+                if c.noise is None
+                else {"mechanism": c.noise.mechanism, "scale": c.noise.scale},
+            }
             for c in self.cells
         ]
 
     @staticmethod
     def cells_from_json(data: Sequence[dict[str, Any]]) -> tuple[AnsweredCell, ...]:
+        # records written before noise scales were kept have none: the auditor then
+        # cannot bound those counts' error, and refuses what depends on them
         return tuple(
             AnsweredCell(
-                group_values=tuple(d["key"]), count=d.get("count"), sums=dict(d.get("sums") or {})
+                group_values=tuple(d["key"]),
+                count=d.get("count"),
+                sums=dict(d.get("sums") or {}),
+                noise=CountNoise(d["noise"]["mechanism"], float(d["noise"]["scale"]))
+                if d.get("noise")
+                else None,
             )
             for d in data
         )
@@ -91,7 +105,7 @@ def add_noise(
         )
         for i in range(n)
     ]
-    cells = tuple(_cell(plan, keys[i], per_cell[i]) for i in range(n))
+    cells = tuple(_cell(plan, calibration, keys[i], per_cell[i]) for i in range(n))
     kept = post_process(plan, all_rows)
     visible = [i for i, o in enumerate(plan.outputs) if not o.hidden]
     rows = tuple(tuple(r[i] for i in visible) for r in kept)
@@ -131,18 +145,23 @@ def _scaled(value: int, m: Measure) -> int | float:
     return float(value * m.resolution)
 
 
-def _cell(plan: QueryPlan, key: Row, noisy: list[int]) -> AnsweredCell:
+def _cell(
+    plan: QueryPlan, calibration: QueryCalibration, key: Row, noisy: list[int]
+) -> AnsweredCell:
     count: float | None = None
+    noise: CountNoise | None = None
     for kind in ("count_rows", "count_units", "count_values"):
         for j, m in enumerate(plan.measures):
             if m.kind == kind and count is None:
                 count = float(noisy[j])
+                n = calibration.noises[j]
+                noise = CountNoise(n.mechanism, float(n.scale))
     sums = {
         (m.expression.sql() if m.expression is not None else f"m{j}"): float(_scaled(noisy[j], m))
         for j, m in enumerate(plan.measures)
         if m.kind == "sum"
     }
-    return AnsweredCell(group_values=key, count=count, sums=sums)
+    return AnsweredCell(group_values=key, count=count, sums=sums, noise=noise)
 
 
 def _avg_intervals(

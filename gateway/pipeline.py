@@ -23,7 +23,8 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 import sqlalchemy as sa
@@ -34,7 +35,7 @@ from gateway import metrics
 from gateway.analyze import analyze
 from gateway.audit import AnsweredQuery, AuditDecision, Auditor
 from gateway.compile import CompiledQuery, compile_plan
-from gateway.config import Config
+from gateway.config import Config, with_nullability
 from gateway.errors import (
     AuditRefused,
     BudgetExhausted,
@@ -47,6 +48,7 @@ from gateway.errors import (
 )
 from gateway.execute import (
     StatementFailed,
+    nullability_by_schema,
     open_protected_engine,
     ping,
     run_aggregate,
@@ -92,6 +94,9 @@ class Gateway:
             config.database.url, statement_timeout_ms=config.database.statement_timeout_ms
         )
         self.dialect = sqlglot_dialect(self.engine)
+        # undeclared ``nullable:`` comes from the catalogue (gateway/domain.py)
+        nullable = nullability_by_schema(self.engine, config.tables)
+        self.config = config = replace(config, tables=with_nullability(config.tables, nullable))
         self.unique_units = units_unique_by_schema(self.engine, config.tables)
         self._plans: OrderedDict[str, QueryPlan | ProbePlan] = OrderedDict()
         self.ledger = ledger or budget.Ledger.from_url(
@@ -102,7 +107,11 @@ class Gateway:
         self.ledger.migrate()
         for a in config.analysts:
             self.ledger.ensure_analyst(a.name, a.epsilon, a.delta)
-        self.auditor = Auditor(config.tables, min_group_size=config.audit.min_group_size)
+        self.auditor = Auditor(
+            config.tables,
+            min_group_size=config.audit.min_group_size,
+            confidence=config.audit.confidence,
+        )
         self._synced: dict[str, int] = {}
         self._sync_lock = threading.Lock()
 
@@ -130,7 +139,7 @@ class Gateway:
         for t in self.config.tables.values():
             columns = []
             for c in t.columns.values():
-                col: dict[str, Any] = {"name": c.name, "type": c.type, "nullable": True}
+                col: dict[str, Any] = {"name": c.name, "type": c.type, "nullable": c.may_be_null}
                 if c.bounded:
                     col["lower"], col["upper"] = c.lower, c.upper
                 if c.values is not None:
@@ -154,7 +163,7 @@ class Gateway:
         return _ledger_call(self.ledger.budget_status, analyst).to_json()
 
     def history(self, analyst: str, *, limit: int = 1000) -> list[dict[str, Any]]:
-        """The analyst's own charged queries, newest first, as JSON (``GET /v1/queries``)."""
+        """The analyst's own charged and refused queries, as JSON (``GET /v1/queries``)."""
         entries = _ledger_call(lambda: self.ledger.history(analyst, limit=limit))
         out = []
         for e in entries:
@@ -207,35 +216,39 @@ class Gateway:
         if request.dry_run:
             return self._dry_run(analyst, plan, request, calibration)
         scope = analyst if self.config.audit.scope == "analyst" else GLOBAL_SCOPE
-        flags: list[str] = []
-        if self.config.audit.mode != "off":
-            self._sync_auditor(scope)
-            decision = self._audit(lambda: self.auditor.pre_audit(scope, plan))
-            if not decision.allowed:
-                if self.config.audit.mode == "refuse":
-                    raise AuditRefused(
-                        f"{decision.reason} Nothing was charged.",
-                        charged=False,
-                        combined_with=list(decision.combined_with),
-                    )
-                flags.append(decision.reason)
-        table = self.config.tables[plan.table]
-        compiled = compile_plan(
-            plan, table, self.dialect, unit_unique=plan.table in self.unique_units
-        )
-        _prefill(plan, calibration)
-        reservation = self._reserve(analyst, plan, request, calibration, key)
-        clock = start_clock(self.config.execution, table, self.config.database.statement_timeout_ms)
-        try:
-            return self._execute_and_release(
-                scope, plan, request, calibration, compiled, reservation, clock, flags
+        # One query per audit scope at a time, across workers (budget/locks.py), from the
+        # re-sync of the scope's knowledge to the release moment: the other half of a
+        # differencing pair sent at the same moment then sees this one's answer. Held
+        # until the release moment, so its holding time is public too.
+        with self._scope_lock(scope):
+            flags: list[str] = []
+            if self.config.audit.mode != "off":
+                self._sync_auditor(scope)
+                self._refused_before(analyst, key)
+                decision = self._audit(lambda: self.auditor.pre_audit(scope, plan))
+                if not decision.allowed:
+                    if self.config.audit.mode == "refuse":
+                        self._refuse(analyst, key, request, decision)
+                    flags.append(decision.reason)
+            table = self.config.tables[plan.table]
+            compiled = compile_plan(
+                plan, table, self.dialect, unit_unique=plan.table in self.unique_units
             )
-        finally:
-            # Whatever happened — answer, failure, withheld — it leaves at the release
-            # moment fixed before execution (invariant: observables are public or DP).
-            held = clock.wait()
-            if clock.release_at is not None:
-                metrics.record_release_wait(held)
+            _prefill(plan, calibration)
+            reservation = self._reserve(analyst, plan, request, calibration, key)
+            clock = start_clock(
+                self.config.execution, table, self.config.database.statement_timeout_ms
+            )
+            try:
+                return self._execute_and_release(
+                    scope, plan, request, calibration, compiled, reservation, clock, flags
+                )
+            finally:
+                # Whatever happened — answer, failure, withheld — it leaves at the release
+                # moment fixed before execution (invariant: observables are public or DP).
+                held = clock.wait()
+                if clock.release_at is not None:
+                    metrics.record_release_wait(held)
 
     def _execute_and_release(
         self,
@@ -272,7 +285,10 @@ class Gateway:
                         reservation,
                         {"withheld": True, "audit_cells": noisy.cells_json()},
                         "withheld",
-                        "post-audit",
+                        f"post-audit: {decision.reason}",
+                    )
+                    self._record_refusal(
+                        reservation.analyst, reservation.query_key, request, decision, reservation
                     )
                     raise AuditRefused(
                         f"{decision.reason} The query was charged (its answer was computed) "
@@ -290,6 +306,59 @@ class Gateway:
         if self.config.audit.mode != "off":
             self.auditor.remember(scope, answered)
         return release
+
+    def _scope_lock(self, scope: str) -> AbstractContextManager[None]:
+        """The audit scope's lock on the ledger (nothing to hold when the audit is off)."""
+        if self.config.audit.mode == "off":
+            return nullcontext()
+        return self.ledger.scope_lock(scope)
+
+    def _refused_before(self, analyst: str, key: str) -> None:
+        """Refuse again, free and without recomputing, a request the auditor refused."""
+        if self.config.audit.mode != "refuse":
+            return
+        refusal = _ledger_call(
+            self.ledger.find_refusal, key, analyst, self.config.database.data_version
+        )
+        if refusal is not None:
+            raise AuditRefused(
+                f"{refusal.reason} This request was refused before: it is refused again, "
+                "and nothing was charged.",
+                charged=False,
+                combined_with=list(refusal.combined_with),
+                refused_before=True,
+            )
+
+    def _refuse(
+        self, analyst: str, key: str, request: QueryRequest, decision: AuditDecision
+    ) -> NoReturn:
+        """Record a pre-audit refusal (for the history, and to refuse a repeat free)."""
+        self._record_refusal(analyst, key, request, decision, None)
+        raise AuditRefused(
+            f"{decision.reason} Nothing was charged.",
+            charged=False,
+            combined_with=list(decision.combined_with),
+        )
+
+    def _record_refusal(
+        self,
+        analyst: str,
+        key: str,
+        request: QueryRequest,
+        decision: AuditDecision,
+        reservation: Reservation | None,
+    ) -> None:
+        _ledger_call(
+            lambda: self.ledger.record_refusal(
+                analyst,
+                query_key=key,
+                sql=request.sql,
+                data_version=self.config.database.data_version,
+                reason=decision.reason,
+                combined_with=decision.combined_with,
+                reservation_id=None if reservation is None else reservation.id,
+            )
+        )
 
     def _charged_failure(self, reservation: Reservation, cause: str) -> NoReturn:
         """Record a failure after the statement reached the database — charged, nothing

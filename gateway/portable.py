@@ -4,9 +4,11 @@ The analyzer has proven, from declared bounds and literals, that every accepted
 expression stays in range (``gateway/analyze/totality.py``). The rows themselves are not
 bound by the declaration, so this rewrite makes the proof hold on the data too:
 
-- a numeric column whose value flows into arithmetic or a function is clamped to its
-  declared [lower, upper] (a comparison ``age > 30`` reads the raw value: comparing
-  cannot fail);
+- a bounded numeric column is clamped to its declared [lower, upper] wherever it is read
+  (the domain model, ``gateway/domain.py``): arithmetic then cannot meet a value the
+  intervals did not account for, and the auditor's cells are what the SQL computes. A
+  comparison with a constant strictly inside the bounds (``age > 30``) reads the raw value:
+  it gives the same answer for every value, and stays index-friendly;
 - integer operands of arithmetic are widened to BIGINT and real ones to DOUBLE
   (NUMERIC on PostgreSQL, whose doubles raise on underflow), so a PostgreSQL
   ``integer`` or ``real`` column cannot overflow its storage type;
@@ -23,7 +25,8 @@ from __future__ import annotations
 from sqlglot import exp
 
 from gateway.analyze.totality import Typed, expression_type
-from gateway.config import TableConfig
+from gateway.config import ColumnConfig, TableConfig
+from gateway.domain import clamped
 
 _COMPARED = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between, exp.Is)
 _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg, exp.Abs)
@@ -103,7 +106,7 @@ class _Rewriter:
     def column(self, node: exp.Column, parent: exp.Expr | None) -> exp.Expr:
         quoted = exp.column(node.name, quoted=True)
         col = self.table.columns[node.name]
-        if parent is None or isinstance(parent, _COMPARED) or not (col.numeric and col.bounded):
+        if not clamped(col) or (parent is not None and _reads_alike(node, parent, col)):
             return quoted
         assert col.lower is not None and col.upper is not None
         lower, upper = _number(col.lower, col.type), _number(col.upper, col.type)
@@ -136,6 +139,69 @@ class _Rewriter:
         if isinstance(node, exp.IntDiv) or left.kind == right.kind == "integer":
             return exp.IntDiv(this=this, expression=divisor)
         return exp.Div(this=this, expression=divisor, typed=False)
+
+
+def _reads_alike(column: exp.Column, parent: exp.Expr, col: ColumnConfig) -> bool:
+    """Whether ``parent`` (a predicate on ``column``) has the same value on the raw and on
+    the clamped column, for every value: it must be constant below ``lower`` and above
+    ``upper``, which holds for comparisons with constants far enough inside the bounds
+    (PostgreSQL's NaN sorts above every number, like a value beyond ``upper``)."""
+    assert col.lower is not None and col.upper is not None
+    low, high = col.lower, col.upper
+
+    def inside(value: exp.Expr | None, *, low_open: bool, high_open: bool) -> bool:
+        c = _numeric_literal(value)
+        if c is None:
+            return False
+        return (c > low if low_open else c >= low) and (c < high if high_open else c <= high)
+
+    if isinstance(parent, exp.Is):
+        return True
+    if isinstance(parent, exp.In):
+        if parent.this is not column or parent.args.get("query"):
+            return False
+        return all(inside(v, low_open=True, high_open=True) for v in parent.expressions)
+    if isinstance(parent, exp.Between):
+        return parent.this is column and (
+            inside(parent.args.get("low"), low_open=True, high_open=False)
+            and inside(parent.args.get("high"), low_open=False, high_open=True)
+        )
+    if not isinstance(parent, exp.EQ | exp.NEQ | exp.GT | exp.GTE | exp.LT | exp.LTE):
+        return False
+    op: type[exp.Expr]
+    if parent.this is column:
+        other, op = parent.expression, type(parent)
+    elif parent.expression is column:
+        other, op = parent.this, _MIRROR.get(type(parent), type(parent))
+    else:
+        return False
+    if op in (exp.GT, exp.LTE):  # x > c, x <= c: lower <= c < upper
+        return inside(other, low_open=False, high_open=True)
+    if op in (exp.GTE, exp.LT):  # x >= c, x < c: lower < c <= upper
+        return inside(other, low_open=True, high_open=False)
+    return inside(other, low_open=True, high_open=True)  # = and <>: strictly inside
+
+
+_MIRROR: dict[type[exp.Expr], type[exp.Expr]] = {
+    exp.GT: exp.LT,
+    exp.LT: exp.GT,
+    exp.GTE: exp.LTE,
+    exp.LTE: exp.GTE,
+}
+
+
+def _numeric_literal(node: exp.Expr | None) -> float | None:
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if isinstance(node, exp.Neg):
+        inner = _numeric_literal(node.this)
+        return None if inner is None else -inner
+    if isinstance(node, exp.Literal) and not node.is_string:
+        try:
+            return float(str(node.this))
+        except ValueError:
+            return None
+    return None
 
 
 def _grouped(node: exp.Expr) -> exp.Expr:

@@ -14,7 +14,7 @@ import yaml
 
 from gateway.analyze import analyze
 from gateway.config import Config, parse_config
-from gateway.demo.hospital import config_yaml
+from gateway.demo.hospital import catalogued, config_yaml
 from gateway.errors import GatewayError, SqlSyntaxError
 from gateway.plan import ProbePlan, QueryPlan
 
@@ -23,7 +23,9 @@ FIXTURES = yaml.safe_load((Path(__file__).parent / "fixtures" / "analyze.yaml").
 
 @pytest.fixture(scope="module")
 def demo_config() -> Config:
-    return parse_config(yaml.safe_load(config_yaml("/nonexistent/h.db", "/nonexistent/l.db")))
+    return catalogued(
+        parse_config(yaml.safe_load(config_yaml("/nonexistent/h.db", "/nonexistent/l.db")))
+    )
 
 
 def summary(plan: QueryPlan) -> dict[str, Any]:

@@ -10,22 +10,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
 from gateway.analyze import analyze
-from gateway.audit import AnsweredCell, AnsweredQuery, AuditDecision, Auditor
-from gateway.config import TableConfig, parse_config
-from gateway.demo.hospital import config_yaml
+from gateway.audit import AnsweredCell, AnsweredQuery, AuditDecision, Auditor, CountNoise
+from gateway.config import TableConfig, parse_config, with_nullability
+from gateway.demo.hospital import NULLABLE, config_yaml
 from gateway.plan import QueryPlan
 
 K = 5
+NOISE = CountNoise("laplace", 1.0)  # every count here: ε = 1, sensitivity 1
 
 
 @pytest.fixture(scope="module")
 def tables() -> dict[str, TableConfig]:
     cfg = parse_config(yaml.safe_load(config_yaml("demo.db", "ledger.db")))
-    return dict(cfg.tables)
+    return with_nullability(cfg.tables, NULLABLE)
 
 
 @pytest.fixture
@@ -58,9 +60,9 @@ class Session:
         if not pre.allowed:
             return pre, None
         if counts is None or isinstance(counts, int | float):
-            cells: tuple[AnsweredCell, ...] = (AnsweredCell((), counts, {}),)
+            cells: tuple[AnsweredCell, ...] = (AnsweredCell((), counts, {}, NOISE),)
         else:
-            cells = tuple(AnsweredCell(v, c, {}) for v, c in counts)
+            cells = tuple(AnsweredCell(v, c, {}, NOISE) for v, c in counts)
         answer = AnsweredQuery(f"q{self.n}", plan, cells)
         post = self.auditor.post_audit(self.scope, answer)
         if post.allowed or self.remember_anyway:
@@ -123,7 +125,7 @@ def test_sum_without_counts_is_refused_when_the_difference_cannot_be_sized(alice
 def test_honest_nested_queries_are_answered(alice: Session) -> None:
     assert not refused(alice.ask("SELECT COUNT(*) FROM patients", 3001.0))
     assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30", 2010.0))
-    assert not refused(alice.ask("SELECT AVG(glucose) FROM patients WHERE age > 30", 2011.0))
+    assert not refused(alice.ask("SELECT AVG(glucose) FROM patients WHERE age > 30", 1950.0))
     assert not refused(
         alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30 AND sex = 'F'", 1003.0)
     )
@@ -205,13 +207,13 @@ def test_remember_is_idempotent_by_query_id(
 ) -> None:
     s = Session(auditor, tables)
     plan = s.plan("SELECT COUNT(*) FROM patients WHERE disease = 'Crohn'")
-    answer = AnsweredQuery("same", plan, (AnsweredCell((), 40.0, {}),))
+    answer = AnsweredQuery("same", plan, (AnsweredCell((), 40.0, {}, NOISE),))
     for _ in range(3):
         auditor.remember("alice", answer)
     other = AnsweredQuery(
         "other",
         s.plan("SELECT COUNT(*) FROM patients WHERE disease = 'Crohn' AND city = 'Eger'"),
-        (AnsweredCell((), 38.0, {}),),
+        (AnsweredCell((), 38.0, {}, NOISE),),
     )
     decision = auditor.post_audit("alice", other)
     assert not decision.allowed and decision.combined_with == ("same",)
@@ -271,11 +273,25 @@ def test_a_long_diverse_honest_session_keeps_being_answered(
     assert max(p.space.n_cells for p in kn.parts) < 100_000
 
 
+def test_values_beyond_a_bound_count_as_the_bound(alice: Session) -> None:
+    """The compiled SQL clamps bounded numbers (gateway/domain.py): nobody lies outside
+    the bounds, so conditions that differ only there are one region."""
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients", 3000.4))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age >= -1", 3001.2))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age >= -2", 2999.1))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE income <= 200000", 3002.0))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30", 2012.4))
+    assert not refused(
+        alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30 AND income <= 10000000", 2011.2)
+    )
+
+
 def test_differencing_on_a_declared_bound_is_refused(alice: Session) -> None:
-    """Bounds clamp sums; they do not promise the rows lie inside them. The one person
-    with an income above the declared upper bound must not be singled out by a pair."""
-    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30", 7012.4))
-    result = alice.ask("SELECT COUNT(*) FROM patients WHERE age > 30 AND income <= 200000", 7011.2)
+    """The bound itself holds everyone clamped to it: a pair around it is refused."""
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE income >= 150000", 8.2))
+    result = alice.ask(
+        "SELECT COUNT(*) FROM patients WHERE income >= 150000 AND income < 200000", 7.1
+    )
     assert refused(result)
 
 
@@ -283,3 +299,97 @@ def test_constants_beyond_the_declared_bounds_are_audited_not_crashed(alice: Ses
     for x in (150_000, 250_000, 10**7):
         pre, post = alice.ask(f"SELECT COUNT(*) FROM patients WHERE income >= {x}", 400.0)
         assert pre.reason and (post is None or post.reason)
+
+
+# -- normalisation: rewrites of one condition are one region ------------------------------
+
+SAME_REGION = [
+    ("zip = '1051'", "LOWER(zip) = '1051'"),
+    ("zip = '1051'", "UPPER(zip) = '1051'"),
+    ("zip = '1051'", "zip || '' = '1051'"),
+    ("zip = '1051'", "zip LIKE '1051'"),
+    ("zip = '1051'", "CASE WHEN zip = '1051' THEN 1 ELSE 0 END = 1"),
+    ("zip = '1051'", "(zip = '1051') IS TRUE"),
+    ("zip = '1051'", "COALESCE(zip, '') = '1051'"),
+    ("zip = '1051'", "CAST(zip AS TEXT) = '1051'"),
+    ("zip <> '1051'", "NOT (zip = '1051')"),
+    ("zip = '1051' AND age > 3", "NOT (zip <> '1051' OR age <= 3)"),
+    ("city = 'Eger'", "LOWER(city) = 'eger'"),
+    ("city = 'Pécs'", "LOWER(city) = 'pécs'"),
+    ("city IN ('Eger', 'Győr')", "city LIKE '%r'"),
+    ("city = 'Eger'", "CASE WHEN city = 'Eger' THEN TRUE ELSE FALSE END"),
+    ("smoker", "CAST(smoker AS INTEGER) = 1"),
+    ("smoker", "smoker IS TRUE"),
+    ("age BETWEEN 30 AND 39", "age / 10 = 3"),
+    ("age >= 30", "age / 10 >= 3"),
+    ("age = 37", "age + 0 = 37"),
+    ("age = 37", "age * 2 = 74"),
+    ("age > 30", "age * 1 - 0 > 30"),
+    ("age < 18", "CASE WHEN age < 18 THEN 'child' ELSE 'adult' END = 'child'"),
+    ("age >= 40 AND age <= 60", "ABS(age - 50) <= 10"),
+    ("income >= 24000 AND income <= 24999", "income / 1000 = 24"),
+    ("income > 50000", "income - 50000 > 0"),
+    ("income < 0", "FALSE"),
+    ("age >= -1", "TRUE"),
+    ("age IS NULL", "FALSE"),
+    ("glucose > 5", "glucose + 0 > 5"),
+    ("zip LIKE '10%'", "zip LIKE '10%' AND zip LIKE '1%'"),
+]
+
+
+@pytest.mark.parametrize(("plain", "rewrite"), SAME_REGION)
+def test_rewrites_are_one_region(plain: str, rewrite: str, tables: dict[str, TableConfig]) -> None:
+    import sqlglot
+
+    from gateway.audit.predicates import FormulaBuilder
+    from gateway.audit.space import CellSpace
+
+    table = tables["patients"]
+    b = FormulaBuilder(table)
+    f, g = b.build(sqlglot.parse_one(plain)), b.build(sqlglot.parse_one(rewrite))
+    space = CellSpace(table)
+    space.ensure([f, g])
+    shape = space.atom_of.shape
+    assert (np.broadcast_to(space.truth(f), shape) == np.broadcast_to(space.truth(g), shape)).all()
+    assert all(d.key.column is not None for d in space.dims)  # no dimension of its own
+
+
+def test_a_rewrite_and_its_plain_form_add_nothing(alice: Session) -> None:
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE zip = '1051'", 9.0))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE LOWER(zip) = '1051'", 9.4))
+    kn = alice.auditor.knowledge("alice", "patients")
+    assert [sorted(d.sql for d in p.space.index) for p in kn.parts] == [["zip"]]
+
+
+def test_an_expression_that_cannot_be_normalised_is_not_treated_as_unrelated(
+    alice: Session,
+) -> None:
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE LENGTH(zip) = 4", 3000.0))
+    pre, post = alice.ask("SELECT COUNT(*) FROM patients WHERE zip = '1051' AND smoker", 2.0)
+    assert not pre.allowed and post is None
+    assert pre.combined_with == ("q1",) and "zip" in pre.reason and "relate" in pre.reason
+    # nor two such expressions on one column, nor one within a single query
+    assert refused(alice.ask("SELECT COUNT(*) FROM patients WHERE TRIM(zip) = '1051'", 9.0))
+    bob = Session(alice.auditor, alice.tables, "bob")
+    assert not refused(bob.ask("SELECT COUNT(*) FROM patients WHERE age > income / 1000", 900.0))
+    assert refused(bob.ask("SELECT COUNT(*) FROM patients WHERE age > 30", 2000.0))
+
+
+def test_nullable_columns_have_a_null_cell_and_others_none(alice: Session) -> None:
+    # glucose may be NULL (the catalogue says so): the NULL cell is a region of its own
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients", 3000.0))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE glucose > 5", 2000.0))
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE glucose <= 5", 910.0))
+    # ... so everyone minus both is the NULL glucose group, determined: sized 90, allowed
+    kn = alice.auditor.knowledge("alice", "patients")
+    glucose = next(d for p in kn.parts for d in p.space.dims if d.key.column == "glucose")
+    assert any(p.sample is None for p in glucose.pieces)
+    # age may not be NULL: no row is read with a NULL age, the region is empty
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age IS NULL", 0.4))
+
+
+def test_an_avg_counts_the_rows_where_its_column_is_not_null(alice: Session) -> None:
+    """COUNT(*) − the count of AVG(glucose) is the people without a glucose reading: a
+    region the auditor must see (here, in one zip, a group of one)."""
+    assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE zip = '1051'", 9.0))
+    assert refused(alice.ask("SELECT AVG(glucose) FROM patients WHERE zip = '1051'", 8.0))

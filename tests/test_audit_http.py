@@ -74,7 +74,7 @@ def test_honest_nested_queries_are_answered(ask: Ask) -> None:
     for sql in (
         "SELECT COUNT(*) FROM patients",
         "SELECT COUNT(*) FROM patients WHERE age > 30",
-        "SELECT AVG(glucose) FROM patients WHERE age > 30",
+        "SELECT AVG(income) FROM patients WHERE age > 30",
         "SELECT sex, COUNT(*) FROM patients WHERE age > 30 GROUP BY sex",
         "SELECT COUNT(*) FROM patients WHERE age > 30 AND disease = 'Hypertension'",
     ):
@@ -94,3 +94,50 @@ def test_a_thousand_repeats_get_one_answer_and_one_charge(
         assert status == 200 and again["rows"] == first["rows"]
         assert again["query_id"] == first["query_id"]
     assert client.get("/v1/budget", headers=auth).get_json()["budget"] == spent
+
+
+def test_a_refused_query_asked_again_is_refused_free(
+    ask: Ask, client: FlaskClient, auth: Any
+) -> None:
+    assert ask("SELECT COUNT(*) FROM patients WHERE disease = 'Influenza'", epsilon=1.0)[0] == 200
+    pair = "SELECT COUNT(*) FROM patients WHERE disease = 'Influenza' AND city <> 'Eger'"
+    status, first = ask(pair, epsilon=1.0)
+    assert refused(status, first) and first["error"]["detail"]["charged"] is True
+    spent = client.get("/v1/budget", headers=auth).get_json()["budget"]
+    for _ in range(3):
+        status, again = ask(pair, epsilon=1.0)
+        assert refused(status, again)
+        detail = again["error"]["detail"]
+        assert detail["charged"] is False and detail["refused_before"] is True
+        assert detail["combined_with"] == first["error"]["detail"]["combined_with"]
+    assert client.get("/v1/budget", headers=auth).get_json()["budget"] == spent
+
+
+def test_refusals_are_in_the_history_with_their_reason(
+    ask: Ask, client: FlaskClient, auth: Any
+) -> None:
+    status, first = ask(f"SELECT COUNT(*) FROM patients WHERE {TARGET}", epsilon=1.0)
+    assert status == 200
+    before = ask(f"SELECT COUNT(*) FROM patients WHERE {TARGET} AND smoker", epsilon=1.0)
+    assert refused(*before) and before[1]["error"]["detail"]["charged"] is False
+    assert ask("SELECT COUNT(*) FROM patients WHERE disease = 'Influenza'", epsilon=1.0)[0] == 200
+    after = ask(
+        "SELECT COUNT(*) FROM patients WHERE disease = 'Influenza' AND city <> 'Eger'", epsilon=1.0
+    )
+    assert refused(*after) and after[1]["error"]["detail"]["charged"] is True
+    history = client.get("/v1/queries", headers=auth).get_json()["queries"]
+    by_sql = {h["sql"]: h for h in history}
+    free = by_sql[f"SELECT COUNT(*) FROM patients WHERE {TARGET} AND smoker"]
+    assert free["outcome"] == "refused" and free["cost"]["epsilon"] == 0
+    assert first["query_id"] in free["reason"] and "directly" in free["reason"]
+    charged = by_sql["SELECT COUNT(*) FROM patients WHERE disease = 'Influenza' AND city <> 'Eger'"]
+    assert charged["outcome"] == "withheld" and charged["cost"]["epsilon"] == 1.0
+    assert charged["reason"] and "differencing" in charged["reason"]
+    for h in history:  # a reason names queries and says how to go on, never a size
+        assert h["reason"] is None or not any(ch.isdigit() for ch in _without_ids(h["reason"]))
+
+
+def _without_ids(text: str) -> str:
+    import re
+
+    return re.sub(r"[0-9a-f]{32}", "", text)

@@ -29,7 +29,13 @@ FORBIDDEN = (
     "gateway.http",
     "flask",
 )
-ALLOWED_GATEWAY = ("gateway.plan", "gateway.config", "gateway.audit", "gateway.errors")
+ALLOWED_GATEWAY = (
+    "gateway.plan",
+    "gateway.config",
+    "gateway.domain",
+    "gateway.audit",
+    "gateway.errors",
+)
 
 
 def _imports(path: Path) -> set[str]:

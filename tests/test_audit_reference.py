@@ -1,10 +1,14 @@
 """The auditor's linear algebra against an exact brute-force reference.
 
-Hundreds of random small instances (a 3 × 3 or smaller cell space, random predicates
-and GROUP BY queries): after every answered query, the regions the auditor knows to be
-determined, and its post-audit decisions, equal those of a reference that evaluates each
-predicate on explicit rows with SQLite (an independent evaluator, on no protected data),
-and decides span membership exactly over the rationals on every subset of cells.
+Hundreds of random small instances (a 3 × 4 or smaller cell space — every cell the
+domain model lets the SQL populate —, random predicates, rewrites the auditor must
+normalise (UPPER, ``|| ''``, CASE, integer division, ``* 1 + 0``, LIKE) and GROUP BY
+queries): after every answered query, the regions the auditor knows to be determined,
+and its post-audit decisions, equal those of a reference that evaluates each predicate
+on explicit rows with SQLite (an independent evaluator, on no protected data), and
+decides span membership exactly over the rationals on every subset of cells. Counts
+carry no noise here, so the confidence margin is 0 and decisions compare estimates with
+k (the margin itself: tests/test_audit_confidence.py).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import numpy as np
 import pytest
 import sqlglot
 
-from gateway.audit import AnsweredCell, AnsweredQuery, Auditor
+from gateway.audit import AnsweredCell, AnsweredQuery, Auditor, CountNoise
 from gateway.audit import span as span_module
 from gateway.audit.components import TableKnowledge
 from gateway.audit.span import determined_regions
@@ -27,15 +31,18 @@ from gateway.config import ColumnConfig, TableConfig
 from gateway.plan import GroupKey, QueryPlan
 
 K = 5
+EXACT = CountNoise("laplace", 0.0)  # no noise: the confidence bound is the estimate itself
 
 
 def table(nx: int, ny: int) -> TableConfig:
     return TableConfig(
         name="u",
         columns={
-            "x": ColumnConfig("x", "text", values=tuple(f"v{i}" for i in range(nx))),
-            "y": ColumnConfig("y", "integer", lower=0, upper=ny - 1),
-            "pid": ColumnConfig("pid", "integer"),
+            "x": ColumnConfig(
+                "x", "text", values=tuple(f"v{i}" for i in range(nx)), nullable=False
+            ),
+            "y": ColumnConfig("y", "integer", lower=0, upper=ny - 1, nullable=False),
+            "pid": ColumnConfig("pid", "integer", nullable=False),
         },
     )
 
@@ -68,7 +75,17 @@ def random_predicate(rng: random.Random, nx: int, ny: int, depth: int = 0) -> st
         return f"({a}) {op} ({b})"
     if depth < 2 and r < 0.4:
         return f"NOT ({random_predicate(rng, nx, ny, depth + 1)})"
-    kind = rng.randrange(6)
+    kind = rng.randrange(12)
+    if kind >= 6:  # rewrites the auditor must normalise onto x and y
+        v, w = rng.randrange(nx), rng.randrange(ny)
+        return [
+            f"UPPER(x) = 'V{v}'",
+            f"x || '' <> 'v{v}'",
+            f"CASE WHEN y = {w} THEN 1 ELSE 0 END = 1",
+            f"y / 2 = {w // 2}",
+            f"y * 1 + 0 > {w}",
+            f"x LIKE 'v{v}' OR NOT (y IN ({w}))",
+        ][kind - 6]
     if kind == 0:
         vals = rng.sample(range(nx), rng.randint(1, nx))
         return "x IN (" + ", ".join(f"'v{v}'" for v in vals) + ")"
@@ -89,9 +106,9 @@ class Reference:
     """Explicit cells, regions evaluated by SQLite, span decided exactly."""
 
     def __init__(self, nx: int, ny: int) -> None:
-        # Declared bounds clamp sums but do not bound the rows: y = -1 and y = ny stand for
-        # the auditor's pieces below and above every constant (the predicates use 0..ny-1).
-        self.cells = [(f"v{i}", j) for i in range(nx) for j in range(-1, ny + 1)]
+        # The compiled SQL clamps y to its bounds and keeps only declared x values
+        # (gateway/domain.py): these are all the cells there are.
+        self.cells = [(f"v{i}", j) for i in range(nx) for j in range(ny)]
         self.db = sqlite3.connect(":memory:")
         self.db.execute("CREATE TABLE u (cell INTEGER, x TEXT, y INTEGER)")
         self.db.executemany(
@@ -179,7 +196,7 @@ def auditor_determined(
 
 def run_instance(seed: int, *, exhaustive: bool) -> None:
     rng = random.Random(seed)
-    nx, ny = rng.randint(1, 3), rng.randint(1, 2)  # ≤ 12 cells: the reference is 2^cells
+    nx, ny = rng.randint(1, 3), rng.randint(1, 4)  # ≤ 12 cells: the reference is 2^cells
     t = table(nx, ny)
     ref = Reference(nx, ny)
     auditor = Auditor({"u": t}, min_group_size=K)
@@ -196,7 +213,7 @@ def run_instance(seed: int, *, exhaustive: bool) -> None:
         answer = AnsweredQuery(
             f"q{q}",
             p,
-            tuple(AnsweredCell(v, c, {}) for v, c in zip(values, new_counts, strict=True)),
+            tuple(AnsweredCell(v, c, {}, EXACT) for v, c in zip(values, new_counts, strict=True)),
         )
         if q % 2 == 0:  # the pipeline pre-audits first: its work is reused by the post-audit
             auditor.pre_audit("s", p)

@@ -51,11 +51,11 @@ tables:
     max_rows_per_unit: 1
     columns:
       patient_id: {{type: integer}}
-      sex:        {{type: text, values: [F, M]}}
+      sex:        {{type: text, values: [F, M], nullable: false}}
       age:        {{type: integer, lower: 0, upper: 100}}
-      disease:    {{type: text, values: [Crohn, Influenza, Meningitis]}}
+      disease:    {{type: text, values: [Crohn, Influenza, Meningitis], nullable: false}}
       glucose:    {{type: real, lower: 2.0, upper: 20.0}}
-      smoker:     {{type: boolean}}
+      smoker:     {{type: boolean, nullable: false}}
       admitted:   {{type: date}}
 """
 

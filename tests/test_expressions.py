@@ -17,7 +17,7 @@ from gateway.analyze import analyze
 from gateway.analyze import totality as caps
 from gateway.compile import compile_plan
 from gateway.config import Config, parse_config
-from gateway.demo.hospital import config_yaml
+from gateway.demo.hospital import catalogued, config_yaml
 from gateway.errors import UnsupportedQuery
 from gateway.plan import QueryPlan
 
@@ -26,7 +26,9 @@ FIXTURES = yaml.safe_load((Path(__file__).parent / "fixtures" / "expressions.yam
 
 @pytest.fixture(scope="module")
 def demo_config() -> Config:
-    return parse_config(yaml.safe_load(config_yaml("/nonexistent/h.db", "/nonexistent/l.db")))
+    return catalogued(
+        parse_config(yaml.safe_load(config_yaml("/nonexistent/h.db", "/nonexistent/l.db")))
+    )
 
 
 @pytest.mark.parametrize("case", FIXTURES["total"], ids=lambda c: c["sql"][30:90])

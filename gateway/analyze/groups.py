@@ -21,7 +21,27 @@ MAX_PUBLIC_DOMAIN = 1000
 
 
 def public_domain(node: exp.Expr, table: TableConfig) -> tuple[Any, ...] | None:
-    """The declared public values of a resolved group expression, in a stable order."""
+    """The declared public values of a resolved group expression, in a stable order.
+
+    A column that may hold NULL has NULL among its values (last): a GROUP BY over its
+    declared values releases the NULL group too, so that no group of the table is left
+    out of the answer (gateway/domain.py)."""
+    domain = _public_domain(node, table)
+    if domain is None or None in domain:
+        return domain
+    inner = node
+    while isinstance(inner, exp.Paren):
+        inner = inner.this
+    if isinstance(inner, exp.Div | exp.IntDiv):
+        inner = inner.this
+        while isinstance(inner, exp.Paren):
+            inner = inner.this
+    if isinstance(inner, exp.Column) and table.columns[inner.name].may_be_null:
+        return (*domain, None)
+    return domain
+
+
+def _public_domain(node: exp.Expr, table: TableConfig) -> tuple[Any, ...] | None:
     while isinstance(node, exp.Paren):
         node = node.this
     if isinstance(node, exp.Column):

@@ -1,9 +1,12 @@
 """The differencing auditor (never sees the protected database).
 
     predicates  WHERE / GROUP BY cell → formula over dimensions (query text, schema)
+    normalise   one condition onto the dimension of the column it reads (rewrites)
+    evaluate    a condition of one column on one value, as every backend computes it
     space       the logical cell space: declared domains split at the constants used
     span        determined regions: the span of answered regions, exactly decided
     knowledge   one scope's answered regions over one table
+    confidence  lower confidence bounds on sizes, from the public noise scales
     auditor     Auditor.pre_audit / post_audit / remember
 
 Everything here is a function of query texts, the public schema and noisy answers
@@ -12,5 +15,6 @@ Everything here is a function of query texts, the public schema and noisy answer
 """
 
 from gateway.audit.auditor import AnsweredCell, AnsweredQuery, AuditDecision, Auditor
+from gateway.audit.confidence import CountNoise
 
-__all__ = ["AnsweredCell", "AnsweredQuery", "AuditDecision", "Auditor"]
+__all__ = ["AnsweredCell", "AnsweredQuery", "AuditDecision", "Auditor", "CountNoise"]

@@ -18,32 +18,40 @@ from __future__ import annotations
 import itertools
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from sqlglot import exp
 
-from gateway.audit.components import Extension, TableKnowledge
+from gateway.audit.components import Extension, TableKnowledge, add_noise_terms
+from gateway.audit.confidence import CountNoise, noise_quantile
 from gateway.audit.knowledge import Knowledge, RowInfo
-from gateway.audit.predicates import Formula, FormulaBuilder, conj
+from gateway.audit.normalise import Undecidable
+from gateway.audit.predicates import DimensionKey, Formula, FormulaBuilder, conj
 from gateway.audit.space import SpaceTooLarge
 from gateway.audit.span import Block, Doubt, coefficients, determined_regions, in_span
 from gateway.config import TableConfig
 from gateway.plan import QueryPlan
 
 MAX_PRE_AUDIT_CELLS = 10_000
+DEFAULT_CONFIDENCE = 0.999
+"""The level of the lower confidence bound a determined group's size must reach k at
+(``audit.confidence``; docs/privacy.md, "Sizes from noisy answers")."""
 MAX_FINDINGS = 8
 COEF_TOL = 1e-9
 
 
 @dataclass(frozen=True)
 class AnsweredCell:
-    """One released cell: the region ``plan.where ∧ (group keys == group_values)``."""
+    """One released cell: the region ``plan.where ∧ (group keys == group_values)``, its
+    noisy count (None: the query released none) and that count's public noise."""
 
     group_values: tuple[Any, ...]
     count: float | None
     sums: Mapping[str, float]
+    noise: CountNoise | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,19 @@ class AuditDecision:
 
 
 @dataclass(frozen=True)
+class Sizing:
+    """How one determined region was sized (``Auditor.observe``, for inspection): its
+    estimate from the noisy answers known (in a pre-audit, before the query's own), the
+    confidence margin subtracted from it, the noise terms behind both, the verdict."""
+
+    pre: bool
+    estimate: float
+    margin: float
+    terms: tuple[tuple[float, CountNoise], ...] | None
+    small: bool
+
+
+@dataclass(frozen=True)
 class Finding:
     """A determined region that is too small (or whose size cannot be shown large)."""
 
@@ -82,9 +103,17 @@ _Tried = tuple[
 class Auditor:
     """Per-scope knowledge of answered regions, and the checks made against it."""
 
-    def __init__(self, tables: Mapping[str, TableConfig], *, min_group_size: int) -> None:
+    def __init__(
+        self,
+        tables: Mapping[str, TableConfig],
+        *,
+        min_group_size: int,
+        confidence: float = DEFAULT_CONFIDENCE,
+    ) -> None:
         self.tables = dict(tables)
         self.min_group_size = min_group_size
+        self.alpha = 1 - confidence
+        self.observe: Callable[[Sizing], None] | None = None  # sees every region sized
         self._builders = {name: FormulaBuilder(t) for name, t in self.tables.items()}
         self._state: dict[tuple[str, str], TableKnowledge] = {}
         self._saturated: set[tuple[str, str]] = set()
@@ -105,19 +134,30 @@ class Auditor:
 
     def pre_audit(self, scope: str, plan: QueryPlan) -> AuditDecision:
         """Refuse, before anything is spent, a query that earlier noisy answers alone show
-        would determine a small group. Its own answer is unknown here."""
-        cells = _declared_cells(plan)
-        if cells is None:
-            return AuditDecision(True, (), "cells known only after the answer")
-        rows = [
-            (RowInfo("", j, None, pending=True), f)
-            for j, f in enumerate(self._formulas(plan, cells))
-        ]
+        would determine a small group, or whose conditions the auditor cannot relate to
+        earlier ones. Its own answer is unknown here."""
+        try:
+            cells = _declared_cells(plan)
+            if cells is None:  # partition selection: the keys' dimensions, at least
+                samples = [_sample(g.type) for g in plan.group_keys]
+                formulas = self._formulas(plan, [tuple(samples)])
+                with self._lock:
+                    unrelated = self._unrelated(self._knowledge((scope, plan.table)), formulas)
+                return unrelated or AuditDecision(True, (), "cells known only after the answer")
+            rows = [
+                (RowInfo("", j, None, pending=True), f)
+                for j, f in enumerate(self._formulas(plan, cells))
+            ]
+        except Undecidable as e:
+            return AuditDecision(False, (), f"{e}: the auditor cannot decide on it.")
         return self._decide(scope, plan.table, rows, pre=True, query_id=None)
 
     def post_audit(self, scope: str, answer: AnsweredQuery) -> AuditDecision:
         """Withhold a charged answer that, with earlier ones, determines a small group."""
-        rows = self._rows(answer)
+        try:
+            rows = self._rows(answer)
+        except Undecidable as e:
+            return AuditDecision(False, (), f"{e}: the auditor cannot decide on it.")
         return self._decide(scope, answer.plan.table, rows, pre=False, query_id=answer.query_id)
 
     def remember(self, scope: str, answer: AnsweredQuery) -> None:
@@ -166,6 +206,41 @@ class Auditor:
 
     # -- internals ----------------------------------------------------------------------
 
+    def _unrelated(self, base: TableKnowledge, formulas: list[Formula]) -> AuditDecision | None:
+        """A refusal when the formulas would put two dimensions on one column: the
+        auditor cannot relate, say, ``LENGTH(zip) = 4`` to ``zip = '8423'``, and treating
+        them as unrelated could hide a differencing pair (conservative: refuse)."""
+        known: dict[DimensionKey, None] = {}
+        for part in base.parts:
+            known.update(dict.fromkeys(part.space.index))
+        new: dict[DimensionKey, None] = {}
+        seen: set[int] = set()
+        for f in formulas:  # a query's cells share their WHERE formula: read it once
+            for piece in f.children if f.op == "and" else (f,):
+                if id(piece) not in seen:
+                    seen.add(id(piece))
+                    new.update(dict.fromkeys(c.dimension for c in piece.conditions()))
+        owner: dict[str, DimensionKey] = {}
+        for dim in [*known, *new]:
+            for column in sorted(dim.columns):
+                first = owner.setdefault(column, dim)
+                if first == dim:
+                    continue
+                earlier = first if first in known else None
+                users = _queries_using(base, earlier) if earlier is not None else ()
+                a, b = _shown(first), _shown(dim)
+                where = f" (in {', '.join(users)})" if users else ""
+                return AuditDecision(
+                    False,
+                    tuple(users),
+                    f"the auditor cannot relate {b} to {a}{where}, both conditions on "
+                    f"'{column}', so it cannot rule out a differencing pair. Nothing was "
+                    f"charged. Write conditions on '{column}' as plain comparisons (=, <, "
+                    "IN, BETWEEN, LIKE without wildcards, IS NULL) or use one expression "
+                    "consistently.",
+                )
+        return None
+
     def _knowledge(self, key: tuple[str, str]) -> TableKnowledge:
         kn = self._state.get(key)
         if kn is None:
@@ -177,6 +252,11 @@ class Auditor:
         """The region of each cell; the WHERE formula object is shared by all of them."""
         builder = self._builders[plan.table]
         where = builder.build(plan.where)
+        counted = counted_expression(plan)
+        if counted is not None:
+            # COUNT(x) and AVG(x) count the rows where x is not NULL: that is the region
+            # their count describes
+            where = conj(where, builder.counted(counted))
         keys = tuple(g.expression for g in plan.group_keys)
         return [
             conj(where, *(builder.group_condition(k, v) for k, v in zip(keys, values, strict=True)))
@@ -186,7 +266,15 @@ class Auditor:
     def _rows(self, answer: AnsweredQuery) -> list[tuple[RowInfo, Formula]]:
         formulas = self._formulas(answer.plan, [c.group_values for c in answer.cells])
         return [
-            (RowInfo(answer.query_id, j, c.count), f)
+            (
+                RowInfo(
+                    answer.query_id,
+                    j,
+                    c.count,
+                    noise=None if c.noise is None else (((answer.query_id, j), 1.0, c.noise),),
+                ),
+                f,
+            )
             for j, (c, f) in enumerate(zip(answer.cells, formulas, strict=True))
         ]
 
@@ -199,7 +287,7 @@ class Auditor:
         tried = self._tried.get(key)
         if tried is not None and tried[0] is base and tried[1] == formulas:
             shaped, candidates, changed = tried[2], tried[3], tried[4]
-            fresh = tuple(replace(r, formula=f) for r, f in rows)
+            fresh = tuple(r.with_formula(f) for r, f in rows)
             parts = list(shaped.parts)
             for i in changed:
                 info = parts[i].info
@@ -239,9 +327,14 @@ class Auditor:
                 )
             if query_id is not None and query_id in base.query_ids:
                 return ALLOWED
+            unrelated = self._unrelated(base, [f for _, f in rows])
+            if unrelated is not None:
+                return unrelated
             try:
                 new, candidates = self._extended(key, base, rows)
-                findings = _findings(new, candidates, self.min_group_size, pre=pre)
+                findings = _findings(
+                    new, candidates, self.min_group_size, self.alpha, pre=pre, observe=self.observe
+                )
             except SpaceTooLarge:
                 return AuditDecision(
                     False, (), "the query's conditions make the audit too large to decide"
@@ -257,9 +350,45 @@ class Auditor:
         return AuditDecision(
             False,
             combined,
-            f"this query would, with {names}, determine a group smaller than the minimum "
-            "group size (differencing).",
+            f"this query would, with {names}, determine a group that the noisy answers "
+            "cannot show to reach the minimum group size (differencing). To go on, ask for "
+            "that group (or its complement) directly, where it is released with its own "
+            "noise, or use coarser groups and fewer overlapping filters.",
         )
+
+
+def counted_expression(plan: QueryPlan) -> exp.Expr | None:
+    """The expression whose non-NULL rows a released count counts, when the count comes
+    from COUNT(x) (or an AVG's count) rather than COUNT(*): the cell's count is the
+    first of COUNT(*), COUNT(DISTINCT unit), COUNT(x), as ``gateway/noising.py`` picks."""
+    kinds = [m.kind for m in plan.measures]
+    if "count_rows" in kinds or "count_units" in kinds or "count_values" not in kinds:
+        return None
+    return plan.measures[kinds.index("count_values")].expression
+
+
+def _sample(value_type: str) -> Any:
+    """A value of a group key's type, to find the dimensions its cells will use."""
+    return {"integer": 0, "real": 0.0, "boolean": False, "date": "2000-01-01"}.get(value_type, "")
+
+
+def _shown(dim: DimensionKey) -> str:
+    if dim.column is not None:
+        return f"plain conditions on {dim.column}"
+    return f"'{dim.sql}'"
+
+
+def _queries_using(tk: TableKnowledge, dim: DimensionKey) -> tuple[str, ...]:
+    names: set[str] = set()
+    for part in tk.parts:
+        if dim not in part.space.index:
+            continue
+        for info in part.info:
+            if info.formula is not None and any(
+                c.dimension == dim for c in info.formula.conditions()
+            ):
+                names.update(q for q in info.query_id.split(",") if q)
+    return tuple(sorted(names))
 
 
 def _declared_cells(plan: QueryPlan) -> list[tuple[Any, ...]] | None:
@@ -365,9 +494,16 @@ def _part_candidates(
 
 
 def _findings(
-    tk: TableKnowledge, candidates: list[Candidate], k: int, *, pre: bool
+    tk: TableKnowledge,
+    candidates: list[Candidate],
+    k: int,
+    alpha: float,
+    *,
+    pre: bool,
+    observe: Callable[[Sizing], None] | None = None,
 ) -> list[Finding]:
-    """The candidates estimated (from noisy answers only) below ``k``."""
+    """The candidates not shown to hold ``k`` people or more with confidence 1 − ``alpha``
+    (a lower confidence bound from the noisy answers and their public noise scales)."""
     out: list[Finding] = []
     cache: dict[tuple[int, int], _BlockCounts] = {}
     for cand in candidates:
@@ -382,6 +518,10 @@ def _findings(
         known = used & bc.member_known
         estimate = float(cand.coefs[known] @ bc.member_counts[known])
         unknown = bool(np.any(used & bc.member_unknown))
+        noise: dict[tuple[str, int], tuple[float, CountNoise]] | None = {}
+        for i in np.nonzero(known)[0]:
+            noise = add_noise_terms(noise, float(cand.coefs[i]), bc.member_info[i].noise)
+        margin = math.inf if noise is None else noise_quantile(list(noise.values()), alpha)
         extra = 0.0
         bounds: set[int] = set()
         for i in np.nonzero(used & bc.member_pending)[0]:
@@ -397,21 +537,30 @@ def _findings(
             else:
                 extra = math.inf
         direct: set[int] | None = None
+        upper = math.inf if unknown else estimate + extra
         if pre:
-            upper = math.inf if unknown else estimate + extra
             # a region inside an answered region is no larger than its noisy count
             supersets = ~np.any(local[None, :] & ~asked, axis=1) & bc.counted
             upper_direct = float(np.min(bc.counts[supersets])) if supersets.any() else math.inf
-            small = min(upper, upper_direct) < k
+            # refuse before spending only when the answer cannot help: even at its upper
+            # bound, the confidence bound (from the earlier answers' noise) stays below k
+            small = min(upper - margin, upper_direct) < k
             if small and upper_direct < upper:
                 best = int(np.nonzero(supersets)[0][np.argmin(bc.counts[supersets])])
                 direct = {block.asked_ids[best]}
         elif unknown:
             # no count estimate: only an answered region inside it can show it is large
             subsets = ~np.any(asked & ~local[None, :], axis=1) & bc.counted
-            small = not subsets.any() or float(np.max(bc.counts[subsets])) < k
+            lows = [
+                bc.counts[j] - noise_quantile(_terms(new.info[block.asked_ids[j]]), alpha)
+                for j in np.nonzero(subsets)[0]
+            ]
+            small = not lows or max(lows) < k
         else:
-            small = estimate < k
+            small = estimate - margin < k
+        if observe is not None:
+            terms = None if noise is None else tuple(noise.values())
+            observe(Sizing(pre, upper if pre else estimate, margin, terms, small))
         if small:
             rows = (
                 direct
@@ -425,6 +574,12 @@ def _findings(
     return out
 
 
+def _terms(info: RowInfo) -> list[tuple[float, CountNoise]]:
+    if info.noise is None:
+        return [(1.0, CountNoise("laplace", math.inf))]
+    return [(c, n) for _, c, n in info.noise]
+
+
 @dataclass(frozen=True)
 class _BlockCounts:
     """A block's noisy counts, over its asked rows and over its basis members."""
@@ -436,19 +591,32 @@ class _BlockCounts:
     member_known: np.ndarray
     member_unknown: np.ndarray
     member_pending: np.ndarray
+    member_info: list[RowInfo]
 
     @staticmethod
     def of(new: Knowledge, block: Block) -> _BlockCounts:
         infos = [new.info[i] for i in block.asked_ids]
+        position = {row_id: j for j, row_id in enumerate(block.asked_ids)}
         members = [new.info[i] for i in block.members]
+        for i, (row_id, r) in enumerate(zip(block.members, members, strict=True)):
+            if r.count is None and not r.pending:
+                # a SUM released no count; the same region answered by another query
+                # with one (an AVG, a COUNT) stands in for it
+                same = np.all(block.asked == block.asked[position[row_id]][None, :], axis=1)
+                for j in np.nonzero(same)[0]:
+                    other = infos[j]
+                    if other.count is not None and not other.pending:
+                        members[i] = other
+                        break
         pending = np.array([r.pending for r in members], dtype=bool)
         missing = np.array([r.count is None for r in members], dtype=bool)
         return _BlockCounts(
             counted=np.array([r.count is not None and not r.pending for r in infos], dtype=bool),
             counts=np.array([r.count if r.count is not None else np.nan for r in infos]),
-            position={row_id: j for j, row_id in enumerate(block.asked_ids)},
+            position=position,
             member_counts=np.array([r.count if r.count is not None else 0.0 for r in members]),
             member_known=~pending & ~missing,
             member_unknown=~pending & missing,
             member_pending=pending,
+            member_info=members,
         )

@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from gateway.audit.knowledge import Knowledge, RowInfo
+from gateway.audit.confidence import CountNoise
+from gateway.audit.knowledge import Knowledge, NoiseTerms, RowInfo
 from gateway.audit.predicates import TRUE, DimensionKey, Formula
 from gateway.audit.space import CellSpace
 from gateway.audit.span import coefficients, in_span
@@ -55,7 +56,7 @@ class TableKnowledge:
     def extend(self, rows: Rows, extend_one: ExtendFn) -> tuple[TableKnowledge, list[Extension]]:
         """The knowledge with ``rows`` added, and the components that changed."""
         self = replace(self, universe_added=False)
-        rows = [(replace(r, formula=f), f) for r, f in rows]
+        rows = [(r.with_formula(f), f) for r, f in rows]
         used = frozenset(c.dimension for _, f in rows for c in f.conditions())
         parts = list(self.parts)
         dims = list(self.dims)
@@ -146,6 +147,7 @@ def _universe(kn: Knowledge) -> RowInfo | None:
     estimate = 0.0
     pending = unknown = False
     sources: set[str] = set()
+    noise: dict[tuple[str, int], tuple[float, CountNoise]] | None = {}
     for block in kn.blocks:
         ones = np.ones(len(block.cols), dtype=bool)
         if not in_span(block, ones[None, :].astype(float))[0]:
@@ -161,6 +163,26 @@ def _universe(kn: Knowledge) -> RowInfo | None:
                 unknown = True
             else:
                 estimate += float(c) * info.count
+                noise = add_noise_terms(noise, float(c), info.noise)
     count = None if (pending or unknown) else estimate
+    terms = None if noise is None else pack_noise_terms(noise)
     # the derived row names the queries it comes from (cell −1 marks it as derived)
-    return RowInfo(",".join(sorted(sources)), -1, count, pending=pending, formula=TRUE)
+    return RowInfo(",".join(sorted(sources)), -1, count, pending=pending, formula=TRUE, noise=terms)
+
+
+def add_noise_terms(
+    acc: dict[tuple[str, int], tuple[float, CountNoise]] | None,
+    coef: float,
+    terms: NoiseTerms | None,
+) -> dict[tuple[str, int], tuple[float, CountNoise]] | None:
+    """``acc`` plus ``coef`` times a row's noise terms, by source (None: unknown)."""
+    if acc is None or terms is None:
+        return None
+    for source, c, noise in terms:
+        before = acc.get(source, (0.0, noise))[0]
+        acc[source] = (before + coef * c, noise)
+    return acc
+
+
+def pack_noise_terms(acc: dict[tuple[str, int], tuple[float, CountNoise]]) -> NoiseTerms:
+    return tuple((s, c, n) for s, (c, n) in sorted(acc.items()) if abs(c) > COEF_TOL)

@@ -11,9 +11,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from gateway.audit.confidence import CountNoise
 from gateway.audit.predicates import Formula
 from gateway.audit.space import CellSpace
 from gateway.audit.span import Block, merge
+
+NoiseTerms = tuple[tuple[tuple[str, int], float, CountNoise], ...]
+"""A count's noise as a combination of released noises: ((query id, cell), coefficient,
+distribution) per source; the same source in two rows is the same random variable."""
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,12 @@ class RowInfo:
     count: float | None
     pending: bool = False  # in a pre-audit: part of the query being audited, unanswered
     formula: Formula | None = None  # the region, kept to rebuild merged components
+    noise: NoiseTerms | None = None  # None: the noise of this count is not known
+
+    def with_formula(self, formula: Formula) -> RowInfo:
+        """The same row carrying its region (``dataclasses.replace``, without its cost:
+        this runs for every released cell)."""
+        return RowInfo(self.query_id, self.cell, self.count, self.pending, formula, self.noise)
 
 
 @dataclass(frozen=True)
@@ -72,7 +83,7 @@ class Knowledge:
             atoms = np.nonzero(mask)[0]
             if len(atoms) == 0:
                 continue
-            ids = sorted({int(b) for b in np.unique(block_of[atoms]) if b >= 0})
+            ids = sorted(b for b in set(block_of[atoms].tolist()) if b >= 0)
             for i in ids:
                 if i not in cleaned:
                     old_block = blocks[i]

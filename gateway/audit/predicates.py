@@ -1,88 +1,69 @@
 """Predicates → formulas over dimensions: the auditor's reading of a WHERE clause.
 
-A query's filter (and each GROUP BY cell's ``key = value``) is turned into a Boolean
-formula whose leaves are *conditions on one dimension*:
+A query's filter (and each GROUP BY cell's ``key = value``) becomes a Boolean formula
+(Kleene three-valued, like SQL) whose leaves are conditions on one *dimension*. Every
+condition that can be is normalised onto the dimension of the column it reads, so that
+rewrites of one condition are one region (``normalise``):
 
-- a declared column (``age > 30``, ``disease IN ('Crohn', 'Flu')``, ``zip IS NULL``);
-- an expression compared with constants (``age / 10 = 3``): a dimension of its own,
-  keyed by the expression's canonical SQL (it is not related to ``age`` — less precise,
-  never wrong);
-- anything else (LIKE, comparisons of two columns, CASE …): an opaque Boolean dimension
-  keyed by its canonical SQL.
+- a declared column compared with constants (``age > 30``, ``disease IN (…)``,
+  ``BETWEEN``, ``IS NULL``), after identities are stripped (``zip || ''``, ``age + 0``,
+  ``age * 1``, a cast to the same type, COALESCE of a column that is never NULL);
+- ``x LIKE 'c'`` without wildcards, as ``x = 'c'`` (where no backend's case rules matter);
+- CASE / IF, ``IS TRUE`` / ``IS FALSE``: expanded into their conditions;
+- any other condition on *one* column whose domain can be enumerated (declared values,
+  booleans, bounded integers, or the constants it names plus "any other text"): evaluated
+  on every value (``evaluate``) — ``LOWER(city) = 'eger'``, ``age / 10 = 3`` (that is
+  30 ≤ age ≤ 39), ``income / 1000 = 24`` (by bisection, the expression being monotone).
 
-Only the query text and the public schema are read here.
+What cannot be normalised — arithmetic on reals, text order, a function of an open text
+column (``LENGTH(zip) = 4``), a condition relating two columns — becomes a dimension of
+its own (an expression compared with constants, or an opaque yes / no / unknown
+condition) that *claims* the columns it reads. The auditor never treats such a dimension
+as unrelated to another one on the same column: a query that would use two dimensions on
+one column is refused (``Auditor``). Only the query text and the public schema are read.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Any
 
 from sqlglot import exp
 
+from gateway.audit.formulas import (
+    FALSE,
+    NULL,
+    TRUE,
+    Condition,
+    DimensionKey,
+    DimKind,
+    Formula,
+    conj,
+    disj,
+    is_true,
+    leaf,
+    neg,
+)
+from gateway.audit.normalise import Normaliser, may_be_null
 from gateway.config import TableConfig
 
-DimKind = Literal["ordered", "categorical", "opaque"]
-CompareOp = Literal["eq", "lt", "le", "gt", "ge", "in", "isnull", "true"]
-
-
-@dataclass(frozen=True)
-class DimensionKey:
-    """Names one dimension of the cell space.
-
-    ``kind`` says how its domain is partitioned: ``ordered`` (numbers, dates: intervals
-    between constants), ``categorical`` (text, booleans: the constants and "anything
-    else") or ``opaque`` (a Boolean condition the auditor cannot decompose).
-    ``column`` is set when the dimension is a declared column.
-    """
-
-    kind: DimKind
-    sql: str
-    column: str | None = None
-
-
-@dataclass(frozen=True)
-class Condition:
-    """A leaf: ``dimension op values`` (``op == "true"`` for an opaque dimension)."""
-
-    dimension: DimensionKey
-    op: CompareOp
-    values: tuple[Any, ...] = ()
-
-
-@dataclass(frozen=True)
-class Formula:
-    """AND / OR / NOT over conditions; ``const`` is a Kleene truth value (0 F, 1 U, 2 T)."""
-
-    op: Literal["and", "or", "not", "leaf", "const"]
-    children: tuple[Formula, ...] = ()
-    leaf: Condition | None = None
-    const: int = 2
-
-    def conditions(self) -> list[Condition]:
-        if self.leaf is not None:
-            return [self.leaf]
-        return [c for ch in self.children for c in ch.conditions()]
-
-
-TRUE = Formula("const", const=2)
-FALSE = Formula("const", const=0)
-NULL = Formula("const", const=1)
-
-
-def conj(*parts: Formula) -> Formula:
-    """The conjunction of formulas (TRUE when empty)."""
-    kept = tuple(p for p in parts if p is not TRUE)
-    if not kept:
-        return TRUE
-    return kept[0] if len(kept) == 1 else Formula("and", kept)
-
+__all__ = [
+    "FALSE",
+    "NULL",
+    "TRUE",
+    "Condition",
+    "DimensionKey",
+    "Formula",
+    "FormulaBuilder",
+    "conj",
+    "constant_value",
+]
+CACHE_SIZE = 4096
 
 _FLIP = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq"}
-_CMP: dict[type[exp.Expr], CompareOp] = {
+_CMP: dict[type[exp.Expr], str] = {
     exp.EQ: "eq",
     exp.LT: "lt",
     exp.LTE: "le",
@@ -91,12 +72,12 @@ _CMP: dict[type[exp.Expr], CompareOp] = {
 }
 
 
-class _NotConstant(Exception):
+class NotConstant(Exception):
     pass
 
 
 def constant_value(node: exp.Expr) -> Any:
-    """The Python value of a literal (numbers as Fraction), or raise ``_NotConstant``."""
+    """The Python value of a literal (numbers as Fraction), or raise ``NotConstant``."""
     if isinstance(node, exp.Paren):
         return constant_value(node.this)
     if isinstance(node, exp.Null):
@@ -109,12 +90,12 @@ def constant_value(node: exp.Expr) -> Any:
         try:
             return Fraction(str(node.this))
         except (ValueError, ZeroDivisionError):
-            raise _NotConstant from None
+            raise NotConstant from None
     if isinstance(node, exp.Neg):
         v = constant_value(node.this)
         if isinstance(v, Fraction):
             return -v
-        raise _NotConstant
+        raise NotConstant
     if isinstance(node, exp.Cast | exp.TryCast) and node.to.this in (
         exp.DataType.Type.DATE,
         exp.DataType.Type.DATETIME,
@@ -123,25 +104,25 @@ def constant_value(node: exp.Expr) -> Any:
         v = constant_value(node.this)
         if isinstance(v, str):
             return v
-        raise _NotConstant
+        raise NotConstant
     if isinstance(node, exp.Date | exp.StrToDate | exp.TsOrDsToDate) and isinstance(
         node.this, exp.Literal
     ):
         return str(node.this.this)
-    raise _NotConstant
+    raise NotConstant
 
 
-def _date_number(v: Any) -> Fraction:
+def date_number(v: Any) -> Fraction:
     if isinstance(v, dt.datetime):
         return Fraction(v.toordinal()) + Fraction(v.hour * 3600 + v.minute * 60 + v.second, 86400)
     if isinstance(v, dt.date):
         return Fraction(v.toordinal())
     if isinstance(v, str):
         try:
-            return _date_number(dt.datetime.fromisoformat(v.strip()))
+            return date_number(dt.datetime.fromisoformat(v.strip()))
         except ValueError:
-            raise _NotConstant from None
-    raise _NotConstant
+            raise NotConstant from None
+    raise NotConstant
 
 
 class FormulaBuilder:
@@ -149,52 +130,70 @@ class FormulaBuilder:
 
     def __init__(self, table: TableConfig) -> None:
         self.table = table
+        self._normaliser = Normaliser(table, self)
+        self._cache: dict[int, tuple[exp.Expr, Formula]] = {}
+        self._cells: dict[tuple[str, Any], Formula] = {}
+        self._keys: dict[int, tuple[exp.Expr, str]] = {}
+        self._counted: dict[int, tuple[exp.Expr, Formula]] = {}
 
     # -- dimensions -------------------------------------------------------------------
 
-    def _column_dim(self, node: exp.Expr) -> DimensionKey | None:
-        if isinstance(node, exp.Paren):
-            return self._column_dim(node.this)
-        if isinstance(node, exp.Column):
-            name = node.name.lower()
-            col = self.table.columns.get(name)
-            if col is None:
-                return None
-            kind: DimKind = "ordered" if col.type in ("integer", "real", "date") else "categorical"
-            return DimensionKey(kind, name, column=name)
+    def column_dim(self, name: str) -> DimensionKey:
+        col = self.table.columns[name]
+        kind: DimKind = "ordered" if col.type in ("integer", "real", "date") else "categorical"
+        return DimensionKey(
+            kind, name, column=name, columns=frozenset({name}), nullable=col.may_be_null
+        )
+
+    def bare_column(self, node: exp.Expr) -> DimensionKey | None:
+        while isinstance(node, exp.Paren):
+            node = node.this
+        if isinstance(node, exp.Column) and node.name.lower() in self.table.columns:
+            return self.column_dim(node.name.lower())
         return None
 
-    def _normalise(self, value: Any, dim: DimensionKey) -> Any:
-        """A constant in the dimension's own terms, or raise ``_NotConstant``."""
+    def normalise_value(self, value: Any, dim: DimensionKey) -> Any:
+        """A constant in the dimension's own terms, or raise ``NotConstant``."""
         if value is None:
             return None
         col = self.table.columns.get(dim.column) if dim.column else None
         if dim.kind == "ordered":
             if col is not None and col.type == "date":
-                return _date_number(value)
+                return date_number(value)
             if isinstance(value, bool) or not isinstance(value, Fraction | int | float):
-                raise _NotConstant
+                raise NotConstant
             return Fraction(value)
         if col is not None and col.type == "boolean":
             if isinstance(value, bool):
                 return value
-            if isinstance(value, Fraction) and value in (0, 1):
-                return bool(value)
-            raise _NotConstant
+            raise NotConstant
         if isinstance(value, str):
             return value
         if isinstance(value, Fraction) and dim.column is None:
             return value
-        raise _NotConstant
+        raise NotConstant
 
-    def _expr_dim(self, node: exp.Expr, sample: Any) -> DimensionKey | None:
-        """A dimension for a non-column expression over this table's columns."""
-        if not any(True for _ in node.find_all(exp.Column)):
-            return None
-        if any(True for _ in node.find_all(exp.Subquery, exp.Select, exp.AggFunc)):
-            return None
+    def expression_dim(self, node: exp.Expr, sample: Any) -> DimensionKey:
+        """A dimension for an expression compared with constants (claims its columns)."""
         kind: DimKind = "ordered" if isinstance(sample, Fraction) else "categorical"
-        return DimensionKey(kind, _canonical(node))
+        return DimensionKey(
+            kind,
+            canonical(node),
+            columns=self.columns_of(node),
+            nullable=may_be_null(node, self.table),
+        )
+
+    def opaque(self, node: exp.Expr) -> Formula:
+        dim = DimensionKey(
+            "opaque",
+            canonical(node),
+            columns=self.columns_of(node),
+            nullable=may_be_null(node, self.table),
+        )
+        return leaf(dim, "true")
+
+    def columns_of(self, node: exp.Expr) -> frozenset[str]:
+        return frozenset(c.name.lower() for c in node.find_all(exp.Column))
 
     # -- formulas ---------------------------------------------------------------------
 
@@ -202,131 +201,154 @@ class FormulaBuilder:
         """The formula of a predicate (TRUE for no predicate)."""
         if node is None:
             return TRUE
-        return self._build(node)
+        hit = self._cache.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        formula = self.formula(node)
+        if len(self._cache) >= CACHE_SIZE:
+            self._cache.clear()
+        self._cache[id(node)] = (node, formula)  # keeps ``node`` alive: ids stay unique
+        return formula
 
-    def _opaque(self, node: exp.Expr) -> Formula:
-        dim = DimensionKey("opaque", _canonical(node))
-        return Formula("leaf", leaf=Condition(dim, "true"))
-
-    def _build(self, node: exp.Expr) -> Formula:
+    def formula(self, node: exp.Expr) -> Formula:
+        """The formula of a (sub-)predicate: structure first, then one leaf."""
         if isinstance(node, exp.Paren):
-            return self._build(node.this)
+            return self.formula(node.this)
         if isinstance(node, exp.And):
-            return Formula("and", (self._build(node.this), self._build(node.expression)))
+            return conj(self.formula(node.this), self.formula(node.expression))
         if isinstance(node, exp.Or):
-            return Formula("or", (self._build(node.this), self._build(node.expression)))
+            return disj(self.formula(node.this), self.formula(node.expression))
         if isinstance(node, exp.Not):
-            return Formula("not", (self._build(node.this),))
+            return neg(self.formula(node.this))
         if isinstance(node, exp.Boolean):
             return TRUE if node.this else FALSE
         if isinstance(node, exp.Null):
             return NULL
-        dim = self._column_dim(node)
-        if dim is not None and dim.column is not None:
-            col = self.table.columns[dim.column]
-            if col.type == "boolean":  # WHERE smoker means smoker = TRUE
-                return Formula("leaf", leaf=Condition(dim, "in", (True,)))
-        try:
-            leaf = self._leaf(node)
-        except _NotConstant:
-            leaf = None
-        return leaf if leaf is not None else self._opaque(node)
+        if isinstance(node, exp.Case | exp.If):
+            return self.branches(node, self.formula)
+        if isinstance(node, exp.Is) and isinstance(node.expression, exp.Boolean):
+            inner = self.formula(node.this)
+            return is_true(inner if node.expression.this else neg(inner))
+        compared = self._compared_branches(node)
+        if compared is not None:
+            return compared
+        return self._normaliser.leaf(node)
 
-    def _leaf(self, node: exp.Expr) -> Formula | None:
-        if isinstance(node, exp.NEQ):
-            inner = self._leaf(exp.EQ(this=node.this, expression=node.expression))
-            return None if inner is None else Formula("not", (inner,))
-        if type(node) in _CMP:
-            op = _CMP[type(node)]
-            left, right = node.this, node.expression
-            try:
-                value = constant_value(right)
-                subject = left
-            except _NotConstant:
-                value = constant_value(left)
-                subject = right
-                op = _FLIP[op]  # type: ignore[assignment]
-            if value is None:  # comparing with NULL is never true
-                return NULL
-            return self._compare(subject, op, (value,))
-        if isinstance(node, exp.Between):
-            low = constant_value(node.args["low"])
-            high = constant_value(node.args["high"])
-            if low is None or high is None:
+    def branches(self, node: exp.Case | exp.If, result: Callable[[exp.Expr], Formula]) -> Formula:
+        """A CASE (or IF) as the conditions of its branches: branch i is taken where its
+        condition is TRUE and no earlier one is; ``result`` gives each branch's formula."""
+        if isinstance(node, exp.If):
+            pairs = [(node.this, node.args["true"])]
+            default = node.args.get("false")
+        else:
+            if node.this is not None:
+                raise ValueError("simple CASE is not resolved")  # the analyzer refuses it
+            pairs = [(b.this, b.args["true"]) for b in node.args.get("ifs") or []]
+            default = node.args.get("default")
+        taken: list[Formula] = []
+        out: list[Formula] = []
+        for cond, value in pairs:
+            c = is_true(self.formula(cond))
+            out.append(conj(*(neg(t) for t in taken), c, result(value)))
+            taken.append(c)
+        rest = result(default) if default is not None else NULL
+        out.append(conj(*(neg(t) for t in taken), rest))
+        return disj(*out)
+
+    def _compared_branches(self, node: exp.Expr) -> Formula | None:
+        """``CASE … END op constant`` (either side) as the CASE's branches."""
+        if type(node) not in _CMP and not isinstance(node, exp.NEQ):
+            return None
+        for side, other in ((node.this, node.expression), (node.expression, node.this)):
+            inner = side
+            while isinstance(inner, exp.Paren):
+                inner = inner.this
+            if not isinstance(inner, exp.Case | exp.If) or inner.find(exp.Column) is None:
+                continue
+            if isinstance(inner, exp.Case) and inner.this is not None:
                 return None
-            a = self._compare(node.this, "ge", (low,))
-            b = self._compare(node.this, "le", (high,))
-            return None if a is None or b is None else Formula("and", (a, b))
-        if isinstance(node, exp.In):
-            if node.args.get("query") or not node.expressions:
+            if other.find(exp.Column) is not None:
                 return None
-            values = tuple(constant_value(v) for v in node.expressions)
-            return self._compare(node.this, "in", values)
-        if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null):
-            dim = self._column_dim(node.this)
-            if dim is None or not self._nullable(dim):
-                return None  # opaque: NULLs are modelled only where declared
-            return Formula("leaf", leaf=Condition(dim, "isnull"))
+            left = side is node.this
+
+            def result(value: exp.Expr, other: exp.Expr = other, left: bool = left) -> Formula:
+                a, b = (value, other) if left else (other, value)
+                return self.formula(type(node)(this=a.copy(), expression=b.copy()))
+
+            return self.branches(inner, result)
         return None
 
-    def _compare(self, subject: exp.Expr, op: CompareOp, values: tuple[Any, ...]) -> Formula | None:
-        dim = self._column_dim(subject)
-        sample = next((v for v in values if v is not None), None)
-        if dim is None:
-            if sample is None:
-                return None
-            dim = self._expr_dim(subject, sample)
-            if dim is None:
-                return None
-        if dim.kind == "categorical" and op not in ("eq", "in"):
-            return None  # order on text depends on collation: opaque
-        norm = tuple(self._normalise(v, dim) for v in values)
-        if op == "eq":
-            op = "in"
-        return Formula("leaf", leaf=Condition(dim, op, norm))
-
-    def _nullable(self, dim: DimensionKey) -> bool:
-        col = self.table.columns.get(dim.column) if dim.column else None
-        return bool(getattr(col, "nullable", False))
+    def counted(self, node: exp.Expr) -> Formula:
+        """The rows where ``node`` is not NULL (what COUNT(node) counts)."""
+        hit = self._counted.get(id(node))
+        if hit is None or hit[0] is not node:
+            if len(self._counted) >= CACHE_SIZE:
+                self._counted.clear()
+            formula = self.formula(exp.Not(this=exp.Is(this=node.copy(), expression=exp.Null())))
+            hit = self._counted[id(node)] = (node, formula)  # keeps ``node`` alive
+        return hit[1]
 
     def group_condition(self, key: exp.Expr, value: Any) -> Formula:
         """The formula ``key = value`` of one GROUP BY cell (``value`` None: IS NULL)."""
-        dim = self._column_dim(key)
-        if value is None:
-            if dim is not None and self._nullable(dim):
-                return Formula("leaf", leaf=Condition(dim, "isnull"))
-            return self._opaque(exp.Is(this=key.copy(), expression=exp.Null()))
-        if (isinstance(value, float) and not isinstance(value, bool)) or (
-            isinstance(value, int) and not isinstance(value, bool)
-        ):
-            value = Fraction(value)
-        elif isinstance(value, dt.date):
-            value = value.isoformat()
-        try:
-            if dim is None:
-                dim = self._expr_dim(key, value)
-                if dim is None:
-                    raise _NotConstant
-            return Formula("leaf", leaf=Condition(dim, "in", (self._normalise(value, dim),)))
-        except _NotConstant:
-            literal = exp.convert(value if not isinstance(value, Fraction) else float(value))
-            return self._opaque(exp.EQ(this=key.copy(), expression=literal))
+        known = self._keys.get(id(key))
+        if known is None or known[0] is not key:
+            if len(self._keys) >= CACHE_SIZE:
+                self._keys.clear()
+            known = self._keys[id(key)] = (key, canonical(key))  # keeps ``key`` alive
+        cache_key = (known[1], _hashable(value))
+        hit = self._cells.get(cache_key)
+        if hit is not None:
+            return hit
+        dim = self.bare_column(key)
+        formula: Formula | None = None
+        if dim is not None:
+            try:
+                if value is None:
+                    formula = leaf(dim, "isnull") if dim.nullable else FALSE
+                else:
+                    formula = leaf(dim, "in", (self.normalise_value(_number(value), dim),))
+            except NotConstant:
+                formula = None
+        if formula is None:
+            if value is None:
+                node: exp.Expr = exp.Is(this=key.copy(), expression=exp.Null())
+            else:
+                node = exp.EQ(this=key.copy(), expression=_literal(value))
+            formula = self.formula(node)
+        if len(self._cells) >= CACHE_SIZE:
+            self._cells.clear()
+        self._cells[cache_key] = formula
+        return formula
 
 
-def _canonical(node: exp.Expr) -> str:
+def canonical(node: exp.Expr) -> str:
     return node.sql(normalize=True)
 
 
-def formula_for_cell(
-    builder: FormulaBuilder,
-    where: exp.Expr | None,
-    keys: tuple[exp.Expr, ...],
-    values: tuple[Any, ...],
-) -> Formula:
-    """The region of one released cell: ``where ∧ key₁ = v₁ ∧ …``."""
-    parts = [builder.build(where)]
-    parts += [builder.group_condition(k, v) for k, v in zip(keys, values, strict=True)]
-    return conj(*parts)
+def _number(value: Any) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return Fraction(value)
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return value
+
+
+def _hashable(value: Any) -> Any:
+    return (type(value).__name__, value)
+
+
+def _literal(value: Any) -> exp.Expr:
+    if isinstance(value, bool):
+        return exp.Boolean(this=value)
+    if isinstance(value, dt.date):
+        return exp.Literal.string(value.isoformat())
+    if isinstance(value, int | float):
+        text = repr(abs(value)) if isinstance(value, float) else str(abs(value))
+        literal = exp.Literal.number(text)
+        return exp.Neg(this=literal) if value < 0 else literal
+    return exp.Literal.string(str(value))
 
 
 def builders(tables: Mapping[str, TableConfig]) -> dict[str, FormulaBuilder]:

@@ -1,13 +1,14 @@
 """The logical cell space: per dimension, the declared domain split at every constant used.
 
 Each dimension of a scope's space is partitioned into *pieces* on which every condition
-the scope's queries used is constant: for an ordered column, the points and open
-intervals between its constants (clipped to the declared bounds; empty integer intervals
-dropped); for a categorical column, its declared values (or the constants seen plus
-"anything else"); for an opaque condition, TRUE / FALSE / UNKNOWN. A column declared
-``nullable`` also has a NULL piece (SQL's three-valued logic decides what a predicate
-does with it); other columns are taken to hold only declared values, like the rest of
-the public schema, and ``IS NULL`` on them is an opaque condition.
+the scope's queries used is constant. The pieces follow the domain model the compiled
+SQL enforces (``gateway/domain.py``): for an ordered column, the points and open
+intervals between its constants, within the declared bounds (the SQL clamps to them;
+empty integer intervals dropped), or its declared values; for a categorical column, its
+declared values (or the constants seen plus "anything else"); for an opaque condition,
+TRUE / FALSE (and UNKNOWN where it may be NULL). A column that may hold NULL (declared or
+catalogued ``nullable``) has a NULL piece, and SQL's three-valued logic decides what a
+predicate does with it; a column that may not has none (the SQL reads no such rows).
 
 Each axis of the space groups the pieces that no condition seen so far tells apart
 (``age > 30`` needs two groups, ``age IN (20, 40)`` puts 20 and 40 in one). The space is
@@ -26,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from gateway.audit.predicates import Condition, DimensionKey, Formula
-from gateway.config import TableConfig
+from gateway.audit.formulas import Condition, DimensionKey, Formula, Prefix
+from gateway.config import ColumnConfig, TableConfig
+from gateway.domain import clamped, declared_values
 
 MAX_CELLS = 2_000_000
 """Beyond this many cells the auditor refuses rather than guess (doubt refuses)."""
@@ -65,18 +67,22 @@ class Dimension:
         self.key = key
         col = table.columns.get(key.column) if key.column else None
         self.integer = col is not None and col.type == "integer"
-        # Declared bounds are clamping bounds for SUM and AVG, not a promise about the
-        # rows: a value outside them can be filtered on (``income > 10**6``), so ordered
-        # axes extend past them. Treating the outside as empty would hide exactly the
-        # people a differencing pair on the bound singles out.
+        # The domain model (gateway/domain.py): the compiled SQL clamps bounded numbers,
+        # so an ordered axis ends at the bounds; it keeps only declared values; NULL is a
+        # piece exactly where the column (or the expression) may be NULL.
         self.lower: Fraction | None = None
         self.upper: Fraction | None = None
-        self.nullable = bool(getattr(col, "nullable", False))
+        if col is not None and clamped(col):
+            assert col.lower is not None and col.upper is not None
+            self.lower, self.upper = Fraction(col.lower), Fraction(col.upper)
+        self.nullable = key.nullable
         self.declared: tuple[Any, ...] | None = None
-        if col is not None and col.type == "boolean":
-            self.declared = (False, True)
-        elif col is not None and col.values is not None and key.kind == "categorical":
-            self.declared = tuple(col.values)
+        self.points: tuple[Fraction, ...] | None = None
+        values = declared_values(col) if col is not None else None
+        if values is not None and key.kind == "categorical":
+            self.declared = tuple(values)
+        elif values is not None and key.kind == "ordered":
+            self.points = tuple(sorted({_ordered_value(v, col) for v in values}))
         self.constants: set[Any] = set()
         self.pieces: list[Piece] = self._pieces()
         # the axis is coarser than the elementary pieces: pieces no condition seen so far
@@ -116,13 +122,19 @@ class Dimension:
 
     def _pieces(self) -> list[Piece]:
         if self.key.kind == "opaque":
-            return [Piece(T), Piece(F)]
+            return [Piece(T), Piece(F), Piece(U)] if self.nullable else [Piece(T), Piece(F)]
         if self.key.kind == "categorical":
-            named = self.declared if self.declared is not None else sorted(self.constants, key=repr)
-            out = [Piece(v) for v in named]
-            if self.declared is None:
+            if self.declared is not None:
+                out = [Piece(v) for v in self.declared]
+            else:
+                named = sorted((c for c in self.constants if not isinstance(c, Prefix)), key=repr)
+                prefixes = sorted(c.text for c in self.constants if isinstance(c, Prefix))
+                out = [Piece(v) for v in named] + [Piece(Prefix(p)) for p in prefixes]
                 out.append(Piece(OTHER))
             return [*out, Piece(None)] if self.nullable else out
+        if self.points is not None:  # declared values: nothing else exists
+            fixed = [Piece(v, v, v) for v in self.points]
+            return [*fixed, Piece(None)] if self.nullable else fixed
         points = set(self.constants)
         if self.lower is not None:
             points.add(self.lower)
@@ -149,7 +161,18 @@ class Dimension:
         )
 
     def _interval_sample(self, lo: Fraction | None, hi: Fraction | None) -> Fraction | None:
-        """A value strictly inside (lo, hi) and inside the declared domain, or None."""
+        """A value strictly inside (lo, hi) and inside the declared domain, or None. The
+        bounds are breakpoints, so an interval is wholly inside them or wholly outside."""
+        sample = self._inside(lo, hi)
+        if sample is None:
+            return None
+        if (self.lower is not None and sample < self.lower) or (
+            self.upper is not None and sample > self.upper
+        ):
+            return None
+        return sample
+
+    def _inside(self, lo: Fraction | None, hi: Fraction | None) -> Fraction | None:
         if lo is None and self.lower is not None:
             return None
         if hi is None and self.upper is not None:
@@ -181,6 +204,8 @@ class Dimension:
                 if 0 <= j < len(samples) and self._holds(self.pieces[j], value):
                     return j
             raise KeyError(value)
+        if self.key.kind == "categorical" and self.declared is None:
+            return self._locate_open(value)
         for i, p in enumerate(self.pieces):
             if value is None or p.sample is None:
                 if value is None and p.sample is None:
@@ -200,6 +225,28 @@ class Dimension:
         if self.key.kind == "categorical" and self.declared is None:
             return next(i for i, p in enumerate(self.pieces) if p.sample is OTHER)
         raise KeyError(value)
+
+    def _locate_open(self, value: Any) -> int:
+        """``locate`` on a categorical axis without declared values: a named value, or
+        the "other" piece under the longest prefix seen that it starts with."""
+        index = self._categorical_index()
+        if value is None:
+            return len(self.pieces) - 1  # the NULL piece is last
+        if value is not OTHER and not isinstance(value, Prefix) and value in index:
+            return index[value]
+        text = (
+            value.text if isinstance(value, Prefix) else value if isinstance(value, str) else None
+        )
+        best: int | None = None
+        best_len = -1
+        if text is not None:
+            for i, p in enumerate(self.pieces):
+                s = p.sample
+                if isinstance(s, Prefix) and text.startswith(s.text) and len(s.text) > best_len:
+                    best, best_len = i, len(s.text)
+        if best is not None:
+            return best
+        return next(i for i, p in enumerate(self.pieces) if p.sample is OTHER)
 
     def _categorical_index(self) -> dict[Any, int]:
         cached = getattr(self, "_index", None)
@@ -224,8 +271,8 @@ class Dimension:
         if self.key.kind == "opaque":
             return None
         new = {c for c in constants if c is not None} - self.constants
-        if self.key.kind == "categorical" and self.declared is not None:
-            new = set()
+        if self.declared is not None or self.points is not None:
+            new = set()  # declared values: the pieces are fixed
         if not new:
             return None
         old = list(self.pieces)
@@ -267,6 +314,19 @@ class Dimension:
                 out[hi:m] = T
             else:
                 out[lo:m] = T
+            return out
+        if cond.op == "prefix":
+            start = cond.values[0].text
+            for i, p in enumerate(self.pieces):
+                s = p.sample
+                if s is None:
+                    out[i] = U
+                elif isinstance(s, Prefix):
+                    out[i] = T if s.text.startswith(start) else F
+                elif isinstance(s, str):
+                    out[i] = T if s.startswith(start) else F
+                else:
+                    out[i] = F
             return out
         if self.key.kind == "categorical" and cond.op == "in":
             index = self._categorical_index()
@@ -383,6 +443,8 @@ class CellSpace:
             return vals.reshape(shape)
         if f.op == "not":
             return (T - self._truth(f.children[0], memo)).astype(np.int8)
+        if f.op == "istrue":
+            return np.where(self._truth(f.children[0], memo) == T, T, F).astype(np.int8)
         parts = [self._truth(c, memo) for c in f.children]
         out = parts[0]
         for p in parts[1:]:
@@ -405,6 +467,15 @@ class CellSpace:
     def atoms_in(self, mask: np.ndarray) -> np.ndarray:
         """The atoms (sorted ids) of a region; the space must already be split by it."""
         return np.unique(self.atom_of[mask])
+
+
+def _ordered_value(value: Any, col: ColumnConfig | None) -> Fraction:
+    """A declared value of an ordered column, in the axis's terms (dates as day numbers)."""
+    if col is not None and col.type == "date":
+        from gateway.audit.predicates import date_number
+
+        return date_number(value)
+    return Fraction(value)
 
 
 def _copy_dim(d: Dimension) -> Dimension:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import math
 import random
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
+
+from gateway.config import Config, with_nullability
 
 CITIES = ("Budapest", "Debrecen", "Szeged", "Pécs", "Győr", "Miskolc", "Eger", "Sopron")
 CITY_WEIGHTS = (40, 9, 8, 7, 6, 6, 3, 2)
@@ -68,6 +71,37 @@ LAST = (
     "Oláh",
     "Simon",
 )
+
+#: Which declared columns of the demo tables may hold NULL, as their catalogue says (only
+#: glucose): what ``nullable`` defaults to against the demo database, for code that reads
+#: the config without opening it.
+NULLABLE = {
+    "patients": {
+        "patient_id": False,
+        "sex": False,
+        "age": False,
+        "city": False,
+        "zip": False,
+        "smoker": False,
+        "glucose": True,
+        "income": False,
+        "disease": False,
+    },
+    "visits": {
+        "patient_id": False,
+        "year": False,
+        "department": False,
+        "length_of_stay": False,
+        "cost": False,
+    },
+}
+
+
+def catalogued(config: Config) -> Config:
+    """``config`` with ``nullable`` decided as the demo database's catalogue decides it
+    (what a Gateway on the demo data does at start-up), for tests that open no database."""
+    return replace(config, tables=with_nullability(config.tables, NULLABLE))
+
 
 PATIENTS = 12_000
 SEED = 20261123

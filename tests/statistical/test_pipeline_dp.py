@@ -148,7 +148,9 @@ def test_the_same_test_catches_a_missing_clamp(
 ) -> None:
     """Break the compiler so SUM is not clamped: the neighbour's 10⁹ must be caught."""
     import gateway.compile as compile_module
+    import gateway.portable as portable_module
 
+    monkeypatch.setattr(portable_module, "clamped", lambda col: False)
     original = compile_module._measure_input
 
     def unclamped(m: Any, table: Any, dialect: str) -> Any:

@@ -1,0 +1,107 @@
+"""Per-scope audit locks shared by every process and host that shares a ledger.
+
+The auditor's decision about a query depends on every answer released before it in the
+same audit scope (an analyst, or everyone). Two halves of a differencing pair audited at
+the same moment by two workers would each see only the other's absence, and both be
+answered. So a gateway holds its scope's lock from the moment it re-reads the scope's
+released answers until its own answer is recorded: one query per scope at a time,
+whatever the number of workers. Different scopes never wait for each other.
+
+- **PostgreSQL**: a transaction-scoped advisory lock, ``pg_advisory_xact_lock(namespace,
+  hash(scope))``, on a connection held for the duration (released at commit, or when the
+  connection dies with its process). Two scopes hashing alike merely share a lock.
+- **SQLite** (one host): ``flock`` on a per-scope file in ``<ledger file>.locks/``, which
+  excludes other processes and other threads alike, and is released when its process
+  dies. An in-memory ledger is private to its process: a thread lock is enough.
+
+Each process first takes an in-process lock per scope, so that at most one of its threads
+waits on the database (or the file) for a scope, holding at most one connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from budget.errors import LedgerUnavailable
+
+_NAMESPACE = 0x64706175  # "dpau": the first key of every audit lock (two-key form)
+
+try:  # POSIX only; without it, a file ledger serialises within one process
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+
+class ScopeLocks:
+    """``hold(scope)``: the audit lock of one scope on this ledger's database."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._mutex = threading.Lock()
+        self._local: dict[str, threading.Lock] = {}
+        self._dir: Path | None = None
+        if engine.dialect.name == "sqlite":
+            database = engine.url.database or ""
+            if database and database != ":memory:" and not database.startswith("file:"):
+                self._dir = Path(database + ".locks")
+
+    def _thread_lock(self, scope: str) -> threading.Lock:
+        with self._mutex:
+            lock = self._local.get(scope)
+            if lock is None:
+                lock = self._local[scope] = threading.Lock()
+            return lock
+
+    @contextmanager
+    def hold(self, scope: str) -> Iterator[None]:
+        with self._thread_lock(scope):
+            if self.engine.dialect.name == "postgresql":
+                with self._advisory(scope):
+                    yield
+            elif self._dir is not None and fcntl is not None:
+                with self._file(scope):
+                    yield
+            else:
+                yield
+
+    @contextmanager
+    def _advisory(self, scope: str) -> Iterator[None]:
+        key = int.from_bytes(hashlib.sha256(scope.encode()).digest()[:4], "big", signed=True)
+        try:
+            conn = self.engine.connect()
+            transaction = conn.begin()
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_NAMESPACE, key)))
+        except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError) as exc:
+            raise LedgerUnavailable(f"the ledger database failed: {type(exc).__name__}") from exc
+        try:
+            yield
+        finally:
+            try:
+                transaction.rollback()  # ends the transaction: the lock is released
+                conn.close()
+            except sa.exc.SQLAlchemyError:
+                # the connection died (and the lock with it): nothing left to release
+                conn.invalidate()
+
+    @contextmanager
+    def _file(self, scope: str) -> Iterator[None]:
+        assert self._dir is not None
+        self._dir.mkdir(exist_ok=True)
+        name = hashlib.sha256(scope.encode()).hexdigest()[:32] + ".lock"
+        fd = os.open(self._dir / name, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)

@@ -1,0 +1,162 @@
+"""The attack corpus: differencing pairs and their rewrites, the tracker and the AVG pair.
+
+Each attack is a short list of queries that, all answered, single out a group of at most
+one person in the test data (found in the data below). Each is run in 100 trials, each
+with a fresh analyst (so nothing carries over) through the whole pipeline, at the default
+audit settings (k = 5, confidence 0.999) and at ε = 1: the largest an analyst may ask,
+so the least noise — the hardest case for a noise-aware threshold. An attack *succeeds*
+when every one of its queries is answered; it must fail in at least 99 of 100 trials.
+
+False-alarm rate. Rewrites the auditor cannot normalise are refused before anything runs,
+whatever the noise. For the others the refusal depends on the noise: the attack gets
+through only if the lower confidence bound on the determined group's size — its noisy
+estimate minus q, the 99.9% Chernoff quantile of the noise combination — reaches k = 5
+for a group of at most one person, i.e. only if the noise combination exceeds 4 + q. The
+worst case here is the AVG pair, whose counts each carry discrete Laplace noise of scale
+2 (ε = 1 split between the sum and the count): q = 22.2 and P(noise ≥ 26.2) ≤ 6.5e-6 per
+trial (the exact distribution of the difference of two such noises). Two or more
+successes in 100 trials then have probability ≤ C(100, 2)·(6.5e-6)² ≈ 2.1e-7 < 1e-6.
+COUNT pairs (scale 1: q = 11.0, miss ≤ 6.8e-7) and the tracker (three noises) are lower.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from gateway.config import parse_config
+from gateway.errors import AuditRefused
+from gateway.pipeline import Gateway
+from gateway.plan import QueryRequest
+from tests.conftest import ADMIN_KEY, demo_config_dict
+
+TRIALS = 100
+MAX_ANSWERED = 1
+EPSILON = 1.0
+
+
+def _data(demo_db: Path) -> tuple[str, str, str]:
+    """A zip with exactly one Crohn patient, a one-person (sex, age, city) target, and a
+    zip with exactly one patient without a glucose reading."""
+    with sqlite3.connect(demo_db) as conn:
+        (zip_code,) = conn.execute(
+            "SELECT zip FROM patients GROUP BY zip HAVING SUM(disease = 'Crohn') = 1 "
+            "ORDER BY COUNT(*) DESC, zip LIMIT 1"
+        ).fetchone()
+        (no_reading,) = conn.execute(
+            "SELECT zip FROM patients GROUP BY zip HAVING SUM(glucose IS NULL) = 1 "
+            "ORDER BY COUNT(*) DESC, zip LIMIT 1"
+        ).fetchone()
+        target = "sex = 'F' AND age = 37 AND city = 'Eger'"
+        (n,) = conn.execute(f"SELECT COUNT(*) FROM patients WHERE {target}").fetchone()
+    assert n <= 1
+    return str(zip_code), target, str(no_reading)
+
+
+def _attacks(z: str, target: str, z_null: str) -> dict[str, list[str]]:
+    base = "SELECT COUNT(*) FROM patients WHERE "
+    rest = f"{base}zip = '{z}' AND NOT disease = 'Crohn'"
+
+    def pair(rewrite: str) -> list[str]:
+        return [base + rewrite, rest]
+
+    return {
+        # the issue's rewrites of zip = Z, each paired with zip = Z AND NOT Crohn
+        "lower": pair(f"LOWER(zip) = '{z}'"),
+        "concat empty": pair(f"zip || '' = '{z}'"),
+        "like without wildcards": pair(f"zip LIKE '{z}'"),
+        "case 0/1": pair(f"CASE WHEN zip = '{z}' THEN 1 ELSE 0 END = 1"),
+        # more rewrites
+        "upper": pair(f"UPPER(zip) = '{z}'"),
+        "in one value": pair(f"zip IN ('{z}')"),
+        "not not equal": pair(f"NOT (zip <> '{z}')"),
+        "cast to text": pair(f"CAST(zip AS TEXT) = '{z}'"),
+        "coalesce": pair(f"COALESCE(zip, 'none') = '{z}'"),
+        "is true": pair(f"(zip = '{z}') IS TRUE"),
+        "text between": pair(f"zip BETWEEN '{z}' AND '{z}'"),
+        "trim": pair(f"TRIM(zip) = '{z}'"),
+        "substring": pair(f"SUBSTRING(zip, 1, 4) = '{z}'"),
+        "like prefix": pair(f"zip LIKE '{z}%'"),
+        "de morgan half": [
+            f"{base}zip = '{z}'",
+            f"{base}NOT (zip <> '{z}' OR disease = 'Crohn')",
+        ],
+        "case over two columns": [
+            f"{base}zip = '{z}'",
+            f"{base}CASE WHEN zip = '{z}' AND disease <> 'Crohn' THEN 'x' ELSE 'y' END = 'x'",
+        ],
+        "integer arithmetic": [
+            f"{base}sex = 'F' AND city = 'Eger' AND age * 2 + 0 = 74",
+            f"{base}sex = 'F' AND city = 'Eger' AND age BETWEEN 37 AND 37 AND NOT smoker",
+            f"{base}sex = 'F' AND city = 'Eger' AND (age - 7) / 10 = 3 AND age >= 37 "
+            "AND age < 38 AND smoker",
+        ],
+        "complement through a rewrite": [
+            "SELECT COUNT(*) FROM patients",
+            f"{base}NOT (sex = 'F' AND age + 0 = 37 AND LOWER(city) = 'eger')",
+        ],
+        # Denning's tracker: q(T) = q(T ∨ S) + q(T ∨ ¬S) − q(everyone)
+        "tracker": [
+            "SELECT COUNT(*) FROM patients",
+            f"{base}({target}) OR smoker",
+            f"{base}({target}) OR NOT smoker",
+        ],
+        # COUNT(*) − the count behind AVG(glucose): who has no glucose reading
+        "avg counts non-null": [
+            f"{base}zip = '{z_null}'",
+            f"SELECT AVG(glucose) FROM patients WHERE zip = '{z_null}'",
+        ],
+        # 1000·X − 999·Y: one person's income
+        "avg pair": [
+            "SELECT AVG(income) FROM patients",
+            f"SELECT AVG(income) FROM patients WHERE NOT ({target})",
+        ],
+    }
+
+
+@pytest.fixture(scope="module")
+def attacks(demo_db: Path) -> dict[str, list[str]]:
+    return _attacks(*_data(demo_db))
+
+
+NAMES = list(_attacks("0000", "TRUE", "0000"))
+
+
+def _gateway(demo_db: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> Gateway:
+    """A gateway at the default audit settings on a copy of the demo data; the ledger
+    skips fsync (these tests count refusals, not durability)."""
+    monkeypatch.setenv("DPGATE_ADMIN_KEY", ADMIN_KEY)
+    db = folder / "hospital.db"
+    shutil.copy(demo_db, db)
+    raw = demo_config_dict(db, folder / "ledger.db")
+    raw["ledger"]["url"] += "?synchronous=normal"
+    return Gateway(parse_config(raw))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_attack_is_refused_in_99_of_100_trials(
+    name: str,
+    attacks: dict[str, list[str]],
+    demo_db: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gateway = _gateway(demo_db, tmp_path, monkeypatch)
+    assert gateway.config.audit.min_group_size == 5  # the defaults
+    assert math.isclose(gateway.config.audit.confidence, 0.999)
+    queries = attacks[name]
+    answered = 0
+    for trial in range(TRIALS):
+        analyst = f"attacker{trial}"
+        gateway.ledger.create_analyst(analyst, 100.0, 1e-6)
+        try:
+            for sql in queries:
+                gateway.query(analyst, QueryRequest(sql, EPSILON, 0.0, "laplace"))
+        except AuditRefused:
+            continue
+        answered += 1
+    assert answered <= MAX_ANSWERED, f"{name}: {answered} of {TRIALS} trials answered"

@@ -1,0 +1,327 @@
+"""Honest sessions are answered: the public corpus of workloads in ``tests/workloads/``.
+
+Each file is one realistic session over the demo data (12,000 patients and their visits,
+as ``dpgate demo`` builds it): dashboards, drill-downs, BI chart sets, the README's
+examples, time breakdowns of visits. Three checks per session:
+
+1. **Honest, by a data-level reference auditor.** It may look at the rows (it is a test
+   oracle, not the product): every released cell — every group of every query, the
+   declared values all released — holds at least k = 5 people, and no region of fewer
+   than k rows is *determined* (a union of "atoms", the rows no released cell tells apart,
+   whose indicator is a linear combination of the released cells'). Regions are evaluated
+   by SQLite on the rows as dpgate reads them (bounded numbers clamped, rows outside the
+   declared domain left out); the span is decided over GF(p), p = 2³¹ − 1, with two
+   random hashes of the null space (a false "determined" has probability ≤ 2⁻⁶⁰; a
+   missed one needs p to divide a minor of a 0/1 matrix of this size).
+2. **Answered with exact counts.** The auditor, fed the exact counts with the public noise
+   scales of the real releases, refuses nothing; every region it sizes clears k by a
+   margin the noise exceeds with probability at most α = 1e-6 / (regions sized).
+3. **Answered through the pipeline**, with noise, a fresh analyst per session: 0
+   refusals. False-alarm rate: the regions sized are the same (they depend on the query
+   texts only); by 2., each is refused with probability ≤ α, so a refusal anywhere has
+   probability ≤ 1e-6.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+from sqlglot import exp
+
+from gateway.audit import AnsweredCell, AnsweredQuery
+from gateway.audit.auditor import Sizing
+from gateway.audit.confidence import CountNoise, noise_quantile
+from gateway.compile import compile_plan
+from gateway.config import TableConfig, parse_config
+from gateway.demo.hospital import PATIENTS, build
+from gateway.execute import run_aggregate
+from gateway.pipeline import Gateway
+from gateway.plan import QueryPlan, QueryRequest
+from tests.conftest import ADMIN_KEY, demo_config_dict
+
+K = 5
+FALSE_ALARM = 1e-6
+P = 2**31 - 1
+WORKLOADS = sorted((Path(__file__).parent / "workloads").glob("*.yaml"))
+
+
+@dataclass(frozen=True)
+class Session:
+    name: str
+    queries: tuple[tuple[str, float], ...]
+
+
+def _session(path: Path) -> Session:
+    raw = yaml.safe_load(path.read_text())
+    return Session(raw["name"], tuple((q["sql"], float(q["epsilon"])) for q in raw["queries"]))
+
+
+SESSIONS = {p.stem: _session(p) for p in WORKLOADS}
+
+
+@pytest.fixture(scope="module")
+def full_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo database at its real size (``dpgate demo``)."""
+    path = tmp_path_factory.mktemp("full-demo") / "hospital.db"
+    build(path, patients=PATIENTS)
+    return path
+
+
+@pytest.fixture
+def gateway(full_demo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gateway]:
+    monkeypatch.setenv("DPGATE_ADMIN_KEY", ADMIN_KEY)
+    db = tmp_path / "hospital.db"
+    shutil.copy(full_demo, db)
+    raw = demo_config_dict(db, tmp_path / "ledger.db")
+    raw["ledger"]["url"] += "?synchronous=normal"
+    yield Gateway(parse_config(raw))
+
+
+def test_the_corpus_is_large_enough() -> None:
+    assert len(SESSIONS) >= 10
+    assert all(len(s.queries) >= 5 for s in SESSIONS.values())
+
+
+# -- 1. the data-level reference auditor -----------------------------------------------
+
+
+def _dpgate_view(conn: sqlite3.Connection, table: TableConfig) -> str:
+    """A view of ``table`` as dpgate reads it (gateway/domain.py), built independently
+    of the compiler: bounded numbers clamped, rows outside declared values dropped."""
+    columns = []
+    keep = []
+    for name, col in table.columns.items():
+        if col.numeric and col.bounded:
+            columns.append(f"MIN(MAX({name}, {col.lower}), {col.upper}) AS {name}")
+        else:
+            columns.append(name)
+        if col.values is not None:
+            listed = ", ".join(f"'{v}'" for v in col.values)
+            keep.append(f"({name} IN ({listed}) OR {name} IS NULL)")
+    view = f"reference_{table.name}"
+    where = " AND ".join(keep) or "1"
+    conn.execute(f"DROP VIEW IF EXISTS {view}")
+    conn.execute(
+        f"CREATE TEMP VIEW {view} AS SELECT rowid AS rid, {', '.join(columns)} "
+        f"FROM {table.name} WHERE {where}"
+    )
+    return view
+
+
+def _cells(plan: QueryPlan) -> list[tuple[Any, ...]]:
+    assert all(g.domain is not None for g in plan.group_keys), "declared keys only"
+    return list(itertools.product(*(g.domain or () for g in plan.group_keys)))
+
+
+def _sql(node: exp.Expr) -> str:
+    return node.sql(dialect="sqlite")
+
+
+def _region_sql(plan: QueryPlan, view: str, cell: tuple[Any, ...]) -> tuple[str, list[Any]]:
+    conditions = [f"({_sql(plan.where)})"] if plan.where is not None else []
+    kinds = [m.kind for m in plan.measures]
+    if "count_values" in kinds and not {"count_rows", "count_units"} & set(kinds):
+        counted = plan.measures[kinds.index("count_values")].expression
+        assert counted is not None  # COUNT(x), AVG(x): the count is of non-NULL x
+        conditions.append(f"({_sql(counted)}) IS NOT NULL")
+    params: list[Any] = []
+    for key, value in zip(plan.group_keys, cell, strict=True):
+        if value is None:
+            conditions.append(f"({_sql(key.expression)}) IS NULL")
+        else:
+            conditions.append(f"({_sql(key.expression)}) = ?")
+            params.append(int(value) if isinstance(value, bool) else value)
+    where = " AND ".join(conditions) or "1"
+    return f"SELECT rid, patient_id FROM {view} WHERE {where}", params
+
+
+def _rref_mod_p(m: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Reduced row echelon form over GF(p) and the pivot columns."""
+    a = m.astype(np.int64) % P
+    pivots: list[int] = []
+    row = 0
+    for col in range(a.shape[1]):
+        if row == a.shape[0]:
+            break
+        nz = np.nonzero(a[row:, col])[0]
+        if len(nz) == 0:
+            continue
+        r = row + int(nz[0])
+        a[[row, r]] = a[[r, row]]
+        a[row] = a[row] * pow(int(a[row, col]), P - 2, P) % P
+        others = np.nonzero(a[:, col])[0]
+        others = others[others != row]
+        if len(others):
+            f = a[others, col][:, None]
+            a[others] = (a[others] - f * a[row][None, :] % P) % P
+        pivots.append(col)
+        row += 1
+    return a[:row], pivots
+
+
+def _null_hashes(m: np.ndarray, rng: random.Random) -> np.ndarray:
+    """Per atom, h(a) = N_a · ρ mod p for a random ρ over the null space of ``m``
+    (regions × atoms): a set S of atoms is determined iff Σ_{a∈S} N_a = 0."""
+    rref, pivots = _rref_mod_p(m)
+    n = m.shape[1]
+    free = [c for c in range(n) if c not in set(pivots)]
+    rho = np.array([rng.randrange(P) for _ in free], dtype=np.int64)
+    h = np.zeros(n, dtype=np.int64)
+    if free:
+        h[free] = rho
+        for r, col in enumerate(pivots):
+            terms = rref[r, free] * rho % P
+            h[col] = (-int(terms.sum() % P)) % P
+    return h
+
+
+def _small_determined(sizes: np.ndarray, hashes: list[np.ndarray]) -> list[tuple[int, ...]]:
+    """Sets of atoms with fewer than k rows in all (so at most k − 1 = 4 atoms of fewer
+    than k rows each) whose indicator lies in the span of the released regions (every
+    hash sums to 0), found by meeting in the middle over pairs."""
+    assert K - 1 <= 4
+    small = [int(a) for a in np.nonzero(sizes < K)[0]]
+    key = {a: tuple(int(h[a]) for h in hashes) for a in small}
+
+    def neg(v: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple((-x) % P for x in v)
+
+    def add(u: tuple[int, ...], v: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple((x + y) % P for x, y in zip(u, v, strict=True))
+
+    found: list[tuple[int, ...]] = [(a,) for a in small if not any(key[a])]
+    singles: dict[tuple[int, ...], list[int]] = {}
+    for a in small:
+        singles.setdefault(key[a], []).append(a)
+    pairs: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    for a, b in itertools.combinations(small, 2):
+        if sizes[a] + sizes[b] < K:
+            pairs.setdefault(add(key[a], key[b]), []).append((a, b))
+    for (a, b), _ in ((p, None) for group in pairs.values() for p in group):
+        if not any(add(key[a], key[b])):
+            found.append((a, b))
+        for c in singles.get(neg(add(key[a], key[b])), []):
+            if c not in (a, b) and sizes[a] + sizes[b] + sizes[c] < K:
+                found.append((a, b, c))
+        for c, d in pairs.get(neg(add(key[a], key[b])), []):
+            atoms = {a, b, c, d}
+            if len(atoms) == 4 and sum(int(sizes[x]) for x in atoms) < K:
+                found.append((a, b, c, d))
+    return found
+
+
+def reference_audit(gateway: Gateway, db: Path, session: Session) -> None:
+    """Fail unless every released cell holds ≥ k people and no smaller region is
+    determined (per table: regions of different tables never combine)."""
+    by_table: dict[str, list[np.ndarray]] = {}
+    with sqlite3.connect(db) as conn:
+        views = {name: _dpgate_view(conn, t) for name, t in gateway.config.tables.items()}
+        rids = {
+            name: np.array([r for (r,) in conn.execute(f"SELECT rid FROM {v} ORDER BY rid")])
+            for name, v in views.items()
+        }
+        n_rows = {name: int(r.max()) + 1 for name, r in rids.items()}
+        for sql, _ in session.queries:
+            plan = gateway.analyze(sql)
+            assert isinstance(plan, QueryPlan)
+            for cell in _cells(plan):
+                query, params = _region_sql(plan, views[plan.table], cell)
+                rows = conn.execute(query, params).fetchall()
+                people = len({unit for _, unit in rows})
+                assert people >= K, f"{session.name}: {sql} releases {cell} of {people}"
+                member = np.zeros(n_rows[plan.table], dtype=bool)
+                member[[rid for rid, _ in rows]] = True
+                by_table.setdefault(plan.table, []).append(member)
+    rng = random.Random(12)
+    for table, regions in by_table.items():
+        # atoms: the rows (of the table as dpgate reads it) no released region tells apart;
+        # rows in no region form one atom, which no combination of regions reaches
+        m = np.array(regions)[:, rids[table]]
+        atoms, inverse = np.unique(m.T, axis=0, return_inverse=True)
+        sizes = np.bincount(inverse.ravel(), minlength=len(atoms))
+        hashes = [_null_hashes(atoms.T.astype(np.int64), rng) for _ in range(2)]
+        assert (sizes < K).sum() <= 2000, f"{session.name}: too many small atoms to enumerate"
+        small = _small_determined(sizes, hashes)
+        assert not small, f"{session.name}: {table} regions of < {K} rows determined: {small}"
+
+
+@pytest.mark.parametrize("name", sorted(SESSIONS))
+def test_sessions_are_honest_by_the_reference_auditor(
+    name: str, gateway: Gateway, full_demo: Path
+) -> None:
+    reference_audit(gateway, full_demo, SESSIONS[name])
+
+
+def test_the_reference_auditor_finds_a_differencing_pair(gateway: Gateway, full_demo: Path) -> None:
+    pair = Session(
+        "pair",
+        (
+            ("SELECT COUNT(*) FROM patients WHERE city = 'Sopron'", 1.0),
+            ("SELECT COUNT(*) FROM patients WHERE city = 'Sopron' AND zip <> '8001'", 1.0),
+        ),
+    )
+    with pytest.raises(AssertionError, match="determined"):
+        reference_audit(gateway, full_demo, pair)
+
+
+# -- 2. and 3. the product -----------------------------------------------------------------
+
+
+def _exact_answer(gateway: Gateway, query_id: str, sql: str, epsilon: float) -> AnsweredQuery:
+    """The query's cells with their exact counts and the public noise of the release."""
+    plan = gateway.analyze(sql)
+    assert isinstance(plan, QueryPlan)
+    calibration = gateway._calibrate(plan, QueryRequest(sql, epsilon, 0.0, "laplace"))
+    table = gateway.config.tables[plan.table]
+    compiled = compile_plan(plan, table, gateway.dialect)
+    rows = run_aggregate(gateway.engine, compiled.sql, timeout_ms=60_000)
+    nk = compiled.n_keys
+    by_key = {tuple(r[:nk]): r[nk:] for r in rows}
+    kinds = [m.kind for m in plan.measures]
+    j = next(
+        (kinds.index(k) for k in ("count_rows", "count_units", "count_values") if k in kinds), None
+    )
+    cells = []
+    for cell in _cells(plan):
+        found = by_key.get(cell)
+        count = None if j is None else float((found[j] if found else 0) or 0)
+        noise = calibration.noises[j] if j is not None else None
+        scale = None if noise is None else CountNoise(noise.mechanism, float(noise.scale))
+        cells.append(AnsweredCell(cell, count, {}, scale))
+    return AnsweredQuery(query_id, plan, tuple(cells))
+
+
+@pytest.mark.parametrize("name", sorted(SESSIONS))
+def test_sessions_are_answered_with_exact_counts_by_a_margin(name: str, gateway: Gateway) -> None:
+    auditor = gateway.auditor
+    sized: list[Sizing] = []
+    auditor.observe = sized.append
+    for i, (sql, epsilon) in enumerate(SESSIONS[name].queries):
+        answer = _exact_answer(gateway, f"q{i}", sql, epsilon)
+        pre = auditor.pre_audit("exact", answer.plan)
+        post = auditor.post_audit("exact", answer)
+        assert pre.allowed and post.allowed, f"{sql}: {pre.reason} / {post.reason}"
+        auditor.remember("exact", answer)
+    alpha = FALSE_ALARM / max(1, len(sized))
+    for s in sized:
+        assert s.terms is not None and not s.small
+        slack = s.estimate - s.margin - K
+        assert slack >= noise_quantile(list(s.terms), alpha), (name, s)
+
+
+@pytest.mark.parametrize("name", sorted(SESSIONS))
+def test_sessions_are_answered_through_the_pipeline(name: str, gateway: Gateway) -> None:
+    gateway.ledger.create_analyst("honest", 100.0, 1e-6)
+    for sql, epsilon in SESSIONS[name].queries:
+        release = gateway.query("honest", QueryRequest(sql, epsilon, 0.0, "laplace"))
+        assert release.rows is not None, sql
