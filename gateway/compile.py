@@ -5,7 +5,6 @@ with sqlglot. It enforces, inside the SQL,
 
 - the domain model (``gateway/domain.py``): only rows inside every column's declared
   domain are read, and bounded numbers are clamped wherever they are read;
-
 - clamping of every summed value to its declared [lower, upper], then rounding to the
   measure's grid (``resolution``), summed as integers;
 - per-unit contribution bounding: at most ``max_rows_per_unit`` rows per privacy unit
