@@ -2,7 +2,8 @@
 
 One model, shared by the compiler (``gateway/compile.py``, ``gateway/portable.py``) and
 the auditor (``gateway/audit/``), so that the auditor's logical cell space is exactly what
-the compiled SQL computes (docs/design.md, invariant 10: one domain model). dpgate reads a protected table as:
+the compiled SQL computes (docs/design.md, invariant 10: one domain model). dpgate
+reads a protected table as:
 
 - **bounded numbers clamped**: an integer or real column with ``lower``/``upper`` reads as
   ``clamp(x, lower, upper)`` everywhere — in WHERE, GROUP BY and every aggregate. A value
