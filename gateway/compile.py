@@ -34,6 +34,7 @@ from gateway.portable import portable
 
 UNIT = "dp_unit"
 ROW_RANK = "dp_row_rank"
+READ_RANK = "dp_read_rank"
 GROUP_RANK = "dp_group_rank"
 
 
@@ -71,7 +72,7 @@ def compile_plan(
         if groups_bound >= table.max_rows_per_unit:
             groups_bound = None  # already implied by the row bound
     selection = plan.needs_partition_selection
-    source = exp.Table(
+    source: exp.Expr = exp.Table(
         this=exp.to_identifier(table.sql_name, quoted=True),
         db=exp.to_identifier(table.schema, quoted=True) if table.schema else None,
     )
@@ -91,6 +92,7 @@ def compile_plan(
             query = query.where(where)
     else:
         unit = exp.column(table.privacy_unit or "", quoted=True)
+        source, where = _read_bounded(source, where, table, unit)
         inner_cols: list[exp.Expr] = [exp.alias_(unit, UNIT, quoted=True)]
         inner_cols += _aliased(keys, "k")
         inner_cols += _aliased([i for i in inputs if i is not None], "v")
@@ -157,6 +159,43 @@ def compile_plan(
         n_measures=len(plan.measures),
         has_unit_count=selection,
     )
+
+
+def _read_bounded(
+    source: exp.Expr, where: exp.Expr | None, table: TableConfig, unit: exp.Expr
+) -> tuple[exp.Expr, exp.Expr]:
+    """Read at most ``table.rows_read_bound`` of each unit's stored rows, chosen by their
+    declared values alone, before any of the analyst's expressions is evaluated.
+
+    The WHERE clause, the group keys and the measure inputs are evaluated only on those
+    rows (the CASE fixes the order: the rank is tested first), so one person adds at most
+    that many rows' worth of work to the statement, however many rows they have stored —
+    otherwise a costly expression selected by a secret would make the statement time
+    out exactly when that person has many rows. The contribution bound
+    (``max_rows_per_unit``) then applies among the rows read."""
+    columns = [c for c in table.columns if c != table.privacy_unit]
+    order = [exp.Ordered(this=exp.column(c, quoted=True)) for c in columns] or [
+        exp.Ordered(this=unit.copy())
+    ]
+    ranked = exp.select(
+        exp.Star(),
+        exp.alias_(
+            exp.Window(
+                this=exp.RowNumber(),
+                partition_by=[unit.copy()],
+                order=exp.Order(expressions=order),
+            ),
+            READ_RANK,
+            quoted=True,
+        ),
+    ).from_(source)
+    read = exp.column(READ_RANK, quoted=True) <= exp.Literal.number(table.rows_read_bound)
+    guarded = (
+        read
+        if where is None
+        else exp.Case(ifs=[exp.If(this=read, true=exp.Paren(this=where))], default=exp.false())
+    )
+    return exp.Subquery(this=ranked, alias=exp.TableAlias(this=exp.to_identifier("r"))), guarded
 
 
 def _aliased(nodes: Sequence[exp.Expr], prefix: str) -> list[exp.Expr]:

@@ -55,6 +55,11 @@ class ColumnConfig:
         return self.type in ("integer", "real")
 
 
+#: By default a query reads at most this many times ``max_rows_per_unit`` of one unit's
+#: stored rows.
+READ_ROWS_FACTOR = 10
+
+
 @dataclass(frozen=True)
 class TableConfig:
     """One protected table. ``privacy_unit`` None means row-level privacy.
@@ -71,6 +76,16 @@ class TableConfig:
     schema: str | None = None
     source: str | None = None  # the table's real name in the database, if it differs
     deadline_ms: int | None = None
+    max_rows_read_per_unit: int | None = None
+
+    @property
+    def rows_read_bound(self) -> int:
+        """How many of one unit's stored rows a query reads at most, before the
+        analyst's expressions are evaluated: bounds one person's share of a statement's
+        time (docs/privacy.md, "Side channels"). Default: 10 × ``max_rows_per_unit``."""
+        if self.max_rows_read_per_unit is not None:
+            return max(self.max_rows_read_per_unit, self.max_rows_per_unit)
+        return READ_ROWS_FACTOR * self.max_rows_per_unit
 
     @property
     def sql_name(self) -> str:
@@ -360,6 +375,7 @@ def _tables(v: _Validator, raw: Any) -> dict[str, TableConfig]:
                 "schema",
                 "source",
                 "deadline_ms",
+                "max_rows_read_per_unit",
             },
         )
         columns: dict[str, ColumnConfig] = {}
@@ -383,6 +399,7 @@ def _tables(v: _Validator, raw: Any) -> dict[str, TableConfig]:
             schema=str(traw["schema"]) if traw.get("schema") else None,
             source=str(traw["source"]) if traw.get("source") else None,
             deadline_ms=v.integer(traw, f"{path}.deadline_ms", None, low=1),
+            max_rows_read_per_unit=v.integer(traw, f"{path}.max_rows_read_per_unit", None, low=1),
         )
         if unit is None and traw.get("max_rows_per_unit", 1) != 1:
             v.problem(

@@ -183,3 +183,38 @@ def test_sum_sensitivity_follows_the_rounding_the_sql_performs() -> None:
     plan = analyze("SELECT SUM(x) FROM t", config.tables)
     assert isinstance(plan, QueryPlan)
     assert plan.measures[0].sensitivity.l1 == 4 and plan.measures[0].resolution == 1
+
+
+def test_a_query_reads_a_bounded_number_of_each_persons_rows_before_its_expressions(
+    demo_db: Path,
+) -> None:
+    """One person's share of a statement's time is bounded: the analyst's WHERE is
+    evaluated only on the rows read (at most 10 × max_rows_per_unit of a person's stored
+    rows, or max_rows_read_per_unit), and the rank is tested first."""
+    import sqlite3 as sq
+
+    from gateway.compile import compile_plan
+    from tests.conftest import demo_config_dict
+
+    raw = demo_config_dict(demo_db, demo_db.parent / "unused-ledger.db")
+    raw["tables"]["visits"]["max_rows_read_per_unit"] = 6
+    config = parse_config(raw)
+    assert config.tables["visits"].rows_read_bound == 6
+    assert config.tables["patients"].rows_read_bound == 10  # 10 × max_rows_per_unit (1)
+    plan = analyze("SELECT COUNT(*) FROM visits WHERE cost > 100", config.tables)
+    assert isinstance(plan, QueryPlan)
+    sql = compile_plan(plan, config.tables["visits"], "sqlite").sql
+    assert 'CASE WHEN "dp_read_rank" <= 6 THEN' in sql
+    # Against the data: a person with more stored rows than the read bound contributes
+    # only from the rows read (here every visit matches, so exactly min(visits, 6, 5)).
+    with sq.connect(demo_db) as conn:
+        expected = conn.execute(
+            "SELECT SUM(MIN(n, 5)) FROM (SELECT COUNT(*) AS n FROM visits WHERE cost > -1 "
+            "GROUP BY patient_id)"
+        ).fetchone()[0]
+        all_rows = compile_plan(
+            analyze("SELECT COUNT(*) FROM visits WHERE cost > -1", config.tables),  # type: ignore[arg-type]
+            config.tables["visits"],
+            "sqlite",
+        ).sql
+        assert conn.execute(all_rows).fetchone()[0] == expected
