@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +28,24 @@ if TYPE_CHECKING:
 ADMIN_KEY = "admin-" + "k" * 40
 TEST_PATIENTS = 3000
 POSTGRES_URL = os.environ.get("DPGATE_TEST_POSTGRES_URL")
+
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def repository_files() -> list[Path]:
+    """The checkout's files a clone would hold (tracked, plus new files git does not
+    ignore); skips the test outside a git checkout."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=REPOSITORY,
+            capture_output=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("needs git and a git checkout of dpgate")
+    return [REPOSITORY / n for n in listed.decode().split("\0") if n and (REPOSITORY / n).is_file()]
 
 
 @pytest.fixture(scope="session")

@@ -39,6 +39,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import repository_files
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 CONNECT = (ROOT / "docs" / "connect.md").read_text()
@@ -53,20 +55,10 @@ ENVIRONMENT_NOISE = (re.compile(r"^WARNING: Location '.*' is ignored: it is neit
 
 def fresh_clone(target: Path) -> Path:
     """Copy what a clone of this checkout would hold (plus new, not ignored files)."""
-    try:
-        listed = subprocess.run(
-            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            cwd=ROOT,
-            capture_output=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("needs git and a git checkout of dpgate")
-    for name in filter(None, listed.decode().split("\0")):
-        source = ROOT / name
-        if source.is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / name)
+    for source in repository_files():
+        name = source.relative_to(ROOT)
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target / name)
     return target
 
 

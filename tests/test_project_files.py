@@ -5,15 +5,14 @@ and constraints.txt pins everything pyproject.toml asks for."""
 from __future__ import annotations
 
 import re
-import subprocess
 import tomllib
 from pathlib import Path
 
-import pytest
 import yaml
 
 from gateway.config import parse_config
 from gateway.errors import ALL_ERRORS
+from tests.conftest import repository_files
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTSIDE_DESIGN = "DESIGN" + ".md"  # the shared file that is not in the repository
@@ -21,16 +20,7 @@ DESIGN = (ROOT / "docs" / "design.md").read_text()
 
 
 def tracked_files() -> list[Path]:
-    try:
-        listed = subprocess.run(
-            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-            cwd=ROOT,
-            capture_output=True,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("needs git and a git checkout of dpgate")
-    return [ROOT / n for n in listed.decode().split("\0") if n and (ROOT / n).is_file()]
+    return repository_files()
 
 
 def test_the_design_document_names_tests_that_exist() -> None:
