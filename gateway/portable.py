@@ -22,9 +22,11 @@ bound by the declaration, so this rewrite makes the proof hold on the data too:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sqlglot import exp
 
-from gateway.analyze.totality import Typed, expression_type
+from gateway.analyze.totality import ExpressionTypes, Typed
 from gateway.config import ColumnConfig, TableConfig
 from gateway.domain import clamped
 
@@ -49,10 +51,11 @@ def wide_real(dialect: str) -> exp.DataType:
 class _Rewriter:
     def __init__(self, table: TableConfig, dialect: str) -> None:
         self.table = table
+        self.types = ExpressionTypes(table)
         self.real = wide_real(dialect)
 
     def kind(self, node: exp.Expr) -> Typed:
-        return expression_type(node, self.table)
+        return self.types.of(node)
 
     def rewrite(self, node: exp.Expr, parent: exp.Expr | None) -> exp.Expr:
         if isinstance(node, exp.Column):
@@ -77,31 +80,17 @@ class _Rewriter:
         if isinstance(node, exp.Like | exp.ILike):
             like = type(node)(this=self.rewrite(node.this, node), expression=node.expression.copy())
             return exp.Escape(this=like, expression=exp.Literal.string("\\"))
-        out: exp.Expr = node.copy()
         if isinstance(node, _COMPARED):
             # sqlglot prints `a > 1 = TRUE` unparenthesised, which PostgreSQL and DuckDB
             # cannot parse: a predicate that is an operand gets its parentheses.
-            for key, value in node.args.items():
-                if isinstance(value, exp.Expr):
-                    out.set(key, _grouped(self.rewrite(value, node)))
-                elif isinstance(value, list):
-                    out.set(key, [_grouped(self.rewrite(v, node)) for v in value])
-            return out
+            return _rebuilt(node, lambda child: _grouped(self.rewrite(child, node)))
         if isinstance(node, (*_ARITHMETIC, *_NUMERIC_FUNCTIONS)):
-            for key in ("this", "expression"):
-                child = node.args.get(key)
-                if isinstance(child, exp.Expr):
-                    out.set(key, self.operand(child, node))
-            return out
-        for key, value in node.args.items():
-            if isinstance(value, exp.Expr):
-                out.set(key, self.rewrite(value, node))
-            elif isinstance(value, list):
-                out.set(
-                    key,
-                    [self.rewrite(v, node) if isinstance(v, exp.Expr) else v for v in value],
-                )
-        return out
+            return _rebuilt(
+                node,
+                lambda child: self.rewrite(child, node),
+                operands=lambda child: self.operand(child, node),
+            )
+        return _rebuilt(node, lambda child: self.rewrite(child, node))
 
     def column(self, node: exp.Column, parent: exp.Expr | None) -> exp.Expr:
         quoted = exp.column(node.name, quoted=True)
@@ -202,6 +191,26 @@ def _numeric_literal(node: exp.Expr | None) -> float | None:
         except ValueError:
             return None
     return None
+
+
+def _rebuilt(
+    node: exp.Expr,
+    child: Callable[[exp.Expr], exp.Expr],
+    operands: Callable[[exp.Expr], exp.Expr] | None = None,
+) -> exp.Expr:
+    """A new node of ``node``'s type whose child expressions are ``child(c)`` (its
+    ``this``/``expression`` are ``operands(c)`` when given). Built, not deep-copied and
+    then overwritten: copying at every level made the rewrite quadratic in its size."""
+    args: dict[str, object] = {}
+    for key, value in node.args.items():
+        rewrite = operands if operands is not None and key in ("this", "expression") else child
+        if isinstance(value, exp.Expr):
+            args[key] = rewrite(value)
+        elif isinstance(value, list):
+            args[key] = [rewrite(v) if isinstance(v, exp.Expr) else v for v in value]
+        else:
+            args[key] = value
+    return type(node)(**args)
 
 
 def _grouped(node: exp.Expr) -> exp.Expr:

@@ -128,10 +128,16 @@ def check_total(node: exp.Expr, table: TableConfig, *, where: str, boolean: bool
     return typed
 
 
-def expression_type(node: exp.Expr, table: TableConfig) -> Typed:
-    """The type and interval of an expression ``check_total`` accepted (for the
-    compiler)."""
-    return _Checker(table, "an expression").check(node)
+class ExpressionTypes:
+    """Types and intervals of the subexpressions of accepted expressions, for the
+    compiler: each node is typed once (a subtree's type is looked up, not recomputed,
+    when its parent is typed)."""
+
+    def __init__(self, table: TableConfig) -> None:
+        self._checker = _Checker(table, "an expression", memo={})
+
+    def of(self, node: exp.Expr) -> Typed:
+        return self._checker.check(node)
 
 
 def _check_size(node: exp.Expr, where: str) -> None:
@@ -173,16 +179,27 @@ def _limit(message: str, limit: str, value: int) -> UnsupportedQuery:
 
 
 class _Checker:
-    def __init__(self, table: TableConfig, where: str) -> None:
+    def __init__(
+        self, table: TableConfig, where: str, memo: dict[int, Typed] | None = None
+    ) -> None:
         self.table = table
         self.where = where
+        self.memo = memo  # by node identity; the nodes must outlive the checker
+
+    def check(self, node: exp.Expr) -> Typed:
+        if self.memo is None:
+            return self._check(node)
+        typed = self.memo.get(id(node))
+        if typed is None:
+            typed = self.memo[id(node)] = self._check(node)
+        return typed
 
     def refuse(self, message: str, construct: str) -> UnsupportedQuery:
         return UnsupportedQuery(f"{message} (in {self.where})", construct=construct)
 
     # -- dispatch ------------------------------------------------------------------------
 
-    def check(self, node: exp.Expr) -> Typed:
+    def _check(self, node: exp.Expr) -> Typed:
         if isinstance(node, exp.Paren):
             return self.check(node.this)
         if isinstance(node, exp.Column):
