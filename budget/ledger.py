@@ -51,7 +51,9 @@ from budget.records import (
     Analyst,
     AuditEntry,
     BudgetStatus,
+    CacheProbe,
     HistoryEntry,
+    Lookup,
     Outcome,
     Refusal,
     ReleaseEntry,
@@ -328,12 +330,31 @@ class Ledger:
         if not key or len(key) > 256:
             return None
         with self._transaction(write=False) as conn:
-            row = conn.execute(
-                sa.select(t_analysts).where(t_analysts.c.key_hash == key_hash(key))
-            ).first()
+            row = conn.execute(st.ANALYST_BY_KEY, {"key_hash": key_hash(key)}).first()
         if row is None:
             return None
         return Analyst(row.name, bool(row.disabled), row.epsilon, row.delta)
+
+    def lookup(self, key: str, probe: CacheProbe | None = None) -> Lookup:
+        """Authenticate ``key`` and, for its analyst, find the release ``probe`` names and
+        the analyst's budget — in one read transaction (a request's only read)."""
+        if not key or len(key) > 256:
+            return Lookup(None)
+        with self._transaction(write=False) as conn:
+            row = conn.execute(st.ANALYST_BY_KEY, {"key_hash": key_hash(key)}).first()
+            if row is None:
+                return Lookup(None)
+            analyst = Analyst(row.name, bool(row.disabled), row.epsilon, row.delta)
+            if probe is None or analyst.disabled:
+                return Lookup(analyst)
+            release = reads.find_release(
+                conn, probe.query_key, None if probe.any_analyst else row.name, probe.data_version
+            )
+            if release is None:
+                return Lookup(analyst)
+            spent, n = self._spent(conn, row.id)
+        status = self._status(row.name, analyst.disabled, row.epsilon, row.delta, spent, n)
+        return Lookup(analyst, release, status)
 
     def rotate_key(self, name: str) -> str:
         """Replace the analyst's API key; returns the new key (the old one stops working)."""
