@@ -120,7 +120,7 @@ class Ledger:
             self._write_lock = WriteLock(
                 Path(database + ".locks") / "write.lock" if on_disk else None
             )
-            if on_disk:  # an in-memory ledger has one shared connection: no writer thread
+            if on_disk:  # an in-memory ledger has one shared connection: nothing to batch
                 self._writes = WriteQueue(
                     lambda durable: self._transaction(write=True, durable=durable)
                 )
@@ -182,10 +182,11 @@ class Ledger:
             raise LedgerUnavailable(f"the ledger database failed: {type(exc).__name__}") from exc
 
     def write(self, fn: Callable[[Connection], T], *, durable: bool, wait: bool = True) -> T | None:
-        """Run ``fn`` in a write transaction: on a SQLite file, in the writer thread's next
+        """Run ``fn`` in a write transaction: on a SQLite file, in the next
         group-committed batch (``budget.writer``); elsewhere in a transaction of its own
         (PostgreSQL group-commits concurrent sessions itself). With ``wait`` False the
-        call returns at once and the write follows (SQLite) — for the request log."""
+        call may return before the write (SQLite, while a batch is in progress) — for the
+        request log."""
         if self._writes is not None:
             if not wait:
                 self._writes.submit(fn, durable=durable)
