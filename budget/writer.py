@@ -179,21 +179,29 @@ class WriteQueue:
     def _commit(self, batch: list[_Op]) -> None:
         try:
             with self._transaction(any(op.durable for op in batch)) as conn:
-                for op in batch:
-                    savepoint = conn.begin_nested()
-                    try:
-                        op.value = op.fn(conn)
-                    except Exception as exc:  # reported to its caller, not here
-                        savepoint.rollback()
-                        op.value = exc
-                    else:
-                        savepoint.commit()
-                        op.ok = True
+                if len(batch) == 1:  # alone: its error rolls back the whole transaction
+                    batch[0].value, batch[0].ok = batch[0].fn(conn), True
+                else:
+                    for op in batch:
+                        _run_in_savepoint(conn, op)
         except Exception as exc:  # the batch did not commit: nothing of it was written
             for op in batch:
                 op.ok, op.value = False, exc
         for op in batch:
             op.done = True
+
+
+def _run_in_savepoint(conn: Connection, op: _Op) -> None:
+    """Run one operation of a batch; its error rolls back only its own writes."""
+    savepoint = conn.begin_nested()
+    try:
+        op.value = op.fn(conn)
+    except Exception as exc:  # reported to its caller, not here
+        savepoint.rollback()
+        op.value = exc
+    else:
+        savepoint.commit()
+        op.ok = True
 
 
 @atexit.register
