@@ -21,8 +21,10 @@ A batch commits durably (``synchronous=FULL`` by default: fsync) when any operat
 asked to be durable (charges, admin changes); otherwise with ``synchronous=NORMAL`` (an
 outcome, a request-log row or a rate-limit counter: a killed process loses nothing, an
 OS crash may lose the last of them, never a charge that an answer was released for).
-Operations submitted without waiting (request-log rows) ride on the next batch when one
-is in progress; ``flush()`` waits for them (readers of the request log call it).
+Operations submitted without waiting (request-log rows) ride on the next batch any writer
+leads, or are written ``LINGER_S`` later by a timer: under load they cost no transaction
+of their own. ``flush()`` waits for them (readers of the request log call it); a killed
+process may lose the last ``LINGER_S`` of them (never a charge or an outcome).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ except ImportError:  # pragma: no cover
 
 T = TypeVar("T")
 MAX_BATCH = 256
+LINGER_S = 0.05  # the longest an un-awaited write (a request-log row) waits for a batch
 
 Transaction = Callable[[bool], AbstractContextManager[Connection]]
 
@@ -108,6 +111,7 @@ class WriteQueue:
         self._cv = threading.Condition()
         self._pending: list[_Op] = []
         self._leading = False
+        self._timer: threading.Timer | None = None
         self._pid = os.getpid()
         _queues.add(self)
 
@@ -121,13 +125,19 @@ class WriteQueue:
         return op.value
 
     def submit(self, fn: Callable[[Connection], Any], *, durable: bool) -> None:
-        """Queue ``fn(conn)``: written by the batch in progress's successor, or now when
-        no batch is in progress."""
+        """Queue ``fn(conn)`` without waiting: it rides on the next batch any writer leads,
+        and is written at the latest ``LINGER_S`` later by a timer thread."""
         with self._cv:
             self._reset_after_fork()
             self._pending.append(_Op(fn, durable))
-            if self._leading:
-                return
+            if self._timer is None:
+                self._timer = threading.Timer(LINGER_S, self._linger_expired)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _linger_expired(self) -> None:
+        with self._cv:
+            self._timer = None
         self._drive(None)
 
     def flush(self) -> None:
@@ -143,8 +153,9 @@ class WriteQueue:
         self.flush()
 
     def _reset_after_fork(self) -> None:
-        if self._pid != os.getpid():  # a forked child inherits no leader
+        if self._pid != os.getpid():  # a forked child inherits no leader and no timer
             self._pending, self._leading, self._pid = [], False, os.getpid()
+            self._timer = None
 
     def _drive(self, op: _Op | None) -> None:
         """Queue ``op`` (if any) and wait until it is done, leading batches as needed."""
@@ -169,12 +180,7 @@ class WriteQueue:
                 self._leading = False
                 self._cv.notify_all()
         if op is None or not op.done:
-            self._drive(op)  # queued behind a full batch: lead or wait again
-        elif self._pending:
-            with self._cv:
-                idle = not self._leading and bool(self._pending)
-            if idle:  # only un-awaited rows are left, and nobody to write them
-                self._drive(None)
+            self._drive(op)  # queued behind a full batch (or draining): lead or wait again
 
     def _commit(self, batch: list[_Op]) -> None:
         try:

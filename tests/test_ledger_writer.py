@@ -141,3 +141,16 @@ def test_concurrent_reserves_are_exact_under_group_commit(tmp_path: Path) -> Non
     again = Ledger.from_url(url, composition="pure")
     assert again.budget_status("alice").epsilon_spent == pytest.approx(10.0)
     again.close()
+
+
+def test_an_unawaited_write_rides_on_the_next_batch_or_the_linger_timer(tmp_path: Path) -> None:
+    db = Counted(tmp_path / "w.db")
+    queue = WriteQueue(db.transaction)
+    queue.submit(_insert(1), durable=False)
+    assert queue.run(_insert(2), durable=True) == 2
+    assert db.transactions == 1  # the log row rode on the charge's transaction
+    queue.submit(_insert(3), durable=False)
+    deadline = time.monotonic() + 5
+    while db.values() != [1, 2, 3] and time.monotonic() < deadline:
+        time.sleep(0.01)  # nobody writes: the linger timer does, without a flush
+    assert db.values() == [1, 2, 3] and db.transactions == 2
