@@ -145,9 +145,13 @@ def test_a_unique_unit_column_is_recognised_from_the_schema(demo_db: Path) -> No
     engine = open_protected_engine(config.database.url, statement_timeout_ms=5000)
     # patients.patient_id is the primary key; visits.patient_id repeats.
     assert units_unique_by_schema(engine, config.tables) == {"patients"}
-    plan = analyze("SELECT COUNT(*) FROM visits", config.tables)
+    plan = analyze("SELECT SUM(length_of_stay) FROM visits", config.tables)
     assert isinstance(plan, QueryPlan)
     assert "ROW_NUMBER" in compile_plan(plan, config.tables["visits"], "sqlite").sql
+    plan = analyze("SELECT SUM(age) FROM patients", config.tables)
+    assert isinstance(plan, QueryPlan)
+    sql = compile_plan(plan, config.tables["patients"], "sqlite", unit_unique=True).sql
+    assert "ROW_NUMBER" not in sql
 
 
 # -- read-only and timeouts -----------------------------------------------------------------
