@@ -138,7 +138,7 @@ def run_aggregate(engine: sa.Engine, sql: str, *, timeout_ms: int) -> list[tuple
             timed_out = time.monotonic() >= deadline
             log.warning(
                 "protected statement failed: %s%s",
-                type(getattr(e, "orig", e)).__name__,
+                _failure_name(e),
                 " (timeout)" if timed_out else "",
             )
             raise StatementFailed(timed_out) from None
@@ -147,6 +147,16 @@ def run_aggregate(engine: sa.Engine, sql: str, *, timeout_ms: int) -> list[tuple
             with contextlib.suppress(sa.exc.SQLAlchemyError):
                 conn.rollback()
     return rows
+
+
+def _failure_name(e: BaseException) -> str:
+    """The driver's exception class and, where it has one, the database's error code
+    (``OperationalError SQLITE_INTERRUPT``, ``… SQLITE_FULL``, ``… 57014``): enough for
+    the operator to tell a timeout from a full temp store, and never a data value (the
+    message can quote one, so it is left out)."""
+    orig = getattr(e, "orig", e)
+    code = getattr(orig, "sqlite_errorname", None) or getattr(orig, "sqlstate", None)
+    return f"{type(orig).__name__} {code}" if code else type(orig).__name__
 
 
 def _total_sqlite_functions(dbapi_connection: Any, _record: Any) -> None:

@@ -184,15 +184,23 @@ def test_an_unreachable_database_fails_before_the_statement_is_sent(tmp_path: Pa
     assert "nothing was charged" in info.value.message
 
 
-def test_a_slow_statement_is_cut_at_the_timeout(demo_db: Path) -> None:
+def test_a_slow_statement_is_cut_at_the_timeout(
+    demo_db: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     engine = open_protected_engine(f"sqlite:///{demo_db}", statement_timeout_ms=100)
     slow = (
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000000) "
         "SELECT COUNT(*) FROM n"
     )
-    with pytest.raises(StatementFailed) as info:
+    with (
+        caplog.at_level("WARNING", logger="dpgate.execute"),
+        pytest.raises(StatementFailed) as info,
+    ):
         run_aggregate(engine, slow, timeout_ms=100)
     assert info.value.timed_out
+    # The operator's log names the database's own error code: an interrupt at the
+    # deadline, not (say) a full temp store — an SQLite OperationalError is either.
+    assert "OperationalError SQLITE_INTERRUPT (timeout)" in caplog.text
 
 
 # -- the same answers on every backend ------------------------------------------------------
