@@ -370,3 +370,30 @@ def test_a_unique_unit_column_that_may_hold_null_is_bounded_in_sql(
     config = as_the_gateway_reads(engine, parse_config(raw))
     assert "uq" in units_unique_by_schema(engine, config.tables)
     engine.dispose()
+
+
+def test_an_integer_sum_adds_whole_numbers_within_the_bounds_whatever_is_stored(
+    tmp_path: Path,
+) -> None:
+    """SUM of an integer column with whole bounds needs no ROUND: clamped, each value is in
+    [lower, upper]. SQLite keeps 2.5 in an INTEGER column, though, so the compiled SQL
+    CASTs each clamped value (a no-op where the column is stored as BIGINT): the sum is
+    exact integer arithmetic and one row moves it by at most max(|lower|, |upper|)."""
+    db = tmp_path / "frac.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE t (x INTEGER)")
+        conn.executemany("INSERT INTO t VALUES (?)", [(2.5,), (-1.5,), (7.9,), (3,), (None,)])
+    raw = yaml.safe_load(config_yaml("/unused.db", "/unused.db"))
+    raw["database"]["url"] = f"sqlite:///{db}"
+    raw["tables"] = {"t": {"columns": {"x": {"type": "integer", "lower": 0, "upper": 5}}}}
+    config = parse_config(raw)
+    plan = analyze("SELECT SUM(x) FROM t", config.tables)
+    assert isinstance(plan, QueryPlan)
+    for dialect in ("sqlite", "postgres", "duckdb"):
+        assert "ROUND" not in compile_plan(plan, config.tables["t"], dialect).sql.upper()
+    engine = open_protected_engine(config.database.url, statement_timeout_ms=5000)
+    [(total,)] = run_aggregate(
+        engine, compile_plan(plan, config.tables["t"], "sqlite").sql, timeout_ms=5000
+    )
+    # 2.5 → 2, -1.5 → 0 (clamped), 7.9 → 5 (clamped), 3, NULL skipped.
+    assert total == 10 and isinstance(total, int)
