@@ -152,12 +152,17 @@ class _Bounded:
     ) -> exp.Select:
         # The rows inside the declared domain are the table (gateway/domain.py): the
         # filter reads declared columns against declared values only, so it runs first.
-        rows = exp.select(exp.Star()).from_(source)
+        # Only the unit and the columns the query reads are carried through the windows
+        # (SQLite and DuckDB materialise every column a window's input has).
+        read = self.columns_read()
+        rows = exp.select(self.unit.copy(), *[exp.column(c, quoted=True) for c in read]).from_(
+            source
+        )
         if domain is not None:
             rows = rows.where(domain)
         # The order that picks a unit's rows: its declared values, on the columns the
         # query reads (see the module doc).
-        order: list[exp.Expr] = [exp.column(c, quoted=True) for c in self.columns_read()]
+        order: list[exp.Expr] = [exp.column(c, quoted=True) for c in read]
         if where is not None:
             rows = _read_bounded(rows, where, self.table, self.unit, order)
             order = [exp.column(READ_RANK, quoted=True)]
