@@ -20,6 +20,7 @@ import sys
 import time
 import traceback
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from bench.common import COUNT_MAE_THEORY, REPO_DIR, RESULTS_DIR, fmt, log
@@ -40,6 +41,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--backends", default="sqlite,duckdb,postgresql", help="scale backends, comma list"
     )
     p.add_argument("--scale-reps", type=int, help="scale repetitions (10 at ≤1M, 5 above)")
+    p.add_argument(
+        "--scale-baseline",
+        help="an earlier results JSON: the scale part's bounded figures are compared with it",
+    )
     p.add_argument("--duration", type=float, help="seconds per throughput scenario (20; 5)")
     p.add_argument("--workers", type=int, default=2, help="dpgate serve --workers")
     p.add_argument("--clients", type=int, default=32, help="throughput client threads")
@@ -123,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
             n: a.scale_reps or (3 if a.quick else (10 if n <= 1_000_000 else 5)) for n in sizes
         }
         attempt("scale", lambda: scale.run(sizes, a.backends.split(","), reps_for))
+        if a.scale_baseline:
+            baseline = json.loads(Path(a.scale_baseline).read_text(encoding="utf-8"))
+            results["scale_baseline"] = baseline.get("parts", {}).get("scale")
+            results["settings"]["scale_baseline"] = a.scale_baseline
     if "throughput" in parts:
         from bench import throughput
 
@@ -289,54 +298,11 @@ def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
             _mae_verdict(big["mae"], big["se"], limit),
         )
 
-    sc = P.get("scale", {})
-    if sc.get("failed"):
-        add("scale", "run", f"failed: {sc['failed'][:120]}")
-    runs = [x for x in sc.get("runs", []) if not x.get("failed")]
-    for x in sc.get("runs", []):
-        if x.get("failed"):
-            add("scale", f"{x['backend']} {x['rows']:,} rows", "worker failed (see JSON)")
-    top = max((x["rows"] for x in runs), default=0)
-    for x in runs:
-        for qname, q in x["queries"].items():
-            med = q["median_ms"]
-            ratio, uratio = q["ratio_dpgate_raw"], q["ratio_dpgate_unit_raw"]
-            value = (
-                f"{fmt(ratio)}× ({fmt(med['dpgate'])} vs raw {fmt(med['raw'])} ms)"
-                if ratio is not None
-                else f"dpgate failed: {x['errors'].get(qname + '/dpgate', '?')[:80]}"
-            )
-            sratio = q.get("ratio_dpgate_sql_raw")
-            if sratio is not None and ratio is not None:
-                value += (
-                    f"; its compiled SQL alone {fmt(sratio)}× raw, gateway overhead "
-                    f"{fmt(q['overhead_ms'])} ms"
-                )
-            if uratio is not None:
-                value += f"; per-person bounded {fmt(uratio)}× ({fmt(med['dpgate_unit'])} ms)"
-            at_top = x["rows"] == top and top >= 10_000_000
-            add(
-                "scale",
-                f"{x['backend']} {x['rows']:,} rows, {qname}: dpgate / raw",
-                value,
-                "≤ 1.1× at 10M rows" if at_top else "",
-                (ratio <= 1.1) if (at_top and ratio is not None) else None,
-            )
-    by_backend: dict[str, list[dict[str, Any]]] = {}
-    for x in runs:
-        by_backend.setdefault(x["backend"], []).append(x)
-    for backend, xs in by_backend.items():
-        xs.sort(key=lambda x: x["rows"])
-        heaps = " → ".join(f"{fmt(max(x['heap_peak_mb'].values() or [math.nan]))} MB" for x in xs)
-        rss = " → ".join(f"{fmt(x['rss_mb']['peak'])} MB" for x in xs)
-        sizes = " → ".join(f"{x['rows']:,}" for x in xs)
-        add(
-            "scale",
-            f"{backend}: gateway peak Python heap per query / worker peak RSS ({sizes} rows)",
-            f"{heaps} / {rss}",
-            "flat as rows grow",
-            None,
-        )
+    if "scale" in P:
+        from bench import scale
+
+        for row in scale.summary_rows(P["scale"], r.get("scale_baseline")):
+            add(*row)
 
     tp = P.get("throughput", {})
     if tp.get("failed"):

@@ -48,8 +48,10 @@ def pums_tables() -> dict[str, Any]:
 
 
 def scale_tables(source: str) -> dict[str, Any]:
-    """The synthetic table twice: row-level (``people``) and person-level (``people_unit``,
-    privacy unit ``pid``, at most one row per person — enforced in the executed SQL)."""
+    """The synthetic table three times: row-level (``people``) and person-level, privacy
+    unit ``pid``, at most one row per person (``people_unit``) or three
+    (``people_unit3``) — bounds enforced in the executed SQL (the column has no key, so
+    the database does not enforce them)."""
     base = pums_tables()["pums"]["columns"]
     return {
         "people": {"source": source, "columns": base},
@@ -57,6 +59,12 @@ def scale_tables(source: str) -> dict[str, Any]:
             "source": source,
             "privacy_unit": "pid",
             "max_rows_per_unit": 1,
+            "columns": base,
+        },
+        "people_unit3": {
+            "source": source,
+            "privacy_unit": "pid",
+            "max_rows_per_unit": 3,
             "columns": base,
         },
     }
@@ -147,10 +155,19 @@ class InProcess:
         try:
             from gateway.analyze import analyze
             from gateway.compile import compile_plan
+            from gateway.plan import QueryPlan
 
-            plan = analyze(sql, self.config.tables)
-            table = self.config.tables[plan.table]
-            return str(compile_plan(plan, table, self.gateway.dialect).sql)
+            # The tables as the gateway reads them (nullability from the catalogue) and its
+            # unique-unit shortcut: the statement the gateway itself would send.
+            tables = self.gateway.config.tables
+            plan = analyze(sql, tables)
+            if not isinstance(plan, QueryPlan):
+                return None
+            unique = plan.table in getattr(self.gateway, "unique_units", set())
+            compiled = compile_plan(
+                plan, tables[plan.table], self.gateway.dialect, unit_unique=unique
+            )
+            return str(compiled.sql)
         except Exception:
             return None
 

@@ -7,16 +7,24 @@ with sqlglot. It enforces, inside the SQL,
   domain are read, and bounded numbers are clamped wherever they are read;
 - clamping of every summed value to its declared [lower, upper], then rounding to the
   measure's grid (``resolution``), summed as integers;
+- per-unit read bounding: with an analyst's WHERE, it is evaluated on at most
+  ``rows_read_bound`` of each unit's rows, chosen by their declared values
+  (``_read_bounded``);
 - per-unit contribution bounding: at most ``max_rows_per_unit`` rows per privacy unit
-  (``ROW_NUMBER() OVER (PARTITION BY unit …)``) and, with GROUP BY, at most
-  ``max_groups_per_unit`` groups (``DENSE_RANK``), so the sensitivities in the plan hold
-  whatever the data is (docs/design.md, invariant 6: influence is bounded in the
-  executed SQL);
+  (``ROW_NUMBER() OVER (PARTITION BY unit …)``, or per-unit counts capped at the bound
+  when the query only counts) and, with GROUP BY, at most ``max_groups_per_unit``
+  groups (``DENSE_RANK``), so the sensitivities in the plan hold whatever the data is
+  (docs/design.md, invariant 6: influence is bounded in the executed SQL);
 - for keys that are not public, the number of distinct units per group, which partition
   selection thresholds.
 
 The statement returns one row per group: the key values, then one exact integer per
 measure, then (with partition selection) the unit count.
+
+Which of a unit's rows are read and kept is a deterministic function of that unit's
+declared values (the same on every backend, and for the answer cache): windows order by
+the declared columns the query reads, and by nothing when it reads none — rows that agree
+on every column a query reads give it the same answer whichever of them is kept.
 """
 
 from __future__ import annotations
@@ -36,6 +44,10 @@ UNIT = "dp_unit"
 ROW_RANK = "dp_row_rank"
 READ_RANK = "dp_read_rank"
 GROUP_RANK = "dp_group_rank"
+UNIT_ROWS = "dp_unit_rows"
+
+#: Counting measures: they read no value of the rows they count.
+_COUNTS = ("count_rows", "count_units")
 
 
 @dataclass(frozen=True)
@@ -54,103 +66,27 @@ def compile_plan(
     """Build the one statement that computes ``plan``'s exact measures in ``dialect``.
 
     ``unit_unique``: the database itself keeps the privacy unit column unique (primary key
-    or unique constraint) and the bound is one row per unit, so no window is needed.
+    or unique constraint, on a column whose domain excludes NULL) and the bound is one row
+    per unit, so no window is needed.
     """
     keys = [_group_key(k, table, dialect) for k in plan.group_keys]
     where = portable(plan.where, table, dialect) if plan.where is not None else None
     domain = row_filter(table)
-    if domain is not None:
-        # the rows inside the declared domain are the table (gateway/domain.py)
-        where = domain if where is None else exp.and_(domain, exp.Paren(this=where))
     inputs = [_measure_input(m, table, dialect) for m in plan.measures]
     rows_bound = table.max_rows_per_unit if table.privacy_unit else None
     if unit_unique and rows_bound == 1:
         rows_bound = None  # one row per unit, enforced by the database's own constraint
-    groups_bound = None
-    if table.privacy_unit and keys and table.max_groups_per_unit is not None:
-        groups_bound = min(table.max_groups_per_unit, table.max_rows_per_unit)
-        if groups_bound >= table.max_rows_per_unit:
-            groups_bound = None  # already implied by the row bound
     selection = plan.needs_partition_selection
-    source: exp.Expr = exp.Table(
+    source = exp.Table(
         this=exp.to_identifier(table.sql_name, quoted=True),
         db=exp.to_identifier(table.schema, quoted=True) if table.schema else None,
     )
-    needs_units = any(m.kind == "count_units" for m in plan.measures) or selection
-
     if rows_bound is None:
-        # Each row is its own unit (row-level privacy, or a unique unit column).
-        unit_column = exp.column(table.privacy_unit, quoted=True) if table.privacy_unit else None
-        aggregates = [
-            _aggregate(m, inp, unit=unit_column)
-            for m, inp in zip(plan.measures, inputs, strict=True)
-        ]
-        if selection:
-            aggregates.append(exp.Count(this=exp.Star()))
-        query = exp.select(*_aliased(keys, "k"), *_aliased(aggregates, "m")).from_(source)
-        if where is not None:
-            query = query.where(where)
+        query = _unbounded(plan, table, keys, where, domain, inputs, source, unit_unique)
     else:
-        unit = exp.column(table.privacy_unit or "", quoted=True)
-        source, where = _read_bounded(source, where, table, unit)
-        inner_cols: list[exp.Expr] = [exp.alias_(unit, UNIT, quoted=True)]
-        inner_cols += _aliased(keys, "k")
-        inner_cols += _aliased([i for i in inputs if i is not None], "v")
-        # Which rows a unit keeps must be a deterministic function of that unit's rows
-        # (the same on every backend, and for the cache): order by every kept column.
-        order = [k.copy() for k in keys] + [i.copy() for i in inputs if i is not None]
-        order = order or [unit.copy()]
-        inner_cols.append(
-            exp.alias_(
-                exp.Window(
-                    this=exp.RowNumber(),
-                    partition_by=[unit.copy()],
-                    order=exp.Order(expressions=[exp.Ordered(this=o) for o in order]),
-                ),
-                ROW_RANK,
-                quoted=True,
-            )
+        query = _Bounded(plan, table, dialect, rows_bound).query(
+            keys, where, domain, inputs, source
         )
-        if groups_bound is not None:
-            inner_cols.append(
-                exp.alias_(
-                    exp.Window(
-                        this=exp.func("DENSE_RANK"),
-                        partition_by=[unit.copy()],
-                        order=exp.Order(expressions=[exp.Ordered(this=k.copy()) for k in keys]),
-                    ),
-                    GROUP_RANK,
-                    quoted=True,
-                )
-            )
-        inner = exp.select(*inner_cols).from_(source)
-        if where is not None:
-            inner = inner.where(where)
-        bounded: exp.Expr = exp.column(ROW_RANK, quoted=True) <= exp.Literal.number(rows_bound)
-        if groups_bound is not None:
-            bounded = exp.and_(
-                bounded, exp.column(GROUP_RANK, quoted=True) <= exp.Literal.number(groups_bound)
-            )
-        outer_keys: list[exp.Expr] = [exp.column(f"k{i}", quoted=True) for i in range(len(keys))]
-        aggregates = []
-        v = 0
-        for m, inp in zip(plan.measures, inputs, strict=True):
-            ref = None
-            if inp is not None:
-                ref = exp.column(f"v{v}", quoted=True)
-                v += 1
-            aggregates.append(_aggregate(m, ref, unit=exp.column(UNIT, quoted=True)))
-        if selection:
-            aggregates.append(
-                exp.Count(this=exp.Distinct(expressions=[exp.column(UNIT, quoted=True)]))
-            )
-        query = (
-            exp.select(*_aliased(outer_keys, "k"), *_aliased(aggregates, "m"))
-            .from_(exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier("b"))))
-            .where(bounded)
-        )
-        keys = outer_keys
-        del needs_units
     if keys:
         query = query.group_by(*[exp.column(f"k{i}", quoted=True) for i in range(len(keys))])
     return CompiledQuery(
@@ -161,41 +97,257 @@ def compile_plan(
     )
 
 
-def _read_bounded(
-    source: exp.Expr, where: exp.Expr | None, table: TableConfig, unit: exp.Expr
-) -> tuple[exp.Expr, exp.Expr]:
-    """Read at most ``table.rows_read_bound`` of each unit's stored rows, chosen by their
-    declared values alone, before any of the analyst's expressions is evaluated.
-
-    The WHERE clause, the group keys and the measure inputs are evaluated only on those
-    rows (the CASE fixes the order: the rank is tested first), so one person adds at most
-    that many rows' worth of work to the statement, however many rows they have stored —
-    otherwise a costly expression selected by a secret would make the statement time
-    out exactly when that person has many rows. The contribution bound
-    (``max_rows_per_unit``) then applies among the rows read."""
-    columns = [c for c in table.columns if c != table.privacy_unit]
-    order = [exp.Ordered(this=exp.column(c, quoted=True)) for c in columns] or [
-        exp.Ordered(this=unit.copy())
+def _unbounded(
+    plan: QueryPlan,
+    table: TableConfig,
+    keys: list[exp.Expr],
+    where: exp.Expr | None,
+    domain: exp.Expr | None,
+    inputs: list[exp.Expr | None],
+    source: exp.Expr,
+    unit_unique: bool,
+) -> exp.Select:
+    """Each row is its own unit (row-level privacy, or a unique unit column): one
+    aggregate over the rows inside the domain that pass the WHERE."""
+    if domain is not None:
+        # the rows inside the declared domain are the table (gateway/domain.py)
+        where = domain if where is None else exp.and_(domain, exp.Paren(this=where))
+    unit: exp.Expr | None = None
+    if table.privacy_unit and not unit_unique:
+        unit = exp.column(table.privacy_unit, quoted=True)
+    # With a unique unit column (whose domain excludes NULL), every row is a distinct
+    # unit: COUNT(DISTINCT unit) is COUNT(*), without the hash of every unit.
+    aggregates = [
+        _aggregate(m, inp, unit=unit) for m, inp in zip(plan.measures, inputs, strict=True)
     ]
-    ranked = exp.select(
-        exp.Star(),
+    if plan.needs_partition_selection:
+        aggregates.append(exp.Count(this=exp.Star()))
+    query = exp.select(*_aliased(keys, "k"), *_aliased(aggregates, "m")).from_(source)
+    return query.where(where) if where is not None else query
+
+
+class _Bounded:
+    """The statement for a table whose rows per unit are bounded in the SQL."""
+
+    def __init__(self, plan: QueryPlan, table: TableConfig, dialect: str, rows_bound: int):
+        self.plan = plan
+        self.table = table
+        self.dialect = dialect
+        self.rows_bound = rows_bound
+        self.unit = exp.column(table.privacy_unit or "", quoted=True)
+        groups_bound = None
+        if plan.group_keys and table.max_groups_per_unit is not None:
+            groups_bound = min(table.max_groups_per_unit, table.max_rows_per_unit)
+            if groups_bound >= rows_bound:
+                groups_bound = None  # already implied by the row bound
+        self.groups_bound = groups_bound
+
+    def query(
+        self,
+        keys: list[exp.Expr],
+        where: exp.Expr | None,
+        domain: exp.Expr | None,
+        inputs: list[exp.Expr | None],
+        source: exp.Expr,
+    ) -> exp.Select:
+        # The rows inside the declared domain are the table (gateway/domain.py): the
+        # filter reads declared columns against declared values only, so it runs first.
+        # Only the unit and the columns the query reads are carried through the windows
+        # (SQLite and DuckDB materialise every column a window's input has).
+        read = self.columns_read()
+        rows = exp.select(self.unit.copy(), *[exp.column(c, quoted=True) for c in read]).from_(
+            source
+        )
+        if domain is not None:
+            rows = rows.where(domain)
+        # The order that picks a unit's rows: its declared values, on the columns the
+        # query reads (see the module doc).
+        order: list[exp.Expr] = [exp.column(c, quoted=True) for c in read]
+        if where is not None:
+            rows = _read_bounded(rows, where, self.table, self.unit, order)
+            order = [exp.column(READ_RANK, quoted=True)]
+        if not keys and all(m.kind in _COUNTS for m in self.plan.measures):
+            return self.counts_only(rows)
+        kept = self.first_rows(rows, order)
+        return self.aggregate(kept, keys, inputs)
+
+    def columns_read(self) -> list[str]:
+        """The declared columns (the unit aside) that the WHERE, the group keys or the
+        measures read, in declared order."""
+        nodes = [self.plan.where] if self.plan.where is not None else []
+        nodes += [k.expression for k in self.plan.group_keys]
+        nodes += [m.expression for m in self.plan.measures if m.expression is not None]
+        names = {c.name for n in nodes for c in n.find_all(exp.Column)}
+        return [c for c in self.table.columns if c in names and c != self.table.privacy_unit]
+
+    def counts_only(self, rows: exp.Select) -> exp.Select:
+        """An ungrouped query that only counts rows and units reads no value of the rows
+        it keeps, so any of a unit's rows will do: each unit counts min(its rows,
+        ``max_rows_per_unit``). The NULL unit, if any, is one unit's rows (like a window
+        partition), and not a unit for COUNT(DISTINCT). The form is the fastest measured
+        on each backend at 10M rows (bench/README.md, "Scale"):
+
+        - one row per unit, SQLite and PostgreSQL: COUNT(DISTINCT unit), plus one when
+          some rows have no unit;
+        - DuckDB, and PostgreSQL past one row: ROW_NUMBER() with no ORDER BY, capped;
+        - SQLite past one row: per-unit counts capped at the bound (its windows are slow).
+        """
+        unit_count = exp.Count(this=exp.Distinct(expressions=[self.unit.copy()]))
+        if self.rows_bound == 1 and self.dialect in ("sqlite", "postgres"):
+            rows_count: exp.Expr = unit_count.copy()
+            if self.table.columns[self.table.privacy_unit or ""].may_be_null:
+                no_unit = exp.Case(
+                    ifs=[
+                        exp.If(
+                            this=exp.Is(this=self.unit.copy(), expression=exp.Null()),
+                            true=exp.Literal.number(1),
+                        )
+                    ],
+                    default=exp.Literal.number(0),
+                )
+                rows_count = exp.Add(
+                    this=rows_count,
+                    expression=exp.Coalesce(
+                        this=exp.Max(this=no_unit), expressions=[exp.Literal.number(0)]
+                    ),
+                )
+            return self._counted(rows, rows_count, unit_count)
+        if self.dialect != "sqlite":
+            kept = self.first_rows(rows, [], qualify=False)
+            return self._counted(kept, exp.Count(this=exp.Star()), unit_count)
+        bound = exp.Literal.number(self.rows_bound)
+        per_unit = (
+            exp.select(
+                exp.alias_(self.unit.copy(), UNIT, quoted=True),
+                exp.alias_(exp.Count(this=exp.Star()), UNIT_ROWS, quoted=True),
+            )
+            .from_(exp.Subquery(this=rows, alias=exp.TableAlias(this=exp.to_identifier("b"))))
+            .group_by(self.unit.copy())
+        )
+        n = exp.column(UNIT_ROWS, quoted=True)
+        capped = exp.Case(
+            ifs=[exp.If(this=exp.GT(this=n.copy(), expression=bound), true=bound.copy())],
+            default=n.copy(),
+        )
+        return self._counted(
+            per_unit,
+            exp.Coalesce(this=exp.Sum(this=capped), expressions=[exp.Literal.number(0)]),
+            exp.Count(this=exp.column(UNIT, quoted=True)),
+        )
+
+    def _counted(self, rows: exp.Select, rows_count: exp.Expr, unit_count: exp.Expr) -> exp.Select:
+        aggregates = [
+            (unit_count if m.kind == "count_units" else rows_count).copy()
+            for m in self.plan.measures
+        ]
+        return exp.select(*_aliased(aggregates, "m")).from_(
+            exp.Subquery(this=rows, alias=exp.TableAlias(this=exp.to_identifier("u")))
+        )
+
+    def first_rows(
+        self, rows: exp.Select, order: list[exp.Expr], *, qualify: bool = True
+    ) -> exp.Select:
+        """Each unit's first ``max_rows_per_unit`` rows of ``rows`` in ``order`` (QUALIFY
+        on DuckDB unless ``qualify`` is false; elsewhere a rank column and a filter one
+        level up)."""
+        rank = exp.Window(
+            this=exp.RowNumber(),
+            partition_by=[self.unit.copy()],
+            order=exp.Order(expressions=[exp.Ordered(this=o.copy()) for o in order])
+            if order
+            else None,
+        )
+        bound = exp.Literal.number(self.rows_bound)
+        if qualify and self.dialect == "duckdb":
+            return rows.qualify(exp.LTE(this=rank, expression=bound))
+        ranked = rows.select(exp.alias_(rank, ROW_RANK, quoted=True))
+        return (
+            exp.select(exp.Star())
+            .from_(exp.Subquery(this=ranked, alias=exp.TableAlias(this=exp.to_identifier("w"))))
+            .where(exp.LTE(this=exp.column(ROW_RANK, quoted=True), expression=bound))
+        )
+
+    def aggregate(
+        self, kept: exp.Select, keys: list[exp.Expr], inputs: list[exp.Expr | None]
+    ) -> exp.Select:
+        """Group keys and measure inputs evaluated on the kept rows only, then the
+        aggregates (over at most ``max_groups_per_unit`` groups of each unit)."""
+        cols: list[exp.Expr] = [exp.alias_(self.unit.copy(), UNIT, quoted=True)]
+        cols += _aliased(keys, "k")
+        cols += _aliased([i for i in inputs if i is not None], "v")
+        if self.groups_bound is not None:
+            cols.append(
+                exp.alias_(
+                    exp.Window(
+                        this=exp.func("DENSE_RANK"),
+                        partition_by=[self.unit.copy()],
+                        order=exp.Order(expressions=[exp.Ordered(this=k.copy()) for k in keys]),
+                    ),
+                    GROUP_RANK,
+                    quoted=True,
+                )
+            )
+        inner = exp.select(*cols).from_(
+            exp.Subquery(this=kept, alias=exp.TableAlias(this=exp.to_identifier("r")))
+        )
+        unit = exp.column(UNIT, quoted=True)
+        aggregates: list[exp.Expr] = []
+        v = 0
+        for m, inp in zip(self.plan.measures, inputs, strict=True):
+            ref = None
+            if inp is not None:
+                ref = exp.column(f"v{v}", quoted=True)
+                v += 1
+            aggregates.append(_aggregate(m, ref, unit=unit))
+        if self.plan.needs_partition_selection:
+            aggregates.append(exp.Count(this=exp.Distinct(expressions=[unit.copy()])))
+        outer_keys = [exp.column(f"k{i}", quoted=True) for i in range(len(keys))]
+        query = exp.select(*_aliased(outer_keys, "k"), *_aliased(aggregates, "m")).from_(
+            exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier("b")))
+        )
+        if self.groups_bound is not None:
+            query = query.where(
+                exp.LTE(
+                    this=exp.column(GROUP_RANK, quoted=True),
+                    expression=exp.Literal.number(self.groups_bound),
+                )
+            )
+        return query
+
+
+def _read_bounded(
+    rows: exp.Select, where: exp.Expr, table: TableConfig, unit: exp.Expr, order: list[exp.Expr]
+) -> exp.Select:
+    """The rows of ``rows`` that pass the analyst's ``where``, evaluated on at most
+    ``table.rows_read_bound`` of each unit's rows, chosen by their declared values alone
+    (``order``), before any of the analyst's expressions is evaluated.
+
+    The WHERE clause, and then the group keys and the measure inputs, are evaluated only
+    on those rows (the CASE fixes the order: the rank is tested first), so one person adds
+    at most that many rows' worth of work to the statement, however many rows they have
+    stored — otherwise a costly expression selected by a secret would make the statement
+    time out exactly when that person has many rows. The contribution bound
+    (``max_rows_per_unit``) then applies among the rows read, in the same order."""
+    ranked = rows.select(
         exp.alias_(
             exp.Window(
                 this=exp.RowNumber(),
                 partition_by=[unit.copy()],
-                order=exp.Order(expressions=order),
+                order=exp.Order(expressions=[exp.Ordered(this=o.copy()) for o in order])
+                if order
+                else None,
             ),
             READ_RANK,
             quoted=True,
-        ),
-    ).from_(source)
-    read = exp.column(READ_RANK, quoted=True) <= exp.Literal.number(table.rows_read_bound)
-    guarded = (
-        read
-        if where is None
-        else exp.Case(ifs=[exp.If(this=read, true=exp.Paren(this=where))], default=exp.false())
+        )
     )
-    return exp.Subquery(this=ranked, alias=exp.TableAlias(this=exp.to_identifier("r"))), guarded
+    read = exp.column(READ_RANK, quoted=True) <= exp.Literal.number(table.rows_read_bound)
+    guarded = exp.Case(ifs=[exp.If(this=read, true=exp.Paren(this=where))], default=exp.false())
+    return (
+        exp.select(exp.Star())
+        .from_(exp.Subquery(this=ranked, alias=exp.TableAlias(this=exp.to_identifier("r"))))
+        .where(guarded)
+    )
 
 
 def _aliased(nodes: Sequence[exp.Expr], prefix: str) -> list[exp.Expr]:
@@ -216,10 +368,17 @@ def _measure_input(m: Measure, table: TableConfig, dialect: str) -> exp.Expr | N
     """The per-row value a measure aggregates (None for COUNT(*) and unit counts)."""
     if m.expression is None:
         return None
-    value = portable(m.expression, table, dialect)
+    if isinstance(m.expression, exp.Column) and m.kind == "count_values":
+        # COUNT(column) counts the rows where it is not NULL, and clamping (the only
+        # rewrite a bare column gets) keeps NULL as NULL and nothing else.
+        return exp.column(m.expression.name, quoted=True)
     if m.kind != "sum":
-        return value
+        return portable(m.expression, table, dialect)
+    # SUM reads one bare declared column (gateway/analyze/aggregates.py), clamped here,
+    # once, to the measure's bounds — the column's own, so the domain's clamp is this one.
+    assert isinstance(m.expression, exp.Column)
     assert m.lower is not None and m.upper is not None
+    value = exp.column(m.expression.name, quoted=True)
     lower, upper = _number(m.lower), _number(m.upper)
     ifs = [
         exp.If(this=exp.LT(this=value.copy(), expression=lower), true=lower.copy()),
@@ -241,11 +400,19 @@ def _measure_input(m: Measure, table: TableConfig, dialect: str) -> exp.Expr | N
             )
         )
     clamped = exp.Case(ifs=ifs, default=value)
+    if steps == 1 and table.columns[m.expression.name].type == "integer":
+        # An integer column with whole bounds (the config refuses fractional ones) on a
+        # grid of 1: the clamped value lies in [lower, upper], and needs no ROUND. The
+        # CAST makes it a whole number in [lower, upper] whatever the database stores
+        # (SQLite keeps 2.5 in an INTEGER column; a NUMERIC or DOUBLE column may be
+        # declared integer): it rounds or truncates, and with whole bounds either stays
+        # inside them, so one row moves the sum by at most max(|lower|, |upper|) and the
+        # sum is exact integer arithmetic on every backend. Where the column is stored as
+        # BIGINT, PostgreSQL and DuckDB drop the CAST when planning: it costs nothing.
+        return exp.Cast(this=clamped, to=exp.DataType.build("BIGINT"))
     scaled: exp.Expr = clamped
     if steps != 1:
         scaled = exp.Mul(this=exp.Paren(this=clamped), expression=_fraction(steps))
-    elif table.columns[m.expression.name].type == "integer":
-        return clamped  # whole numbers clamped to whole bounds: nothing to round
     return exp.Cast(this=exp.Round(this=scaled), to=exp.DataType.build("BIGINT"))
 
 

@@ -138,7 +138,7 @@ def run_aggregate(engine: sa.Engine, sql: str, *, timeout_ms: int) -> list[tuple
             timed_out = time.monotonic() >= deadline
             log.warning(
                 "protected statement failed: %s%s",
-                type(getattr(e, "orig", e)).__name__,
+                _failure_name(e),
                 " (timeout)" if timed_out else "",
             )
             raise StatementFailed(timed_out) from None
@@ -147,6 +147,16 @@ def run_aggregate(engine: sa.Engine, sql: str, *, timeout_ms: int) -> list[tuple
             with contextlib.suppress(sa.exc.SQLAlchemyError):
                 conn.rollback()
     return rows
+
+
+def _failure_name(e: BaseException) -> str:
+    """The driver's exception class and, where it has one, the database's error code
+    (``OperationalError SQLITE_INTERRUPT``, ``… SQLITE_FULL``, ``… 57014``): enough for
+    the operator to tell a timeout from a full temp store, and never a data value (the
+    message can quote one, so it is left out)."""
+    orig = getattr(e, "orig", e)
+    code = getattr(orig, "sqlite_errorname", None) or getattr(orig, "sqlstate", None)
+    return f"{type(orig).__name__} {code}" if code else type(orig).__name__
 
 
 def _total_sqlite_functions(dbapi_connection: Any, _record: Any) -> None:
@@ -214,36 +224,78 @@ def units_unique_by_schema(engine: sa.Engine, tables: Mapping[str, TableConfig])
 
     A primary key or unique constraint (or unique index) on exactly the unit column makes
     every unit one row by the database's own enforcement, so a bound of one row per unit
-    holds without a window function in the compiled SQL. Read once, at start-up, from the
-    catalogue (schema metadata, never rows).
+    holds without a window function in the compiled SQL. A unique constraint still lets
+    many rows hold NULL, so the unit column's domain must also exclude NULL (declared or
+    catalogued ``nullable: false``: the compiled SQL then leaves those rows out). Read
+    once, at start-up, from the catalogue (schema metadata, never rows); DuckDB's from
+    ``duckdb_constraints()`` and ``duckdb_indexes()``, which its SQLAlchemy dialect does
+    not reflect.
     """
     unique: set[str] = set()
+    candidates_of = _duckdb_unique_columns if engine.dialect.name == "duckdb" else _unique_columns
     try:
         inspector = sa.inspect(engine)
         for key, t in tables.items():
             if t.privacy_unit is None or t.max_rows_per_unit != 1:
                 continue
+            if t.columns[t.privacy_unit].may_be_null:
+                continue
             if not inspector.has_table(t.sql_name, schema=t.schema):
                 continue
             unit = t.privacy_unit.lower()
-            candidates: list[list[Any]] = [
-                inspector.get_pk_constraint(t.sql_name, schema=t.schema).get("constrained_columns")
-                or []
-            ]
-            candidates += [
-                c.get("column_names") or []
-                for c in inspector.get_unique_constraints(t.sql_name, schema=t.schema)
-            ]
-            candidates += [
-                i.get("column_names") or []
-                for i in inspector.get_indexes(t.sql_name, schema=t.schema)
-                if i.get("unique")
-            ]
-            if any([str(c).lower() for c in cols] == [unit] for cols in candidates):
+            if any([c.lower() for c in cols] == [unit] for cols in candidates_of(engine, t)):
                 unique.add(key)
     except (sa.exc.SQLAlchemyError, NotImplementedError):
         log.warning("could not read the protected database's constraints; bounding in SQL")
     return unique
+
+
+def _unique_columns(engine: sa.Engine, t: TableConfig) -> list[list[str]]:
+    """The column lists of the table's primary key, unique constraints and unique indexes
+    (SQLAlchemy's reflection)."""
+    inspector = sa.inspect(engine)
+    pk = inspector.get_pk_constraint(t.sql_name, schema=t.schema)
+    out = [[str(c) for c in pk.get("constrained_columns") or []]]
+    out += [
+        [str(c) for c in u.get("column_names") or []]
+        for u in inspector.get_unique_constraints(t.sql_name, schema=t.schema)
+    ]
+    out += [
+        [str(c) for c in i.get("column_names") or []]
+        for i in inspector.get_indexes(t.sql_name, schema=t.schema)
+        if i.get("unique")
+    ]
+    return out
+
+
+def _duckdb_unique_columns(engine: sa.Engine, t: TableConfig) -> list[list[str]]:
+    """The same from DuckDB's own catalogue functions. A unique index's key is listed as
+    expression text (``[id]``); only a single bare column is recognised."""
+    schema = t.schema or "main"
+    with engine.connect() as conn:
+        constraints = conn.execute(
+            sa.text(
+                "SELECT constraint_column_names FROM duckdb_constraints() "
+                "WHERE constraint_type IN ('PRIMARY KEY', 'UNIQUE') "
+                "AND table_name = :t AND schema_name = :s"
+            ),
+            {"t": t.sql_name, "s": schema},
+        ).fetchall()
+        indexes = conn.execute(
+            sa.text(
+                "SELECT expressions FROM duckdb_indexes() "
+                "WHERE is_unique AND table_name = :t AND schema_name = :s"
+            ),
+            {"t": t.sql_name, "s": schema},
+        ).fetchall()
+    out = [[str(c) for c in row[0]] for row in constraints]
+    for (expressions,) in indexes:
+        text = str(expressions).strip()
+        if text.startswith("[") and text.endswith("]"):
+            text = text[1:-1]
+        if text and "," not in text and "(" not in text:
+            out.append([text.strip().strip('"')])
+    return out
 
 
 def nullability_by_schema(
@@ -254,11 +306,14 @@ def nullability_by_schema(
 
     A column of a primary key is NOT NULL whatever its declaration says (SQLite reports an
     ``INTEGER PRIMARY KEY`` as nullable, yet it never holds NULL). Read once, at start-up,
-    from the catalogue (schema metadata, never rows); a table or column the catalogue does
-    not describe is left out (and taken to be nullable).
+    from the catalogue (schema metadata, never rows; DuckDB's from ``duckdb_columns()``);
+    a table or column the catalogue does not describe is left out (and taken to be
+    nullable).
     """
     out: dict[str, dict[str, bool]] = {}
     try:
+        if engine.dialect.name == "duckdb":
+            return _duckdb_nullability(engine, tables)
         inspector = sa.inspect(engine)
         for key, t in tables.items():
             if not inspector.has_table(t.sql_name, schema=t.schema):
@@ -273,6 +328,24 @@ def nullability_by_schema(
             }
     except (sa.exc.SQLAlchemyError, NotImplementedError):
         log.warning("could not read the protected database's catalogue; columns nullable")
+    return out
+
+
+def _duckdb_nullability(
+    engine: sa.Engine, tables: Mapping[str, TableConfig]
+) -> dict[str, dict[str, bool]]:
+    out: dict[str, dict[str, bool]] = {}
+    with engine.connect() as conn:
+        for key, t in tables.items():
+            rows = conn.execute(
+                sa.text(
+                    "SELECT column_name, is_nullable FROM duckdb_columns() "
+                    "WHERE table_name = :t AND schema_name = :s"
+                ),
+                {"t": t.sql_name, "s": t.schema or "main"},
+            ).fetchall()
+            if rows:
+                out[key] = {str(name).lower(): bool(nullable) for name, nullable in rows}
     return out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlite3
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,12 @@ import yaml
 
 from gateway.analyze import analyze
 from gateway.compile import compile_plan
-from gateway.config import Config, parse_config
+from gateway.config import Config, parse_config, with_nullability
 from gateway.demo.hospital import config_yaml
 from gateway.errors import DatabaseUnavailable
 from gateway.execute import (
     StatementFailed,
+    nullability_by_schema,
     open_protected_engine,
     run_aggregate,
     sqlglot_dialect,
@@ -55,6 +57,13 @@ def demo_config(db_url: str, schema: str | None = None) -> Config:
         for t in raw["tables"].values():
             t["schema"] = schema
     return parse_config(raw)
+
+
+def as_the_gateway_reads(engine: sa.Engine, config: Config) -> Config:
+    """``config`` with undeclared ``nullable`` taken from the catalogue, as the gateway
+    does at start-up."""
+    nullable = nullability_by_schema(engine, config.tables)
+    return replace(config, tables=with_nullability(config.tables, nullable))
 
 
 def exact(engine: sa.Engine, config: Config, sql: str, unique: set[str]) -> list[tuple[Any, ...]]:
@@ -143,11 +152,16 @@ def config_cost_resolution(config: Config) -> Any:
 def test_a_unique_unit_column_is_recognised_from_the_schema(demo_db: Path) -> None:
     config = demo_config(f"sqlite:///{demo_db}")
     engine = open_protected_engine(config.database.url, statement_timeout_ms=5000)
+    config = as_the_gateway_reads(engine, config)
     # patients.patient_id is the primary key; visits.patient_id repeats.
     assert units_unique_by_schema(engine, config.tables) == {"patients"}
-    plan = analyze("SELECT COUNT(*) FROM visits", config.tables)
+    plan = analyze("SELECT SUM(length_of_stay) FROM visits", config.tables)
     assert isinstance(plan, QueryPlan)
     assert "ROW_NUMBER" in compile_plan(plan, config.tables["visits"], "sqlite").sql
+    plan = analyze("SELECT SUM(age) FROM patients", config.tables)
+    assert isinstance(plan, QueryPlan)
+    sql = compile_plan(plan, config.tables["patients"], "sqlite", unit_unique=True).sql
+    assert "ROW_NUMBER" not in sql
 
 
 # -- read-only and timeouts -----------------------------------------------------------------
@@ -170,15 +184,23 @@ def test_an_unreachable_database_fails_before_the_statement_is_sent(tmp_path: Pa
     assert "nothing was charged" in info.value.message
 
 
-def test_a_slow_statement_is_cut_at_the_timeout(demo_db: Path) -> None:
+def test_a_slow_statement_is_cut_at_the_timeout(
+    demo_db: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     engine = open_protected_engine(f"sqlite:///{demo_db}", statement_timeout_ms=100)
     slow = (
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000000) "
         "SELECT COUNT(*) FROM n"
     )
-    with pytest.raises(StatementFailed) as info:
+    with (
+        caplog.at_level("WARNING", logger="dpgate.execute"),
+        pytest.raises(StatementFailed) as info,
+    ):
         run_aggregate(engine, slow, timeout_ms=100)
     assert info.value.timed_out
+    # The operator's log names the database's own error code: an interrupt at the
+    # deadline, not (say) a full temp store — an SQLite OperationalError is either.
+    assert "OperationalError SQLITE_INTERRUPT (timeout)" in caplog.text
 
 
 # -- the same answers on every backend ------------------------------------------------------
@@ -187,7 +209,8 @@ def test_a_slow_statement_is_cut_at_the_timeout(demo_db: Path) -> None:
 @pytest.fixture(scope="module")
 def sqlite_reference(demo_db: Path) -> tuple[sa.Engine, Config]:
     config = demo_config(f"sqlite:///{demo_db}")
-    return open_protected_engine(config.database.url, statement_timeout_ms=30_000), config
+    engine = open_protected_engine(config.database.url, statement_timeout_ms=30_000)
+    return engine, as_the_gateway_reads(engine, config)
 
 
 def _copy_demo(demo_db: Path, target: sa.Engine, schema: str | None) -> None:
@@ -227,7 +250,8 @@ def postgres_copy(demo_db: Path) -> Iterator[tuple[sa.Engine, Config]]:
     try:
         _copy_demo(demo_db, admin, schema)
         config = demo_config(url, schema=schema)
-        yield open_protected_engine(url, statement_timeout_ms=30_000), config
+        engine = open_protected_engine(url, statement_timeout_ms=30_000)
+        yield engine, as_the_gateway_reads(engine, config)
     finally:
         with admin.begin() as conn:
             conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
@@ -245,7 +269,7 @@ def duckdb_copy(
     writer.dispose()
     config = demo_config(f"duckdb:///{path}")
     engine = open_protected_engine(config.database.url, statement_timeout_ms=30_000)
-    yield engine, config
+    yield engine, as_the_gateway_reads(engine, config)
     engine.dispose()
 
 
@@ -277,6 +301,14 @@ def test_duckdb_computes_the_same_exact_aggregates(
 ) -> None:
     ref_engine, ref_config = sqlite_reference
     duck_engine, duck_config = duckdb_copy
+    reference = exact(
+        ref_engine, ref_config, sql, units_unique_by_schema(ref_engine, ref_config.tables)
+    )
+    # DuckDB's own catalogue says patients.patient_id is the primary key (its SQLAlchemy
+    # dialect cannot reflect it), so the same shortcut applies as on SQLite.
+    duck_unique = units_unique_by_schema(duck_engine, duck_config.tables)
+    assert duck_unique == {"patients"}
+    assert exact(duck_engine, duck_config, sql, duck_unique) == reference
     assert exact(duck_engine, duck_config, sql, set()) == exact(ref_engine, ref_config, sql, set())
 
 
@@ -298,3 +330,70 @@ def test_many_threads_share_the_protected_sqlite_database(demo_db: Path) -> None
     with ThreadPoolExecutor(16) as pool:
         counts = list(pool.map(count, range(320)))
     assert all(c > 0 for c in counts)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "duckdb"])
+def test_a_unique_unit_column_that_may_hold_null_is_bounded_in_sql(
+    backend: str, tmp_path: Path
+) -> None:
+    """UNIQUE lets any number of rows hold NULL: without the domain excluding NULL, those
+    rows would all be one unbounded unit. A primary key, or a unique NOT NULL column, is
+    enough — read from DuckDB's own catalogue too."""
+    if backend == "duckdb":
+        pytest.importorskip("duckdb_engine")
+    url = f"{backend}:///{tmp_path / ('u.' + backend)}"
+    writer = sa.create_engine(url)
+    with writer.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE pk (id INTEGER PRIMARY KEY, x INTEGER)"))
+        conn.execute(sa.text("CREATE TABLE uq (id INTEGER UNIQUE, x INTEGER)"))
+        conn.execute(sa.text("CREATE TABLE uq_nn (id INTEGER NOT NULL UNIQUE, x INTEGER)"))
+        conn.execute(sa.text("CREATE TABLE ix (id INTEGER NOT NULL, x INTEGER)"))
+        conn.execute(sa.text("CREATE UNIQUE INDEX ix_id ON ix (id)"))
+        conn.execute(sa.text("CREATE TABLE plain (id INTEGER NOT NULL, x INTEGER)"))
+    writer.dispose()
+    tables = {
+        name: {
+            "privacy_unit": "id",
+            "columns": {"id": {"type": "integer"}, "x": {"type": "integer"}},
+        }
+        for name in ("pk", "uq", "uq_nn", "ix", "plain")
+    }
+    raw = yaml.safe_load(config_yaml("/unused.db", "/unused.db"))
+    raw["database"]["url"] = url
+    raw["tables"] = tables
+    config = parse_config(raw)
+    engine = open_protected_engine(url, statement_timeout_ms=5000)
+    config = as_the_gateway_reads(engine, config)
+    assert units_unique_by_schema(engine, config.tables) == {"pk", "uq_nn", "ix"}
+    # Declaring the column not nullable puts the NULL rows outside the domain instead.
+    raw["tables"]["uq"]["columns"]["id"]["nullable"] = False
+    config = as_the_gateway_reads(engine, parse_config(raw))
+    assert "uq" in units_unique_by_schema(engine, config.tables)
+    engine.dispose()
+
+
+def test_an_integer_sum_adds_whole_numbers_within_the_bounds_whatever_is_stored(
+    tmp_path: Path,
+) -> None:
+    """SUM of an integer column with whole bounds needs no ROUND: clamped, each value is in
+    [lower, upper]. SQLite keeps 2.5 in an INTEGER column, though, so the compiled SQL
+    CASTs each clamped value (a no-op where the column is stored as BIGINT): the sum is
+    exact integer arithmetic and one row moves it by at most max(|lower|, |upper|)."""
+    db = tmp_path / "frac.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE t (x INTEGER)")
+        conn.executemany("INSERT INTO t VALUES (?)", [(2.5,), (-1.5,), (7.9,), (3,), (None,)])
+    raw = yaml.safe_load(config_yaml("/unused.db", "/unused.db"))
+    raw["database"]["url"] = f"sqlite:///{db}"
+    raw["tables"] = {"t": {"columns": {"x": {"type": "integer", "lower": 0, "upper": 5}}}}
+    config = parse_config(raw)
+    plan = analyze("SELECT SUM(x) FROM t", config.tables)
+    assert isinstance(plan, QueryPlan)
+    for dialect in ("sqlite", "postgres", "duckdb"):
+        assert "ROUND" not in compile_plan(plan, config.tables["t"], dialect).sql.upper()
+    engine = open_protected_engine(config.database.url, statement_timeout_ms=5000)
+    [(total,)] = run_aggregate(
+        engine, compile_plan(plan, config.tables["t"], "sqlite").sql, timeout_ms=5000
+    )
+    # 2.5 → 2, -1.5 → 0 (clamped), 7.9 → 5 (clamped), 3, NULL skipped.
+    assert total == 10 and isinstance(total, int)
