@@ -325,7 +325,7 @@ def _postgres_wire(
     if "postgres_wire" not in raw or raw.get("postgres_wire") is None:
         return None
     v.no_unknown(pw, "postgres_wire", {"port", "tls", "max_connections"})
-    port = v.integer(pw, "postgres_wire.port", None, low=1)
+    port = v.integer(pw, "postgres_wire.port", None, low=0)  # 0: any free port
     if port is None:
         v.problem("postgres_wire.port: missing (required)")
         port = 0
