@@ -47,6 +47,7 @@ _SESSION = re.compile(
     re.IGNORECASE,
 )
 _TABLE_FUNCTIONS = ("generate_series", "unnest")
+_SCHEMAS = {"pg_catalog": CATALOG_SCHEMA, "information_schema": INFO_SCHEMA}
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,11 @@ def rewrite_catalog(tree: exp.Expr, context: SessionContext) -> str:
         table.set("db", exp.to_identifier(schema))
         table.set("catalog", None)
         table.set("this", exp.to_identifier(name))
+    for column in tree.find_all(exp.Column):
+        db = column.args.get("db")
+        if isinstance(db, exp.Identifier) and db.name.lower() in _SCHEMAS:
+            column.set("db", exp.to_identifier(_SCHEMAS[db.name.lower()]))
+            column.set("catalog", None)
     for rewrite in (_unqualify, _operators, _casts):
         tree = tree.transform(rewrite)
     tree = tree.transform(lambda node: _functions(node, context))
@@ -196,7 +202,8 @@ def _functions(node: exp.Expr, context: SessionContext) -> exp.Expr:
         name = _function_name(node)
         replacement = _FUNCTIONS.get(name)
         if replacement is not None:
-            return replacement(_arguments(node), context)
+            args = [a.transform(lambda n: _functions(n, context)) for a in _arguments(node)]
+            return replacement(args, context)
     return node
 
 
@@ -315,6 +322,8 @@ _FUNCTIONS: dict[str, Callable[[list[exp.Expr], SessionContext], exp.Expr]] = {
     "pg_relation_is_publishable": _const(False),
     "pg_is_in_recovery": _const(False),
     "pg_type_is_visible": _const(True),
+    "pg_collation_is_visible": _const(True),
+    "pg_get_serial_sequence": _const(None),
     "pg_function_is_visible": _const(True),
     "pg_is_other_temp_schema": _const(False),
     "pg_my_temp_schema": _const(0),
@@ -330,12 +339,23 @@ _FUNCTIONS: dict[str, Callable[[list[exp.Expr], SessionContext], exp.Expr]] = {
     "txid_current": _const(None),
     "format_type": _format_type,
     "pg_table_is_visible": _call("dpg_table_is_visible"),
+    "to_regtype": _call("dpg_regtype"),
+    "to_regclass": _call("dpg_regclass"),
     "current_setting": _current_setting,
     "set_config": _set_config,
     "quote_ident": _quote_ident,
     "pg_backend_pid": _backend_pid,
     "array_upper": _array_length,
+    "json_build_object": _call("json_object"),
     "array_length": _array_length,
+}
+
+
+_UINT = exp.DataType.build("UINTEGER", dialect="duckdb")
+_NAMED = {
+    "regtype": "dpg_regtype_name",
+    "regclass": "dpg_regclass_name",
+    "regnamespace": "dpg_regnamespace_name",
 }
 
 
@@ -351,44 +371,27 @@ def _cast(node: exp.Cast) -> exp.Expr:
         node = exp.Cast(this=node.this, to=target)
     kind = _type_name(target)
     value = node.this
+    inner_kind = _type_name(value.to) if isinstance(value, exp.Cast) else None
+    if kind in ("text", "varchar", "name") and inner_kind in _NAMED:
+        assert isinstance(value, exp.Cast)
+        oid = exp.cast(value.this.transform(_casts), _UINT)
+        return exp.Anonymous(this=_NAMED[inner_kind], expressions=[oid])
+    value = value.transform(_casts)
     if kind == "regclass":
         if isinstance(value, exp.Literal) and value.is_string:
             return exp.Anonymous(this="dpg_regclass", expressions=[value])
-        return exp.cast(value, exp.DataType.build("UINTEGER", dialect="duckdb"))
+        return exp.cast(value, _UINT)
     if kind == "regtype":
         if isinstance(value, exp.Literal) and value.is_string:
             return exp.Anonymous(this="dpg_regtype", expressions=[value])
-        return exp.cast(value, exp.DataType.build("UINTEGER", dialect="duckdb"))
+        return exp.cast(value, _UINT)
     if kind in ("text", "varchar", "name", "char", "bpchar"):
-        inner = value
-        inner_kind = _type_name(inner.to) if isinstance(inner, exp.Cast) else None
-        if inner_kind == "regtype":
-            return exp.Anonymous(
-                this="dpg_regtype_name",
-                expressions=[
-                    exp.cast(inner.this, exp.DataType.build("UINTEGER", dialect="duckdb"))
-                ],
-            )
-        if inner_kind == "regclass":
-            return exp.Anonymous(
-                this="dpg_regclass_name",
-                expressions=[
-                    exp.cast(inner.this, exp.DataType.build("UINTEGER", dialect="duckdb"))
-                ],
-            )
-        if inner_kind == "regnamespace":
-            return exp.Anonymous(
-                this="dpg_regnamespace_name",
-                expressions=[
-                    exp.cast(inner.this, exp.DataType.build("UINTEGER", dialect="duckdb"))
-                ],
-            )
         return exp.cast(value, exp.DataType.build("VARCHAR"))
     if kind in ("oid", "regproc", "regnamespace", "regprocedure", "regoper", "xid"):
         return exp.cast(value, exp.DataType.build("BIGINT"))
     if kind in ("int2vector", "oidvector"):
         return exp.cast(value, exp.DataType.build("VARCHAR"))
-    return node
+    return exp.Cast(this=value, to=target)
 
 
 def _type_name(target: exp.Expr) -> str:

@@ -602,6 +602,7 @@ class Session:
 
     def _show(self, name: str, describe_only: bool) -> Outcome:
         name = name.strip().strip('"').rstrip(";").strip()
+        name = _SHOW_ALIASES.get(re.sub(r"\s+", " ", name.lower()), name)
         if name.lower() == "all":
             rows = [(k, v, "") for k, v in sorted(self._all_settings().items())]
             return Outcome(
@@ -656,6 +657,13 @@ class InFailedTransaction(InvalidRequest):
 
 class UnknownSetting(InvalidRequest):
     """SQLSTATE 42704."""
+
+
+_SHOW_ALIASES = {
+    "transaction isolation level": "transaction_isolation",
+    "time zone": "TimeZone",
+    "session authorization": "session_authorization",
+}
 
 
 def _formats(codes: tuple[int, ...], n: int, what: str) -> list[int]:
