@@ -744,7 +744,7 @@ class Catalog:
                     "typcategory": category,
                     "typarray": array,
                     "typelem": elem,
-                    "typinput": f"{name}in",
+                    "typinput": "array_in" if category == "A" else f"{name}in",
                     "typoutput": f"{name}out",
                     "typreceive": f"{name}recv",
                     "typsend": f"{name}send",

@@ -387,7 +387,11 @@ def _cast(node: exp.Cast) -> exp.Expr:
         return exp.cast(value, _UINT)
     if kind in ("text", "varchar", "name", "char", "bpchar"):
         return exp.cast(value, exp.DataType.build("VARCHAR"))
-    if kind in ("oid", "regproc", "regnamespace", "regprocedure", "regoper", "xid"):
+    if kind in ("regproc", "regprocedure"):
+        if isinstance(value, exp.Literal) and value.is_string:
+            return exp.Literal.string(value.name.split(".")[-1])
+        return exp.cast(value, exp.DataType.build("VARCHAR"))
+    if kind in ("oid", "regnamespace", "regoper", "xid"):
         return exp.cast(value, exp.DataType.build("BIGINT"))
     if kind in ("int2vector", "oidvector"):
         return exp.cast(value, exp.DataType.build("VARCHAR"))
