@@ -954,6 +954,10 @@ class Catalog:
         marks = ", ".join("?" for _ in row)
         self._db.execute(f'INSERT INTO {schema}."{table}" VALUES ({marks})', row)
 
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
     def run(self, sql: str, parameters: Sequence[Any] = ()) -> CatalogResult:
         """Run rewritten catalogue SQL (``gateway.pgwire.rewrite``) with a timeout."""
         cursor = self._db.cursor()

@@ -109,6 +109,7 @@ class WireServer:
 
     def shutdown(self) -> None:
         self._stopped.set()
+        self.catalog.close()
         if self._listener is not None:
             with contextlib.suppress(OSError):
                 self._listener.close()

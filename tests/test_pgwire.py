@@ -1,0 +1,371 @@
+"""The PostgreSQL front end (gateway/pgwire) with real clients: psql, psycopg 3, SQLAlchemy
+and pandas, pgjdbc; bad input; a fuzz test of the protocol parser; the memory limit.
+
+A real ``WireServer`` serves a real Gateway (demo data, SQLite ledger) on a free port in
+a thread; every client connects over TCP with SCRAM-SHA-256.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from gateway.pgwire import codec
+from gateway.pgwire.server import WireServer
+from gateway.pipeline import Gateway
+
+JDBC_JAR = Path("/usr/share/java/postgresql.jar")
+
+
+@pytest.fixture
+def wire(make_gateway: Callable[..., Gateway]) -> Iterator[tuple[WireServer, int, str]]:
+    gateway = make_gateway(postgres_wire={"port": 0})
+    key = gateway.ledger.create_analyst("alice", 10.0, 1e-6)
+    server = WireServer(gateway.config, gateway)
+    _, port = server.bind("127.0.0.1")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, port, key
+    server.shutdown()
+
+
+def connect(port: int, key: str, **kw: Any) -> psycopg.Connection[Any]:
+    return psycopg.connect(
+        host="127.0.0.1",
+        port=port,
+        user="alice",
+        password=key,
+        dbname="dpgate",
+        sslmode="disable",
+        connect_timeout=10,
+        **kw,
+    )
+
+
+def charges(server: WireServer) -> int:
+    return len([e for e in server.gateway.ledger.history("alice") if e.outcome != "refused"])
+
+
+def test_psql_lists_describes_and_groups(wire: tuple[WireServer, int, str]) -> None:
+    server, port, key = wire
+    if shutil.which("psql") is None:
+        pytest.skip("psql (Debian postgresql-client) is not installed")
+    env = {**os.environ, "PGPASSWORD": key, "PGCONNECT_TIMEOUT": "10"}
+    dsn = f"host=127.0.0.1 port={port} user=alice dbname=dpgate sslmode=disable"
+    out = subprocess.run(
+        [
+            "psql",
+            dsn,
+            "-X",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            r"\dt",
+            "-c",
+            r"\d patients",
+            "-c",
+            "SELECT sex, COUNT(*) AS n FROM patients GROUP BY sex ORDER BY sex",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "patients" in out.stdout and "visits" in out.stdout
+    assert 'Table "public.patients"' in out.stdout
+    assert "glucose" in out.stdout and "double precision" in out.stdout
+    assert " F   |" in out.stdout and " M   |" in out.stdout and "(2 rows)" in out.stdout
+    assert "charged" in out.stderr  # the notice: cost and accuracy
+    assert charges(server) == 1  # \dt and \d are free: answered from the config
+
+
+def test_psycopg_simple_and_extended_with_parameters(wire: tuple[WireServer, int, str]) -> None:
+    server, port, key = wire
+    with connect(port, key, autocommit=True) as conn:
+        # simple protocol
+        cur = conn.cursor()
+        cur.execute(psycopg.sql.SQL("SELECT COUNT(*) AS n FROM patients"), prepare=False)
+        (n,) = cur.fetchone()  # type: ignore[misc]
+        assert 2000 < n < 4000
+        # extended protocol, text and binary parameters
+        cur.execute("SELECT sex, COUNT(*) AS n FROM patients WHERE age >= %s GROUP BY sex", (30,))
+        assert [d.name for d in cur.description or []] == ["sex", "n"]
+        assert {r[0] for r in cur.fetchall()} == {"F", "M"}
+        cur.execute("SELECT COUNT(*) AS n FROM patients WHERE sex = %s", ("F",), binary=True)
+        assert cur.fetchone()[0] > 0  # type: ignore[index]
+        cur.execute("SELECT COUNT(*) AS n FROM patients WHERE sex = %s", ("F",), prepare=True)
+        assert cur.fetchone()[0] > 0  # type: ignore[index]
+    assert charges(server) == 4 - 1  # the repeated query was answered from the cache
+    # Same pipeline as HTTP: the audit log has each query, with its SQL.
+    logged = server.gateway.ledger.audit_log(analyst="alice")
+    assert any(e.endpoint == "PG pgwire:query" and "age >=" in (e.sql or "") for e in logged)
+
+
+def test_sqlalchemy_inspect_and_pandas(wire: tuple[WireServer, int, str]) -> None:
+    sa = pytest.importorskip("sqlalchemy")
+    pd = pytest.importorskip("pandas")
+    _, port, key = wire
+    engine = sa.create_engine(
+        f"postgresql+psycopg://alice:{key}@127.0.0.1:{port}/dpgate?sslmode=disable"
+    )
+    try:
+        inspector = sa.inspect(engine)
+        assert set(inspector.get_table_names()) == {"patients", "visits"}
+        columns = {c["name"]: c for c in inspector.get_columns("patients")}
+        assert str(columns["age"]["type"]) == "BIGINT"
+        assert columns["glucose"]["nullable"] is True
+        frame = pd.read_sql("SELECT sex, COUNT(*) AS n FROM patients GROUP BY sex", engine)
+        assert list(frame.columns) == ["sex", "n"] and sorted(frame["sex"]) == ["F", "M"]
+    finally:
+        engine.dispose()
+
+
+JAVA_PROBE = """
+import java.sql.*;
+public class Probe {
+    public static void main(String[] a) throws Exception {
+        String url = "jdbc:postgresql://127.0.0.1:" + a[0] + "/dpgate?sslmode=disable";
+        try (Connection c = DriverManager.getConnection(url, "alice", a[1])) {
+            DatabaseMetaData md = c.getMetaData();
+            try (ResultSet rs = md.getTables(null, "public", "%", new String[]{"TABLE"})) {
+                while (rs.next()) System.out.println("TABLE " + rs.getString("TABLE_NAME"));
+            }
+            try (ResultSet rs = md.getColumns(null, "public", "patients", "%")) {
+                while (rs.next()) System.out.println(
+                    "COLUMN " + rs.getString("COLUMN_NAME") + " " + rs.getString("TYPE_NAME"));
+            }
+            try (ResultSet rs = md.getSchemas()) {
+                while (rs.next()) System.out.println("SCHEMA " + rs.getString(1));
+            }
+            try (ResultSet rs = md.getTypeInfo()) {
+                int n = 0; while (rs.next()) n++; System.out.println("TYPES " + n);
+            }
+            String sql = "SELECT sex, COUNT(*) AS n FROM patients WHERE age >= ? GROUP BY sex";
+            try (PreparedStatement ps = c.prepareStatement(sql)) {
+                ps.setInt(1, 30);
+                try (ResultSet rs = ps.executeQuery()) {
+                    while (rs.next()) System.out.println("ROW " + rs.getString(1) + " " + rs.getLong(2));
+                }
+            }
+        }
+    }
+}
+"""
+
+
+def test_pgjdbc_metadata_and_group_by(wire: tuple[WireServer, int, str], tmp_path: Path) -> None:
+    if not JDBC_JAR.exists() or shutil.which("javac") is None:
+        pytest.skip("needs a JDK and Debian's libpostgresql-jdbc-java (.ci/run installs it)")
+    _, port, key = wire
+    (tmp_path / "Probe.java").write_text(JAVA_PROBE)
+    subprocess.run(["javac", "Probe.java"], cwd=tmp_path, check=True, timeout=120)
+    out = subprocess.run(
+        ["java", "-cp", f".:{JDBC_JAR}", "Probe", str(port), key],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert {"TABLE patients", "TABLE visits"} <= set(lines)
+    assert "COLUMN age int8" in lines and "COLUMN glucose float8" in lines
+    assert "SCHEMA public" in lines
+    assert any(line.startswith("TYPES ") and int(line.split()[1]) > 10 for line in lines)
+    assert {line.split()[1] for line in lines if line.startswith("ROW ")} == {"F", "M"}
+
+
+def test_wrong_password_unsupported_and_malformed_get_errors_and_cost_nothing(
+    wire: tuple[WireServer, int, str],
+) -> None:
+    server, port, key = wire
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        connect(port, key[:-2] + "xx")
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(
+            host="127.0.0.1", port=port, user="nobody", password=key, sslmode="disable"
+        )
+    with connect(port, key, autocommit=True) as conn:
+        for sql, state in [
+            ("DELETE FROM patients", "0A000"),
+            ("SELECT age FROM patients", "0A000"),
+            ("SELECT COUNT(*) FROM nowhere", "42P01"),
+            ("SELEC COUNT(*) FROM patients", "42601"),
+            ("SELECT * FROM pg_catalog.pg_statistic", "0A000"),
+        ]:
+            with pytest.raises(psycopg.Error) as info:
+                conn.execute(sql)
+            assert info.value.sqlstate == state, sql
+        conn.execute("SELECT 1")  # the connection survives each error
+    assert charges(server) == 0
+    # A malformed message: an ErrorResponse (08P01), then the server closes; nothing charged.
+    sock = _login(port, key)
+    sock.sendall(b"Q" + struct.pack("!i", 3))  # a length below 4
+    reply = _drain(sock)
+    assert b"E" in reply and b"08P01" in reply
+    assert charges(server) == 0
+
+
+def test_describe_reads_no_data_and_charges_nothing(wire: tuple[WireServer, int, str]) -> None:
+    server, port, key = wire
+    sock = _login(port, key)
+    sql = b"SELECT sex, COUNT(*) AS n FROM patients WHERE age > $1 GROUP BY sex\0"
+    parse = b"P" + struct.pack("!i", 4 + 1 + len(sql) + 2) + b"\0" + sql + b"\0\0"
+    describe = b"D" + struct.pack("!i", 4 + 2) + b"S\0"
+    sync = b"S" + struct.pack("!i", 4)
+    sock.sendall(parse + describe + sync)
+    reply = _until_ready(sock)
+    assert b"t" in reply and b"T" in reply and b"sex\0" in reply
+    assert charges(server) == 0
+
+
+def _login(port: int, key: str) -> socket.socket:
+    """A raw socket logged in through psycopg's own SCRAM is not reusable, so log in by
+    hand with the same exchange (client side of RFC 5802)."""
+    import base64
+    import hashlib
+    import hmac
+    import secrets
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    params = b"user\0alice\0database\0dpgate\0\0"
+    sock.sendall(struct.pack("!ii", 8 + len(params), codec.PROTOCOL_V3) + params)
+    _read_message(sock)  # AuthenticationSASL
+    nonce = base64.b64encode(secrets.token_bytes(18)).decode()
+    first_bare = f"n=,r={nonce}"
+    first = ("n,," + first_bare).encode()
+    body = b"SCRAM-SHA-256\0" + struct.pack("!i", len(first)) + first
+    sock.sendall(b"p" + struct.pack("!i", 4 + len(body)) + body)
+    _, cont = _read_message(sock)
+    server_first = cont[4:].decode()
+    attrs = dict(p.split("=", 1) for p in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac(
+        "sha256", key.encode(), base64.b64decode(attrs["s"]), int(attrs["i"])
+    )
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    without_proof = f"c=biws,r={attrs['r']}"
+    auth = f"{first_bare},{server_first},{without_proof}".encode()
+    signature = hmac.new(hashlib.sha256(client_key).digest(), auth, hashlib.sha256).digest()
+    proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True)))
+    final = f"{without_proof},p={proof.decode()}".encode()
+    sock.sendall(b"p" + struct.pack("!i", 4 + len(final)) + final)
+    _until_ready(sock)
+    return sock
+
+
+def _read_message(sock: socket.socket) -> tuple[bytes, bytes]:
+    header = _recv(sock, 5)
+    (length,) = struct.unpack("!i", header[1:])
+    return header[:1], _recv(sock, length - 4)
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data
+
+
+def _until_ready(sock: socket.socket) -> bytes:
+    seen = b""
+    while True:
+        kind, body = _read_message(sock)
+        seen += kind + body
+        if kind == b"Z":
+            return seen
+
+
+def _drain(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (a hang fails on the timeout)."""
+    sock.settimeout(10)
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+    except ConnectionError:
+        return data
+
+
+def test_fuzzed_frames_never_crash_or_hang_the_server(wire: tuple[WireServer, int, str]) -> None:
+    """Random, truncated and oversized frames, before and after login: each connection
+    ends (error or close) within its deadline, and the server keeps answering."""
+    server, port, key = wire
+    rng = random.Random(18)
+    kinds = b"QPBDECSHXpFdcfZ?\0"
+    started = time.monotonic()
+    for i in range(150):
+        logged_in = i % 2 == 0
+        sock = _login(port, key) if logged_in else socket.create_connection(("127.0.0.1", port))
+        sock.settimeout(5)
+        mode = i % 5
+        if mode == 0:  # random bytes
+            payload = rng.randbytes(rng.randint(1, 400))
+        elif mode == 1:  # a valid-looking frame with a random body
+            body = rng.randbytes(rng.randint(0, 200))
+            payload = bytes([rng.choice(kinds)]) + struct.pack("!i", len(body) + 4) + body
+        elif mode == 2:  # truncated: the declared length exceeds what is sent
+            body = rng.randbytes(rng.randint(0, 50))
+            payload = bytes([rng.choice(kinds)]) + struct.pack("!i", len(body) + 100) + body
+        elif mode == 3:  # oversized
+            payload = b"Q" + struct.pack("!i", codec.MAX_MESSAGE_BYTES + 1)
+        else:  # a Bind with absurd counts
+            payload = b"B" + struct.pack("!i", 12) + b"\0\0" + struct.pack("!hh", 32767, -5)
+        if not logged_in and mode in (0, 2):
+            payload = struct.pack("!i", rng.choice([3, 8, 9, 100_000])) + payload
+        try:
+            sock.sendall(payload)
+            # The client stops sending (mid-frame for the truncated ones): the server must
+            # answer or close at once, not wait.
+            sock.shutdown(socket.SHUT_WR)
+            reply = _drain(sock)
+            assert b"Traceback" not in reply
+        except OSError:
+            pass
+        finally:
+            sock.close()
+    assert time.monotonic() - started < 60
+    with connect(port, key, autocommit=True) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert charges(server) == 0
+
+
+def test_a_connection_has_a_memory_limit(wire: tuple[WireServer, int, str]) -> None:
+    from gateway.pgwire.session import MAX_STATEMENTS, MEMORY_LIMIT_BYTES
+
+    server, port, key = wire
+    sock = _login(port, key)
+    big = b"SELECT COUNT(*) FROM patients WHERE sex = '" + b"x" * 900_000 + b"'\0"
+    refused = None
+    for i in range(MEMORY_LIMIT_BYTES // 900_000 + 2):
+        name = f"s{i}".encode() + b"\0"
+        body = name + big + b"\0\0"
+        sock.sendall(b"P" + struct.pack("!i", 4 + len(body)) + body + b"S\0\0\0\4")
+        reply = _until_ready(sock)
+        if b"54000" in reply:
+            refused = i
+            break
+    assert refused is not None and refused <= MEMORY_LIMIT_BYTES // 900_000
+    assert MAX_STATEMENTS >= 16
+    # The connection still works, and closing statements frees their memory.
+    sock.sendall(b"Q" + struct.pack("!i", 4 + len(b"DEALLOCATE ALL\0")) + b"DEALLOCATE ALL\0")
+    assert b"DEALLOCATE" in _until_ready(sock)
+    assert charges(server) == 0
