@@ -195,9 +195,7 @@ def test_wrong_password_unsupported_and_malformed_get_errors_and_cost_nothing(
     with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
         connect(port, key[:-2] + "xx")
     with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
-        psycopg.connect(
-            host="127.0.0.1", port=port, user="nobody", password=key, sslmode="disable"
-        )
+        psycopg.connect(host="127.0.0.1", port=port, user="nobody", password=key, sslmode="disable")
     with connect(port, key, autocommit=True) as conn:
         for sql, state in [
             ("DELETE FROM patients", "0A000"),
