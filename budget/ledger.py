@@ -262,7 +262,7 @@ class Ledger:
                 ).first()
                 if exists is not None:
                     raise AnalystExists(f"an analyst named {name!r} already exists")
-                analyst_id = conn.execute(
+                inserted = conn.execute(
                     sa.insert(t_analysts).values(
                         name=name,
                         key_hash=key_hash(key),
@@ -272,8 +272,9 @@ class Ledger:
                         created_at=now,
                         updated_at=now,
                     )
-                ).inserted_primary_key[0]
-                _store_verifier(conn, analyst_id, scram_verifier(key))
+                ).inserted_primary_key
+                assert inserted is not None
+                _store_verifier(conn, int(inserted[0]), scram_verifier(key))
         except sa.exc.IntegrityError as exc:  # a concurrent create won the race
             raise AnalystExists(f"an analyst named {name!r} already exists") from exc
         return key

@@ -157,7 +157,8 @@ public class Probe {
             try (PreparedStatement ps = c.prepareStatement(sql)) {
                 ps.setInt(1, 30);
                 try (ResultSet rs = ps.executeQuery()) {
-                    while (rs.next()) System.out.println("ROW " + rs.getString(1) + " " + rs.getLong(2));
+                    while (rs.next())
+                        System.out.println("ROW " + rs.getString(1) + " " + rs.getLong(2));
                 }
             }
         }

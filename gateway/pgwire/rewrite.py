@@ -153,9 +153,9 @@ def rewrite_catalog(tree: exp.Expr, context: SessionContext) -> str:
         table.set("catalog", None)
         table.set("this", exp.to_identifier(name))
     for column in tree.find_all(exp.Column):
-        db = column.args.get("db")
-        if isinstance(db, exp.Identifier) and db.name.lower() in _SCHEMAS:
-            column.set("db", exp.to_identifier(_SCHEMAS[db.name.lower()]))
+        qualifier = column.args.get("db")
+        if isinstance(qualifier, exp.Identifier) and qualifier.name.lower() in _SCHEMAS:
+            column.set("db", exp.to_identifier(_SCHEMAS[qualifier.name.lower()]))
             column.set("catalog", None)
     for rewrite in (_unqualify, _operators, _casts):
         tree = tree.transform(rewrite)

@@ -526,7 +526,12 @@ class Session:
             raise InvalidPrivacyParameters("dpgate.mechanism must be 'laplace' or 'gaussian'")
         epsilon = _setting_number(self.settings, "dpgate.epsilon", defaults.epsilon)
         delta = _setting_number(self.settings, "dpgate.delta", defaults.delta)
-        return QueryRequest(sql=sql, epsilon=epsilon, delta=delta, mechanism=mechanism)
+        return QueryRequest(
+            sql=sql,
+            epsilon=epsilon,
+            delta=delta,
+            mechanism="gaussian" if mechanism == "gaussian" else "laplace",
+        )
 
     def answer(self, release: Release) -> Outcome:
         """A released answer as wire rows, with its cost and accuracy as a notice."""
