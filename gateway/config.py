@@ -347,7 +347,8 @@ def _postgres_wire(
             path = Path(text)
             if text and base_dir is not None and not path.is_absolute():
                 path = base_dir / path
-            if text and not path.is_file():
+            # Checked when the config comes from a file (relative paths resolve from it).
+            if text and base_dir is not None and not path.is_file():
                 v.problem(f"postgres_wire.tls.{name}: no such file: {path}")
             files.append(path)
         require = tl.get("require", False)
