@@ -691,7 +691,7 @@ class Catalog:
     """The emulated catalogue of one config, shared by every connection of a server."""
 
     def __init__(self, config: Config) -> None:
-        self._db = duckdb.connect(":memory:", config={"threads": 1, "memory_limit": "256MB"})
+        self._db = duckdb.connect(":memory:", config={"threads": 1, "memory_limit": "64MB"})
         self._lock = threading.Lock()
         self.table_oids: dict[str, int] = {}
         self._build(config)
