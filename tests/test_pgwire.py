@@ -368,3 +368,156 @@ def test_a_connection_has_a_memory_limit(wire: tuple[WireServer, int, str]) -> N
     sock.sendall(b"Q" + struct.pack("!i", 4 + len(b"DEALLOCATE ALL\0")) + b"DEALLOCATE ALL\0")
     assert b"DEALLOCATE" in _until_ready(sock)
     assert charges(server) == 0
+
+
+@pytest.fixture
+def serve_wire(
+    make_gateway: Callable[..., Gateway],
+) -> Iterator[Callable[..., tuple[WireServer, int, str]]]:
+    """Start a wire server on a gateway built with config ``overrides``."""
+    servers: list[WireServer] = []
+
+    def start(**overrides: Any) -> tuple[WireServer, int, str]:
+        overrides.setdefault("postgres_wire", {"port": 0})
+        gateway = make_gateway(**overrides)
+        key = gateway.ledger.create_analyst("alice", 10.0, 1e-6)
+        server = WireServer(gateway.config, gateway)
+        _, port = server.bind("127.0.0.1")
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server, port, key
+
+    yield start
+    for server in servers:
+        server.shutdown()
+
+
+def test_http_and_the_wire_share_one_pipeline(wire: tuple[WireServer, int, str]) -> None:
+    """An answer released over HTTP comes back identical and free over the wire (same
+    cache, same ledger), and the wire query is counted like an HTTP one."""
+    from gateway import metrics
+    from gateway.http.app import create_app
+
+    server, port, key = wire
+    sql = "SELECT disease, COUNT(*) AS n FROM patients GROUP BY disease ORDER BY disease"
+    client = create_app(server.gateway.config, gateway=server.gateway).test_client()
+    r = client.post("/v1/query", json={"sql": sql}, headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200
+    over_http = [tuple(row) for row in r.get_json()["rows"]]
+    before = metrics.QUERIES.labels("alice", "cached")._value.get()
+    with connect(port, key, autocommit=True) as conn:
+        assert conn.execute(sql).fetchall() == over_http
+    assert charges(server) == 1
+    assert metrics.QUERIES.labels("alice", "cached")._value.get() == before + 1
+
+
+def test_session_settings_choose_epsilon(wire: tuple[WireServer, int, str]) -> None:
+    server, port, key = wire
+    with connect(port, key, autocommit=True) as conn:
+        conn.execute("SET dpgate.epsilon = 0.5")
+        assert conn.execute("SHOW dpgate.epsilon").fetchone() == ("0.5",)
+        conn.execute("SELECT COUNT(*) FROM patients")
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SET dpgate.epsilon = 'lots'")
+        assert info.value.sqlstate == "22023"
+        conn.execute("SET dpgate.epsilon = 5")  # above max_epsilon_per_query: refused, free
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SELECT COUNT(*) FROM patients WHERE age > 50")
+        assert info.value.sqlstate == "22023"
+    (entry,) = server.gateway.ledger.history("alice")
+    assert entry.cost.epsilon == pytest.approx(0.5)
+
+
+def test_rate_limits_apply_over_the_wire(
+    serve_wire: Callable[..., tuple[WireServer, int, str]],
+) -> None:
+    server, port, key = serve_wire(limits={"analyst_per_minute": 2})
+    with connect(port, key, autocommit=True) as conn:
+        conn.execute("SELECT COUNT(*) FROM patients")
+        conn.execute("SELECT COUNT(*) FROM patients WHERE age > 30")
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("SELECT COUNT(*) FROM patients WHERE age > 40")
+        assert info.value.sqlstate == "53000" and "rate_limited" in str(
+            info.value.diag.message_detail
+        )
+    assert charges(server) == 2
+
+
+def test_release_timing_holds_over_the_wire_and_cancel_keeps_the_charge(
+    serve_wire: Callable[..., tuple[WireServer, int, str]],
+) -> None:
+    server, port, key = serve_wire(execution={"timing": "deadline", "deadline_ms": 600})
+    with connect(port, key, autocommit=True) as conn:
+        started = time.monotonic()
+        conn.execute("SELECT COUNT(*) FROM patients")
+        assert time.monotonic() - started >= 0.6
+        sql = "SELECT COUNT(*) FROM patients WHERE age > 20"
+        # cancel_safe: libpq's blocking PQcancel would hold the GIL this server needs
+        threading.Timer(0.2, conn.cancel_safe).start()
+        with pytest.raises(psycopg.errors.QueryCanceled) as info:
+            conn.execute(sql)
+        assert "stays charged" in str(info.value)
+        assert charges(server) == 2  # the cancelled statement had reached the database
+        conn.execute(sql)  # the kept answer, free
+    assert charges(server) == 2
+
+
+def test_tls_is_offered_and_can_be_required(
+    serve_wire: Callable[..., tuple[WireServer, int, str]], tmp_path: Path
+) -> None:
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl to make a test certificate")
+    cert, private = tmp_path / "server.crt", tmp_path / "server.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-keyout", str(private), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    tls = {"cert": str(cert), "key": str(private), "require": True}
+    _, port, key = serve_wire(postgres_wire={"port": 0, "tls": tls})
+    with psycopg.connect(
+        host="127.0.0.1", port=port, user="alice", password=key, sslmode="require"
+    ) as conn:
+        assert conn.pgconn.ssl_in_use
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    with pytest.raises(psycopg.OperationalError, match="TLS only"):
+        connect(port, key)
+
+
+def test_a_key_without_a_verifier_must_be_rotated(wire: tuple[WireServer, int, str]) -> None:
+    """Keys made before the wire front end (ledger schema < 5) have no SCRAM verifier:
+    such an analyst cannot log in until the key is rotated; HTTP keeps working."""
+    import sqlalchemy as sa
+
+    from budget import schema
+
+    server, port, key = wire
+    with server.gateway.ledger.engine.begin() as db:
+        db.execute(sa.delete(schema.scram_verifiers))
+    with pytest.raises(psycopg.OperationalError, match="rotate"):
+        connect(port, key)
+    assert server.gateway.authenticate(key).name == "alice"
+    new_key = server.gateway.ledger.rotate_key("alice")
+    with connect(port, new_key) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_the_catalogue_reads_no_file_and_no_protected_row(
+    wire: tuple[WireServer, int, str],
+) -> None:
+    server, port, key = wire
+    with connect(port, key, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT relname, reltuples, relpages FROM pg_catalog.pg_class ORDER BY relname"
+        ).fetchall()
+        assert rows == [("patients", -1.0, 0), ("visits", -1.0, 0)]
+        for sql in [
+            "SELECT * FROM read_csv('/etc/passwd')",
+            "SELECT c.relname FROM pg_catalog.pg_class c, patients p",
+            "SELECT length(repeat('x', 300000000))",
+            "SELECT (SELECT COUNT(*) FROM patients) FROM pg_catalog.pg_class",
+        ]:
+            with pytest.raises(psycopg.Error) as info:
+                conn.execute(sql)
+            assert info.value.sqlstate in ("0A000", "42P01"), sql
+    assert charges(server) == 0

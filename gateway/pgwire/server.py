@@ -127,14 +127,16 @@ class WireServer:
                 )
             conn.close()
             return
+        link = _Link(conn)
         session: Session | None = None
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.settimeout(LOGIN_TIMEOUT_S)
-            sock, stream, startup = self._startup(conn)
+            startup = self._startup(link)
             if startup is None:
                 return
-            session = Session(self, stream, sock.sendall, peer)
+            sock = link.sock
+            session = Session(self, link.stream, sock.sendall, peer)
             # The login must finish in time; afterwards a connection may idle (BI pools).
             session.serve(startup, on_login=lambda: sock.settimeout(None))
             session.flush()
@@ -142,56 +144,78 @@ class WireServer:
             pass
         except codec.ProtocolViolation as e:
             with contextlib.suppress(OSError):
-                conn.sendall(codec.error_response("08P01", str(e), severity="FATAL"))
+                link.sock.sendall(codec.error_response("08P01", str(e), severity="FATAL"))
         except Exception:
             log.error("pgwire connection failed", exc_info=True)
         finally:
             if session is not None:
                 self._unregister(session)
-            with contextlib.suppress(OSError):
-                conn.close()
+            link.close()
             self._slots.release()
 
-    def _startup(self, conn: socket.socket) -> tuple[socket.socket, BinaryIO, codec.Startup | None]:
+    def _startup(self, link: _Link) -> codec.Startup | None:
         """Read startup packets (answering SSL/GSS requests) until a real startup."""
-        sock: socket.socket = conn
-        stream: BinaryIO = sock.makefile("rb")
         encrypted = False
         for _ in range(3):
-            packet = codec.read_startup(stream)
+            packet = codec.read_startup(link.stream)
             if isinstance(packet, codec.CancelRequest):
                 self._cancel(packet)
-                return sock, stream, None
+                return None
             if isinstance(packet, codec.GssEncRequest):
-                sock.sendall(b"N")
+                link.sock.sendall(b"N")
                 continue
             if isinstance(packet, codec.SslRequest):
                 if self.tls is None or encrypted:
-                    sock.sendall(b"N")
+                    link.sock.sendall(b"N")
                     continue
-                sock.sendall(b"S")
-                sock = self.tls.wrap_socket(sock, server_side=True)
-                stream = sock.makefile("rb")
+                link.sock.sendall(b"S")
+                link.encrypt(self.tls)
                 encrypted = True
                 continue
             if self.wire.tls is not None and self.wire.tls.require and not encrypted:
-                sock.sendall(
+                link.sock.sendall(
                     codec.error_response(
                         "28000",
                         "this dpgate accepts PostgreSQL clients over TLS only (sslmode=require)",
                         severity="FATAL",
                     )
                 )
-                return sock, stream, None
+                return None
             if "user" not in packet.parameters:
-                sock.sendall(
+                link.sock.sendall(
                     codec.error_response(
                         "28000", "no user name in the startup packet", severity="FATAL"
                     )
                 )
-                return sock, stream, None
-            return sock, stream, packet
+                return None
+            return packet
         raise codec.ProtocolViolation("too many startup negotiation packets")
+
+
+class _Link:
+    """A connection's socket and read stream (both replaced when TLS starts)."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.raw = conn
+        self.sock: socket.socket = conn
+        self.stream: BinaryIO = conn.makefile("rb")
+
+    def encrypt(self, context: ssl.SSLContext) -> None:
+        self.stream.close()
+        self.sock = context.wrap_socket(self.raw, server_side=True)
+        self.stream = self.sock.makefile("rb")
+
+    def close(self) -> None:
+        """Close for real: a socket with an open makefile stream stays open otherwise,
+        and a client waiting for the end (libpq's cancel) would wait forever."""
+        for close in (
+            self.stream.close,
+            lambda: self.sock.shutdown(socket.SHUT_RDWR),
+            self.sock.close,
+            self.raw.close,
+        ):
+            with contextlib.suppress(OSError, ValueError):
+                close()
 
 
 def serve(config: Config, host: str) -> None:
