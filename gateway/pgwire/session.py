@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sqlglot import exp
 
+from budget import LedgerUnavailable
 from gateway.errors import (
     Forbidden,
     GatewayError,
@@ -133,6 +134,7 @@ class Session:
         self.out = bytearray()
         self.cancelled = threading.Event()
         self.busy = False
+        self._skipping = False  # after an error in the extended protocol, until Sync
 
     # -- output -----------------------------------------------------------------------------
 
@@ -204,7 +206,16 @@ class Session:
         except GatewayError as e:
             self.send_error(e)
             return False
-        login = self.server.gateway.ledger.scram_login(user) if user else None
+        try:
+            login = self.server.gateway.ledger.scram_login(user) if user else None
+        except LedgerUnavailable:
+            self.send(
+                codec.error_response(
+                    "58000", "the ledger database is unavailable", severity="FATAL"
+                )
+            )
+            self.flush()
+            return False
         verifier = login[1] if login is not None else mock_verifier(user)
         self.send(codec.sasl_mechanisms(MECHANISM))
         self.flush()
@@ -267,7 +278,7 @@ class Session:
         if isinstance(message, codec.Flush):
             self.flush()
             return
-        if getattr(self, "_skipping", False):
+        if self._skipping:
             return  # after an error, the extended protocol discards messages until Sync
         try:
             if isinstance(message, codec.Parse):
@@ -427,6 +438,9 @@ class Session:
             raise InvalidRequest(f'portal "{message.portal}" does not exist')
         if portal.rows is None:
             outcome = self._run(portal.sql, describe_only=False)
+            if outcome.rows is None and not outcome.tag:
+                self.send(codec.empty_query_response())
+                return
             for notice in outcome.notices:
                 self.send(codec.notice_response(notice))
             formats = _formats(portal.result_formats, len(outcome.columns), "result")
