@@ -521,3 +521,72 @@ def test_the_catalogue_reads_no_file_and_no_protected_row(
                 conn.execute(sql)
             assert info.value.sqlstate in ("0A000", "42P01"), sql
     assert charges(server) == 0
+
+
+#: Catalogue queries DBeaver and Metabase send on connect and sync (as their drivers
+#: send them: pgjdbc, parameters bound), answered from the config with the rows expected.
+BI_CATALOGUE_QUERIES: list[tuple[str, tuple[Any, ...] | None, int]] = [
+    (
+        "SELECT db.oid,db.* FROM pg_catalog.pg_database db WHERE datallowconn AND NOT "
+        "datistemplate OR db.datname =%s ORDER BY db.datname",
+        ("dpgate",),
+        1,
+    ),
+    ("select * from pg_catalog.pg_settings where name=%s", ("standard_conforming_strings",), 1),
+    (
+        "SELECT n.oid,n.*,d.description FROM pg_catalog.pg_namespace n LEFT OUTER JOIN "
+        "pg_catalog.pg_description d ON d.objoid=n.oid AND d.objsubid=0 AND "
+        "d.classoid='pg_namespace'::regclass ORDER BY nspname",
+        None,
+        3,
+    ),
+    (
+        "SELECT c.oid,c.*,t.relname as tabrelname,rt.relnamespace as refnamespace,"
+        "d.description, case when c.relkind='p' then true else false end as is_partitioned "
+        "FROM pg_catalog.pg_class c LEFT OUTER JOIN pg_catalog.pg_class t ON "
+        "t.oid=c.reltoastrelid LEFT OUTER JOIN pg_catalog.pg_class rt ON rt.oid=c.reloftype "
+        "LEFT OUTER JOIN pg_catalog.pg_description d ON d.objoid=c.oid AND d.objsubid=0 AND "
+        "d.classoid='pg_class'::regclass WHERE c.relnamespace=%s AND c.relkind not in "
+        "('i','I','c')",
+        (2200,),
+        2,
+    ),
+    (
+        "SELECT c.relname,a.*,pg_catalog.pg_get_expr(ad.adbin, ad.adrelid, true) as def_value,"
+        "dsc.description,dep.objid FROM pg_catalog.pg_attribute a INNER JOIN "
+        "pg_catalog.pg_class c ON (a.attrelid=c.oid) LEFT OUTER JOIN pg_catalog.pg_attrdef ad "
+        "ON (a.attrelid=ad.adrelid AND a.attnum = ad.adnum) LEFT OUTER JOIN "
+        "pg_catalog.pg_description dsc ON (c.oid=dsc.objoid AND a.attnum = dsc.objsubid) "
+        "LEFT OUTER JOIN pg_depend dep on dep.refobjid = a.attrelid AND dep.deptype = 'i' and "
+        "dep.refobjsubid = a.attnum and dep.classid = dep.refclassid WHERE NOT a.attisdropped "
+        "AND c.relkind not in ('i','I','c') AND c.relname=%s ORDER BY a.attnum",
+        ("patients",),
+        9,
+    ),
+    ("SELECT current_schema(),session_user", None, 1),
+    ("select string_agg(word, ',') from pg_catalog.pg_get_keywords()", None, 1),
+    (
+        "SELECT n.nspname AS schema, c.relname AS name, c.relkind AS type, "
+        "obj_description(c.oid) AS description FROM pg_catalog.pg_class c JOIN "
+        "pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind IN "
+        "('r','p','v','m','f') AND n.nspname !~ '^information_schema$' AND n.nspname !~ '^pg_' "
+        "AND has_table_privilege(c.oid, 'SELECT')",
+        None,
+        2,
+    ),
+    ("SELECT e.enumtypid, t.typname FROM pg_type t JOIN pg_enum e ON t.oid = e.enumtypid", None, 0),
+    (
+        "SELECT c.column_name, c.data_type FROM information_schema.columns c "
+        "WHERE c.table_name = %s ORDER BY c.ordinal_position",
+        ("patients",),
+        9,
+    ),
+]
+
+
+def test_bi_tool_catalogue_queries_are_answered(wire: tuple[WireServer, int, str]) -> None:
+    server, port, key = wire
+    with connect(port, key, autocommit=True) as conn:
+        for sql, params, expected in BI_CATALOGUE_QUERIES:
+            assert len(conn.execute(sql, params).fetchall()) == expected, sql
+    assert charges(server) == 0

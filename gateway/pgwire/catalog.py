@@ -508,6 +508,14 @@ CATALOG_TABLES: dict[str, tuple[_C, ...]] = {
         ("query", "VARCHAR"),
     ),
     "dpg_type_display": (("oid", "UINTEGER"), ("display", "VARCHAR")),
+    # pg_get_keywords()'s result (DBeaver reads it on connect); left empty
+    "dpg_keywords": (
+        ("word", "VARCHAR"),
+        ("catcode", "VARCHAR"),
+        ("barelabel", "BOOLEAN"),
+        ("catdesc", "VARCHAR"),
+        ("baredesc", "VARCHAR"),
+    ),
 }
 
 INFORMATION_SCHEMA_TABLES: dict[str, tuple[_C, ...]] = {

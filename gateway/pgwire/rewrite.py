@@ -46,7 +46,7 @@ _SESSION = re.compile(
     r"SAVEPOINT|RELEASE|LISTEN|UNLISTEN|CLOSE)\b",
     re.IGNORECASE,
 )
-_TABLE_FUNCTIONS = ("generate_series", "unnest")
+_TABLE_FUNCTIONS = ("generate_series", "unnest", "pg_get_keywords")
 _SCHEMAS = {"pg_catalog": CATALOG_SCHEMA, "information_schema": INFO_SCHEMA}
 
 
@@ -163,6 +163,11 @@ def rewrite_catalog(tree: exp.Expr, context: SessionContext) -> str:
             )
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
     for table in list(tree.find_all(exp.Table)):
+        if _table_function(table) == "pg_get_keywords":
+            table.set("this", exp.to_identifier("dpg_keywords"))
+            table.set("db", exp.to_identifier(CATALOG_SCHEMA))
+            table.set("catalog", None)
+            continue
         if not isinstance(table.this, exp.Identifier):
             table.set("db", None)  # pg_catalog.generate_series(…) → generate_series(…)
             table.set("catalog", None)
