@@ -5,6 +5,7 @@
     rewrite.py   where a statement goes (session / catalogue / pipeline); catalogue SQL
                  rewritten onto the emulated catalogue
     catalog.py   pg_catalog and information_schema emulated from the config only
+    catalog_tables.py  their tables, types and settings, as PostgreSQL names them
     values.py    parameters as SQL literals; results as text or binary
     session.py   one connection: login, simple and extended protocol, transactions
     observe.py   rate limits, logs, metrics and audit log, as the HTTP layer does them

@@ -29,14 +29,12 @@ from sqlglot.errors import SqlglotError
 from sqlglot.tokens import TokenType
 
 from gateway.errors import UnsupportedQuery
-from gateway.pgwire.catalog import (
-    CATALOG_SCHEMA,
+from gateway.pgwire.catalog import CATALOG_SCHEMA, INFO_SCHEMA, VERSION_TEXT
+from gateway.pgwire.catalog_tables import (
     CATALOG_TABLES,
     DATABASE,
-    INFO_SCHEMA,
     INFORMATION_SCHEMA_TABLES,
     OWNER,
-    VERSION_TEXT,
 )
 
 Route = Literal["session", "catalog", "query", "empty"]

@@ -41,7 +41,8 @@ from gateway.errors import (
     UnsupportedQuery,
 )
 from gateway.pgwire import codec
-from gateway.pgwire.catalog import REPORTED, SETTINGS, CatalogError, CatalogResult
+from gateway.pgwire.catalog import CatalogError, CatalogResult
+from gateway.pgwire.catalog_tables import REPORTED, SETTINGS
 from gateway.pgwire.errors import sqlstate_of
 from gateway.pgwire.rewrite import SessionContext, classify, rewrite_catalog, split_statements
 from gateway.pgwire.values import (
