@@ -7,7 +7,8 @@
     catalog.py   pg_catalog and information_schema emulated from the config only
     catalog_tables.py  their tables, types and settings, as PostgreSQL names them
     values.py    parameters as SQL literals; results as text or binary
-    session.py   one connection: login, simple and extended protocol, transactions
+    session.py   one connection: login, simple and extended protocol
+    commands.py  SET, SHOW, RESET, transactions, DISCARD, DEALLOCATE
     observe.py   rate limits, logs, metrics and audit log, as the HTTP layer does them
     errors.py    dpgate error codes → SQLSTATE
     server.py    the listener: threads, TLS, cancel requests, connection limit

@@ -4,7 +4,8 @@
                                                    └► Parse / Bind / Describe / Execute / Sync
 
 Every statement is routed by ``gateway.pgwire.rewrite.classify``: session commands are
-answered here, catalogue queries by ``gateway.pgwire.catalog`` (config only), and
+answered here (``gateway.pgwire.commands``), catalogue queries by
+``gateway.pgwire.catalog`` (config only), and
 everything else by ``Gateway.query`` — the same call ``POST /v1/query`` makes, so the
 same analysis, cache, charges, audit, timing and ledger records apply; the connection
 adds what the HTTP layer adds around it (``gateway.pgwire.observe``: rate limits, the
@@ -26,7 +27,7 @@ import secrets
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from sqlglot import exp
@@ -42,7 +43,8 @@ from gateway.errors import (
 )
 from gateway.pgwire import codec
 from gateway.pgwire.catalog import CatalogError, CatalogResult
-from gateway.pgwire.catalog_tables import REPORTED, SETTINGS
+from gateway.pgwire.catalog_tables import REPORTED
+from gateway.pgwire.commands import Outcome, SessionCommands, setting_number
 from gateway.pgwire.errors import sqlstate_of
 from gateway.pgwire.rewrite import SessionContext, classify, rewrite_catalog, split_statements
 from gateway.pgwire.values import (
@@ -67,7 +69,6 @@ MEMORY_LIMIT_BYTES = 16 * 1024 * 1024
 MAX_STATEMENTS = 256
 STATEMENT_OVERHEAD = 256
 FLUSH_BYTES = 64 * 1024
-DPGATE_SETTINGS = ("dpgate.epsilon", "dpgate.delta", "dpgate.mechanism")
 
 
 class MemoryLimit(GatewayError):
@@ -104,17 +105,7 @@ class Portal:
     result_size: int = 0
 
 
-@dataclass
-class Outcome:
-    """A statement's answer, before encoding: columns (name, PG type), rows, tag."""
-
-    columns: list[tuple[str, int]]
-    rows: list[tuple[Any, ...]] | None
-    tag: str
-    notices: list[str] = field(default_factory=list)
-
-
-class Session:
+class Session(SessionCommands):
     """The state of one connection. ``run`` serves it until Terminate or disconnect."""
 
     def __init__(
@@ -480,6 +471,10 @@ class Session:
         if portal is not None:
             self.held -= portal.size + portal.result_size
 
+    def _deallocate_all(self) -> None:
+        for key in list(self.statements):
+            self._drop_statement(key)
+
     def _close_unnamed_portal(self) -> None:
         self._drop_portal("")
 
@@ -539,8 +534,8 @@ class Session:
         mechanism = self.settings.get("dpgate.mechanism", defaults.mechanism)
         if mechanism not in ("laplace", "gaussian"):
             raise InvalidPrivacyParameters("dpgate.mechanism must be 'laplace' or 'gaussian'")
-        epsilon = _setting_number(self.settings, "dpgate.epsilon", defaults.epsilon)
-        delta = _setting_number(self.settings, "dpgate.delta", defaults.delta)
+        epsilon = setting_number(self.settings, "dpgate.epsilon", defaults.epsilon)
+        delta = setting_number(self.settings, "dpgate.delta", defaults.delta)
         return QueryRequest(
             sql=sql,
             epsilon=epsilon,
@@ -554,109 +549,6 @@ class Session:
         return Outcome(
             columns, list(release.rows), f"SELECT {len(release.rows)}", [_notice(release)]
         )
-
-    # -- session commands ------------------------------------------------------------------
-
-    def _session_command(self, sql: str, describe_only: bool) -> Outcome:
-        text = _strip(sql)
-        word = text.split(None, 1)[0].upper() if text else ""
-        if word == "SHOW":
-            return self._show(text[4:].strip(), describe_only)
-        if describe_only:
-            return Outcome([], None, "")
-        if word == "SET":
-            self._set(text[3:].strip())
-            return Outcome([], None, "SET")
-        if word == "RESET":
-            name = text[5:].strip().lower()
-            if name == "all":
-                self.settings.clear()
-            else:
-                self.settings.pop(name, None)
-            return Outcome([], None, "RESET")
-        if word in ("BEGIN", "START"):
-            if self.status == "I":
-                self.status = "T"
-            return Outcome([], None, "BEGIN" if word == "BEGIN" else "START TRANSACTION")
-        if word in ("COMMIT", "END"):
-            tag = "ROLLBACK" if self.status == "E" else "COMMIT"
-            self.status = "I"
-            return Outcome([], None, tag)
-        if word in ("ROLLBACK", "ABORT"):
-            self.status = "I"
-            return Outcome([], None, "ROLLBACK")
-        if word == "DISCARD":
-            return Outcome(
-                [], None, "DISCARD " + text.split(None, 1)[1].upper() if " " in text else "DISCARD"
-            )
-        if word == "DEALLOCATE":
-            name = text.split()[-1].strip('"')
-            if name.upper() == "ALL":
-                for key in list(self.statements):
-                    self._drop_statement(key)
-            else:
-                self._drop_statement(name)
-            return Outcome([], None, "DEALLOCATE")
-        if word in ("SAVEPOINT", "RELEASE"):
-            return Outcome([], None, word)
-        raise UnsupportedQuery(f"{word} is not supported by dpgate", construct=word.lower())
-
-    def _set(self, rest: str) -> None:
-        rest = re.sub(r"^(SESSION|LOCAL)\s+", "", rest, flags=re.IGNORECASE)
-        if re.match(
-            r"^(TIME\s+ZONE|NAMES|SESSION\s+CHARACTERISTICS|TRANSACTION)\b", rest, re.IGNORECASE
-        ):
-            return  # accepted, without effect on a read-only, UTC gateway
-        match = re.match(r'^"?([\w.]+)"?\s*(?:=|\bTO\b)\s*(.*)$', rest, re.IGNORECASE | re.DOTALL)
-        if match is None:
-            raise InvalidRequest("SET needs a name and a value: SET name = value")
-        name = match.group(1).lower()
-        value = match.group(2).strip().rstrip(";").strip()
-        if len(value) >= 2 and value[0] == value[-1] == "'":
-            value = value[1:-1].replace("''", "'")
-        if name in ("dpgate.epsilon", "dpgate.delta"):
-            _setting_number({name: value}, name, 0.0)
-        if name == "dpgate.mechanism" and value not in ("laplace", "gaussian"):
-            raise InvalidPrivacyParameters("dpgate.mechanism must be 'laplace' or 'gaussian'")
-        self.settings[name] = value
-
-    def _show(self, name: str, describe_only: bool) -> Outcome:
-        name = name.strip().strip('"').rstrip(";").strip()
-        name = _SHOW_ALIASES.get(re.sub(r"\s+", " ", name.lower()), name)
-        if name.lower() == "all":
-            rows = [(k, v, "") for k, v in sorted(self._all_settings().items())]
-            return Outcome(
-                [("name", 25), ("setting", 25), ("description", 25)],
-                [] if describe_only else rows,
-                "SHOW",
-            )
-        value = self._setting(name)
-        if value is None:
-            raise UnknownSetting(f'unrecognized configuration parameter "{name[:64]}"')
-        return Outcome([(name.lower(), 25)], [] if describe_only else [(value,)], "SHOW")
-
-    def _setting(self, name: str) -> str | None:
-        settings = self._all_settings()
-        for key, value in settings.items():
-            if key.lower() == name.lower():
-                return value
-        return None
-
-    def _all_settings(self) -> dict[str, str]:
-        privacy = self.server.gateway.config.privacy
-        merged = dict(SETTINGS)
-        merged.update(
-            {
-                "dpgate.epsilon": repr(privacy.epsilon),
-                "dpgate.delta": repr(privacy.delta),
-                "dpgate.mechanism": privacy.mechanism,
-                "session_authorization": self.user,
-            }
-        )
-        lowered = {k.lower(): k for k in merged}
-        for key, value in self.settings.items():
-            merged[lowered.get(key.lower(), key)] = value
-        return merged
 
     # -- cancellation ----------------------------------------------------------------------
 
@@ -675,17 +567,6 @@ class InFailedTransaction(InvalidRequest):
     """SQLSTATE 25P02."""
 
 
-class UnknownSetting(InvalidRequest):
-    """SQLSTATE 42704."""
-
-
-_SHOW_ALIASES = {
-    "transaction isolation level": "transaction_isolation",
-    "time zone": "TimeZone",
-    "session authorization": "session_authorization",
-}
-
-
 def _formats(codes: tuple[int, ...], n: int, what: str) -> list[int]:
     if not codes:
         return [0] * n
@@ -694,22 +575,6 @@ def _formats(codes: tuple[int, ...], n: int, what: str) -> list[int]:
     if len(codes) != n:
         raise InvalidRequest(f"{len(codes)} {what} format codes for {n} values")
     return list(codes)
-
-
-def _setting_number(settings: dict[str, str], name: str, default: float) -> float:
-    raw = settings.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidPrivacyParameters(f"{name} must be a number, got {raw[:40]!r}") from None
-    return value
-
-
-def _strip(sql: str) -> str:
-    text = re.sub(r"/\*.*?\*/", " ", sql, flags=re.DOTALL)
-    return re.sub(r"--[^\n]*", " ", text).strip()
 
 
 def _notice(release: Release) -> str:
