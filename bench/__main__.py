@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.common import COUNT_MAE_THEORY, REPO_DIR, RESULTS_DIR, fmt, log
 
-PARTS = ("pums", "smartnoise", "scale", "throughput")
+PARTS = ("pums", "smartnoise", "scale", "throughput", "pgwire")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -139,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
             "throughput",
             lambda: throughput.run(duration=duration, workers=a.workers, clients=a.clients),
         )
+    if "pgwire" in parts:
+        from bench import bench_pgwire
+
+        attempt("pgwire", lambda: bench_pgwire.run(100 if a.quick else 400))
     results["machine_after"] = machine()
     results["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
     rows = table_rows(results)
@@ -193,6 +197,19 @@ def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
         )
 
     P = r["parts"]
+    pg = P.get("pgwire", {})
+    if pg.get("failed"):
+        add("PostgreSQL protocol", "run", f"failed: {pg['failed'][:120]}")
+    elif pg.get("median_ms"):
+        add(
+            "PostgreSQL protocol",
+            "per-query overhead vs HTTP, cached query (wire − HTTP median)",
+            f"{fmt(pg['wire_minus_http_ms'])} ms (wire {fmt(pg['median_ms']['wire'])}, "
+            f"HTTP {fmt(pg['median_ms']['http'])}, in-process "
+            f"{fmt(pg['median_ms']['in_process'])} ms)",
+            "≤ 1 ms",
+            pg["wire_minus_http_ms"] <= 1.0,
+        )
     dp, sn = P.get("pums", {}), P.get("smartnoise", {})
     for name, res in (("dpgate", dp), ("SmartNoise", sn)):
         if res.get("failed"):

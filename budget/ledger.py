@@ -19,6 +19,7 @@ IMMEDIATE), ``reads`` (history, releases, audit log), ``schema`` (tables, migrat
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
@@ -45,7 +46,7 @@ from budget.errors import (
     UnknownAnalyst,
     UnsupportedCost,
 )
-from budget.keys import key_hash, new_api_key
+from budget.keys import ScramVerifier, key_hash, new_api_key, scram_verifier
 from budget.locks import ScopeLocks
 from budget.records import (
     Analyst,
@@ -60,7 +61,7 @@ from budget.records import (
     Reservation,
 )
 from budget.sqlite import install_sqlite_hooks
-from budget.writer import WriteLock, WriteQueue
+from budget.writer import WriteLock, WriteQueue, flush_all
 from mechanisms.types import PrivacyCost
 
 GLOBAL_NAME = "(global)"
@@ -300,7 +301,7 @@ class Ledger:
                 ).first()
                 if exists is not None:
                     raise AnalystExists(f"an analyst named {name!r} already exists")
-                conn.execute(
+                inserted = conn.execute(
                     sa.insert(t_analysts).values(
                         name=name,
                         key_hash=key_hash(key),
@@ -310,7 +311,9 @@ class Ledger:
                         created_at=now,
                         updated_at=now,
                     )
-                )
+                ).inserted_primary_key
+                assert inserted is not None
+                _store_verifier(conn, int(inserted[0]), scram_verifier(key))
         except sa.exc.IntegrityError as exc:  # a concurrent create won the race
             raise AnalystExists(f"an analyst named {name!r} already exists") from exc
         return key
@@ -360,14 +363,43 @@ class Ledger:
     def rotate_key(self, name: str) -> str:
         """Replace the analyst's API key; returns the new key (the old one stops working)."""
         key = new_api_key()
+        verifier = scram_verifier(key)
         with self._transaction(write=True) as conn:
-            self._analyst_row(conn, name, lock=True)
+            row = self._analyst_row(conn, name, lock=True)
             conn.execute(
                 sa.update(t_analysts)
                 .where(t_analysts.c.name == name)
                 .values(key_hash=key_hash(key), updated_at=schema.utcnow())
             )
+            conn.execute(
+                sa.delete(schema.scram_verifiers).where(
+                    schema.scram_verifiers.c.analyst_id == row.id
+                )
+            )
+            _store_verifier(conn, row.id, verifier)
         return key
+
+    def scram_login(self, name: str) -> tuple[Analyst, ScramVerifier] | None:
+        """The analyst named ``name`` and their key's SCRAM-SHA-256 verifier, or ``None``
+        when there is no such analyst or their key predates verifiers (rotate it)."""
+        if not _NAME.match(name):
+            return None
+        v = schema.scram_verifiers
+        with self._transaction(write=False) as conn:
+            row = conn.execute(
+                sa.select(t_analysts, v.c.salt, v.c.iterations, v.c.stored_key, v.c.server_key)
+                .join(v, v.c.analyst_id == t_analysts.c.id)
+                .where(t_analysts.c.name == name)
+            ).first()
+        if row is None:
+            return None
+        verifier = ScramVerifier(
+            salt=base64.b64decode(row.salt),
+            iterations=int(row.iterations),
+            stored_key=base64.b64decode(row.stored_key),
+            server_key=base64.b64decode(row.server_key),
+        )
+        return Analyst(row.name, bool(row.disabled), row.epsilon, row.delta), verifier
 
     def update_analyst(
         self,
@@ -686,10 +718,29 @@ class Ledger:
         until: datetime | None = None,
         limit: int = 1000,
     ) -> list[AuditEntry]:
-        """Logged requests, newest first, optionally of one analyst, in [since, until)."""
-        self.flush()
+        """Logged requests, newest first, optionally of one analyst, in [since, until).
+
+        Rows another process queued in its last ``budget.writer.LINGER_S`` may not be
+        written yet; this process's are (``flush_all``)."""
+        flush_all()
         with self._transaction(write=False) as conn:
             return reads.audit_log(conn, analyst, since, until, limit)
+
+
+def _store_verifier(conn: Connection, analyst_id: int, verifier: ScramVerifier) -> None:
+    def b64(raw: bytes) -> str:
+        return base64.b64encode(raw).decode("ascii")
+
+    conn.execute(
+        sa.insert(schema.scram_verifiers).values(
+            analyst_id=analyst_id,
+            salt=b64(verifier.salt),
+            iterations=verifier.iterations,
+            stored_key=b64(verifier.stored_key),
+            server_key=b64(verifier.server_key),
+            created_at=schema.utcnow(),
+        )
+    )
 
 
 def _clamped(eps: float, delta: float, rho: float, sel: float) -> PrivacyCost:

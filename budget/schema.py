@@ -147,6 +147,28 @@ refusals = sa.Table(
 )
 
 
+# SCRAM-SHA-256 verifiers of the analysts' API keys (schema v5), for the PostgreSQL
+# front end: made with the key (create, rotate), replaced when it is rotated. Keys made
+# before this table existed have none: such an analyst rotates the key to log in over
+# the PostgreSQL protocol (docs/connect.md). Configuration, like the key hash.
+scram_verifiers = sa.Table(
+    "dpgate_scram_verifiers",
+    metadata,
+    sa.Column(
+        "analyst_id",
+        sa.Integer,
+        sa.ForeignKey("dpgate_analysts.id"),
+        primary_key=True,
+        autoincrement=False,
+    ),
+    sa.Column("salt", sa.String(64), nullable=False),  # base64
+    sa.Column("iterations", sa.Integer, nullable=False),
+    sa.Column("stored_key", sa.String(64), nullable=False),  # base64
+    sa.Column("server_key", sa.String(64), nullable=False),  # base64
+    sa.Column("created_at", sa.DateTime, nullable=False),
+)
+
+
 def utcnow() -> datetime:
     """Now, as the naive UTC datetime every table stores."""
     return datetime.now(UTC).replace(tzinfo=None)
@@ -176,8 +198,19 @@ def _v3_refusals(conn: Connection) -> None:
     refusals.create(conn, checkfirst=True)
 
 
+def _v5_scram_verifiers(conn: Connection) -> None:
+    # Independent of every earlier migration but the first (dpgate_analysts): it is the
+    # fifth, after v4 (budgets), and creates only its own table.
+    scram_verifiers.create(conn, checkfirst=True)
+
+
 # Append new migrations here; never edit an applied one.
-MIGRATIONS: tuple[Callable[[Connection], None], ...] = (_v1_initial, _v2_checkpoints, _v3_refusals)
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
+    _v1_initial,
+    _v2_checkpoints,
+    _v3_refusals,
+    _v5_scram_verifiers,
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _PG_MIGRATION_LOCK = 0x64706761  # "dpga": serializes concurrent migrate() on PostgreSQL

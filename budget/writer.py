@@ -210,6 +210,13 @@ def _run_in_savepoint(conn: Connection, op: _Op) -> None:
         op.ok = True
 
 
+def flush_all() -> None:
+    """Write every queued row of every ledger open in this process (readers of the
+    request log call it: another Ledger on the same file may hold rows not yet written)."""
+    for q in list(_queues):
+        q.flush()
+
+
 @atexit.register
 def _flush_all() -> None:  # request-log rows queued just before the process exits
     for q in list(_queues):

@@ -172,6 +172,29 @@ class LimitsConfig:
     address_per_minute: int | None = None
 
 
+#: PostgreSQL's own port: dpgate's wire front end never takes it (a real server may run
+#: beside it, and a client that meant the real database must not reach dpgate by accident).
+POSTGRES_DEFAULT_PORT = 5432
+
+
+@dataclass(frozen=True)
+class WireTlsConfig:
+    """TLS for the PostgreSQL front end: a PEM certificate chain and its private key."""
+
+    cert: Path
+    key: Path
+    require: bool = False  # refuse clients that do not ask for TLS
+
+
+@dataclass(frozen=True)
+class PostgresWireConfig:
+    """``postgres_wire:``: dpgate also speaks the PostgreSQL protocol on ``port``."""
+
+    port: int
+    tls: WireTlsConfig | None = None
+    max_connections: int = 64
+
+
 @dataclass(frozen=True)
 class AnalystBootstrap:
     name: str
@@ -192,6 +215,7 @@ class Config:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     analysts: tuple[AnalystBootstrap, ...] = ()
+    postgres_wire: PostgresWireConfig | None = None
     source: Path | None = None
 
     @property
@@ -233,6 +257,7 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
             "execution",
             "tables",
             "analysts",
+            "postgres_wire",
         },
     )
     db = v.section(raw, "database", required=True)
@@ -276,6 +301,7 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
     )
     tables = _tables(v, raw.get("tables"))
     analysts = _analysts(v, raw.get("analysts"))
+    wire = _postgres_wire(v, raw, base_dir)
     v.raise_if_any()
     return Config(
         database=database,
@@ -287,8 +313,50 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
         limits=limits,
         execution=execution,
         analysts=analysts,
+        postgres_wire=wire,
         source=source,
     )
+
+
+def _postgres_wire(
+    v: _Validator, raw: Mapping[str, Any], base_dir: Path | None
+) -> PostgresWireConfig | None:
+    pw = v.section(raw, "postgres_wire")
+    if "postgres_wire" not in raw or raw.get("postgres_wire") is None:
+        return None
+    v.no_unknown(pw, "postgres_wire", {"port", "tls", "max_connections"})
+    port = v.integer(pw, "postgres_wire.port", None, low=0)  # 0: any free port
+    if port is None:
+        v.problem("postgres_wire.port: missing (required)")
+        port = 0
+    elif port > 65535:
+        v.problem("postgres_wire.port: must be ≤ 65535")
+    elif port == POSTGRES_DEFAULT_PORT:
+        v.problem(
+            f"postgres_wire.port: {POSTGRES_DEFAULT_PORT} is PostgreSQL's own port; pick "
+            "another (clients that meant a real database must not reach dpgate)"
+        )
+    max_connections = v.integer(pw, "postgres_wire.max_connections", 64, low=1) or 64
+    tls = None
+    tl = v.section(pw, "tls")
+    if pw.get("tls") is not None:
+        v.no_unknown(tl, "postgres_wire.tls", {"cert", "key", "require"})
+        files: list[Path] = []
+        for name in ("cert", "key"):
+            text = v.string(tl, f"postgres_wire.tls.{name}", required=True)
+            path = Path(text)
+            if text and base_dir is not None and not path.is_absolute():
+                path = base_dir / path
+            # Checked when the config comes from a file (relative paths resolve from it).
+            if text and base_dir is not None and not path.is_file():
+                v.problem(f"postgres_wire.tls.{name}: no such file: {path}")
+            files.append(path)
+        require = tl.get("require", False)
+        if not isinstance(require, bool):
+            v.problem("postgres_wire.tls.require: must be true or false")
+            require = False
+        tls = WireTlsConfig(cert=files[0], key=files[1], require=require)
+    return PostgresWireConfig(port=port, tls=tls, max_connections=max_connections)
 
 
 def _resolve_url(url: str, base_dir: Path | None) -> str:

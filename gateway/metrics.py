@@ -78,7 +78,7 @@ RATE_LIMITED = Counter(
     ["scope"],
 )
 
-_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "PG"})
 BACKEND_OF_CODE = {"database_unavailable": "database", "ledger_unavailable": "ledger"}
 
 

@@ -40,6 +40,8 @@ class RequestRecord:
     epsilon_spent: float | None = None
     status: int = 0
     error_code: str | None = None
+    # A query request on a front end other than ``POST /v1/query`` (the wire protocol).
+    is_query: bool = False
 
     @property
     def analyst(self) -> str | None:
@@ -60,7 +62,7 @@ def observe(record: RequestRecord, ledger: budget.Ledger | None) -> None:
         duration_s=duration,
     )
     outcome = None
-    if record.rule == QUERY_RULE and record.method == "POST":
+    if record.is_query or (record.rule == QUERY_RULE and record.method == "POST"):
         outcome = record.outcome or code or "answered"
         metrics.record_query(
             analyst=record.analyst,

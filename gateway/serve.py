@@ -71,10 +71,44 @@ def run(
 
     configure_logging()
     factory = _factory(app_factory, config)
+    if config.postgres_wire is not None:
+        _start_postgres_wire(config_path, host)
     if chosen == "gunicorn":
         _run_gunicorn(factory, host=host, port=port, workers=workers)
     else:
         _run_waitress(factory, host=host, port=port, workers=workers)
+
+
+def _start_postgres_wire(config_path: str, host: str) -> None:
+    """Serve the PostgreSQL protocol (``postgres_wire:``) from a process of its own, with
+    its own Gateway on the same config and ledger, stopped when this one exits (and
+    exiting by itself if this one is killed)."""
+    import subprocess
+
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.pgwire",
+            "--config",
+            config_path,
+            "--host",
+            host,
+            "--parent",
+            str(os.getpid()),
+        ]
+    )
+    master = os.getpid()
+
+    def stop() -> None:
+        if os.getpid() == master and child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=GRACEFUL_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+    atexit.register(stop)
 
 
 def _fail(problems: list[str], header: str = "dpgate: cannot start:") -> NoReturn:

@@ -57,13 +57,27 @@ def serve(config_path: str, host: str, port: int, workers: int) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option("--workers", default=2, show_default=True, type=int)
+@click.option(
+    "--pg-port",
+    default=None,
+    type=int,
+    help="the PostgreSQL protocol's port (default: the HTTP port + 7352, 8080 → 15432)",
+)
 @click.option("--no-serve", is_flag=True, help="build the demo and print the key, then exit")
 @click.option(
     "--fresh",
     is_flag=True,
     help="start afresh: forget the earlier demo's answers, spent budget and analysts",
 )
-def demo(directory: str, host: str, port: int, workers: int, no_serve: bool, fresh: bool) -> None:
+def demo(
+    directory: str,
+    host: str,
+    port: int,
+    workers: int,
+    pg_port: int | None,
+    no_serve: bool,
+    fresh: bool,
+) -> None:
     """Build the demo hospital database and config, print a demo analyst key, and serve.
 
     Run again, it resumes the earlier demo (same ledger: what was spent stays spent) and
@@ -73,7 +87,9 @@ def demo(directory: str, host: str, port: int, workers: int, no_serve: bool, fre
 
     if not no_serve:
         check_port(host, port, _make_or("PORT=8081", "--port 8081"))
-    demo_run = prepare(Path(directory), fresh=fresh)
+    if pg_port is None:
+        pg_port = port + 7352 if port + 7352 <= 65535 else port - 7352
+    demo_run = prepare(Path(directory), fresh=fresh, postgres_port=pg_port)
     admin_key = os.environ.get("DPGATE_ADMIN_KEY")
     if not admin_key:
         admin_key = secrets.token_urlsafe(24)
@@ -111,6 +127,7 @@ dpgate demo
   {dpgate} query --url {url} --key {key} "SELECT COUNT(*) FROM patients"
   {dpgate} query --url {url} --key {key} --dry-run "SELECT zip, COUNT(*) FROM patients GROUP BY zip"
   {dpgate} budget show demo --config {config}
+  PGPASSWORD={key} psql "host={host} port={pg_port} user=demo dbname=dpgate sslmode=disable"
 """
     )
     if no_serve:

@@ -35,7 +35,7 @@ class DemoFiles:
     resumed: str | None
 
 
-def prepare(directory: Path, *, fresh: bool = False) -> DemoFiles:
+def prepare(directory: Path, *, fresh: bool = False, postgres_port: int | None = None) -> DemoFiles:
     """Write the demo into ``directory`` and give the demo analyst a new key."""
     from gateway.cli.render import number
 
@@ -48,7 +48,7 @@ def prepare(directory: Path, *, fresh: bool = False) -> DemoFiles:
     existed = ledger_path.exists()
     if not db.exists():
         build(db)
-    config_path.write_text(config_yaml(str(db), str(ledger_path)))
+    config_path.write_text(config_yaml(str(db), str(ledger_path), postgres_port))
     config = load_config(config_path)
     ledger = budget.Ledger.from_url(
         config.ledger.url,

@@ -166,8 +166,9 @@ def build(path: Path, *, patients: int = PATIENTS, seed: int = SEED) -> None:
     conn.close()
 
 
-def config_yaml(database: str, ledger: str) -> str:
-    """The demo config declaring what is public about the demo tables."""
+def config_yaml(database: str, ledger: str, postgres_port: int | None = None) -> str:
+    """The demo config declaring what is public about the demo tables (and, with
+    ``postgres_port``, serving the PostgreSQL protocol there)."""
     cities = ", ".join(CITIES)
     diseases = ", ".join(DISEASES)
     departments = ", ".join(DEPARTMENTS)
@@ -219,4 +220,4 @@ tables:
       cost:           {{type: real, lower: 0.0, upper: 20000.0}}
 analysts:
   - {{name: demo, epsilon: 10.0, delta: 1.0e-6}}
-"""
+""" + (f"postgres_wire:\n  port: {postgres_port}\n" if postgres_port is not None else "")

@@ -1,0 +1,451 @@
+"""Where a statement goes, and catalogue SQL rewritten onto the emulated catalogue.
+
+``classify`` sorts one statement of a client into:
+
+- ``session``: SET, SHOW, RESET, BEGIN/COMMIT/ROLLBACK, DISCARD, DEALLOCATE — answered
+  by the session itself, from public settings;
+- ``catalog``: a SELECT that reads only ``pg_catalog`` / ``information_schema`` tables (or
+  no table at all: ``SELECT version()``) — answered by ``gateway.pgwire.catalog`` from the
+  config;
+- ``query``: everything else — sent, as text, through the same pipeline as
+  ``POST /v1/query`` (which refuses what it does not support, free).
+
+Catalogue SQL is parsed by sqlglot as PostgreSQL, its catalogue names mapped onto the
+emulated tables, PostgreSQL-only functions and casts replaced by equivalents, and
+generated for DuckDB. A catalogue query naming any table that is not emulated (a
+protected table among them) is refused, never half-answered.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import SqlglotError
+from sqlglot.tokens import TokenType
+
+from gateway.errors import UnsupportedQuery
+from gateway.pgwire.catalog import CATALOG_SCHEMA, INFO_SCHEMA, VERSION_TEXT
+from gateway.pgwire.catalog_tables import (
+    CATALOG_TABLES,
+    DATABASE,
+    INFORMATION_SCHEMA_TABLES,
+    OWNER,
+)
+
+Route = Literal["session", "catalog", "query", "empty"]
+
+_SESSION = re.compile(
+    r"^\s*(SET|SHOW|RESET|BEGIN|START|COMMIT|END|ROLLBACK|ABORT|DISCARD|DEALLOCATE|"
+    r"SAVEPOINT|RELEASE|LISTEN|UNLISTEN|CLOSE)\b",
+    re.IGNORECASE,
+)
+_TABLE_FUNCTIONS = ("generate_series", "unnest", "pg_get_keywords")
+_SCHEMAS = {"pg_catalog": CATALOG_SCHEMA, "information_schema": INFO_SCHEMA}
+
+
+@dataclass(frozen=True)
+class SessionContext:
+    """What catalogue functions answer for this connection."""
+
+    user: str
+    process_id: int
+    settings: dict[str, str]
+
+
+def split_statements(sql: str) -> list[str]:
+    """The statements of a simple Query message, split at top-level semicolons.
+
+    Uses sqlglot's tokenizer so semicolons in strings, identifiers and comments do not
+    split; text that does not tokenise is one statement (the pipeline reports the error).
+    """
+    try:
+        tokens = sqlglot.Tokenizer(dialect="postgres").tokenize(sql)
+    except SqlglotError:
+        return [sql] if sql.strip() else []
+    parts: list[str] = []
+    start = 0
+    for token in tokens:
+        if token.token_type == TokenType.SEMICOLON:
+            parts.append(sql[start : token.start])
+            start = token.end + 1
+    parts.append(sql[start:])
+    return [p for p in parts if p.strip()]
+
+
+def classify(sql: str) -> tuple[Route, exp.Expr | None]:
+    """Where ``sql`` goes, and its parse tree when it is a catalogue query."""
+    if not sql.strip() or not _strip_comments(sql).strip():
+        return "empty", None
+    if _SESSION.match(_strip_comments(sql)):
+        return "session", None
+    try:
+        tree = sqlglot.parse_one(sql, read="postgres")
+    except SqlglotError:
+        return "query", None
+    if not isinstance(tree, exp.Query):
+        return "query", None
+    tables = list(tree.find_all(exp.Table))
+    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+    if all(_is_catalog_table(t, ctes) for t in tables):
+        return "catalog", tree
+    return "query", None
+
+
+def _strip_comments(sql: str) -> str:
+    text = re.sub(r"/\*.*?\*/", " ", sql, flags=re.DOTALL)
+    return re.sub(r"--[^\n]*", " ", text)
+
+
+def _is_catalog_table(table: exp.Table, ctes: set[str]) -> bool:
+    if not isinstance(table.this, exp.Identifier):
+        return _table_function(table) is not None
+    name = table.name.lower()
+    db = table.db.lower()
+    if db in ("pg_catalog", "information_schema"):
+        return True
+    if not db:
+        return name in CATALOG_TABLES or name in ctes
+    return False
+
+
+def _table_function(table: exp.Table) -> str | None:
+    inner = table.this
+    if isinstance(inner, exp.ExplodingGenerateSeries | exp.GenerateSeries):
+        return "generate_series"
+    if isinstance(inner, exp.Anonymous) and str(inner.this).lower() in _TABLE_FUNCTIONS:
+        return str(inner.this).lower()
+    return None
+
+
+#: Functions that turn a short statement into a huge allocation (the statement timeout
+#: interrupts between operators, not inside one). No catalogue query of a client uses them.
+_AMPLIFIERS = frozenset(
+    {
+        "repeat",
+        "lpad",
+        "rpad",
+        "pad",
+        "space",
+        "range",
+        "list_resize",
+        "array_resize",
+        "printf",
+        "format",
+        "generate_series",
+        "explodinggenerateseries",
+        "generatedaterange",
+    }
+)
+
+
+def rewrite_catalog(tree: exp.Expr, context: SessionContext) -> str:
+    """The catalogue query as DuckDB SQL over the emulated tables."""
+    tree = tree.copy()
+    for func in tree.find_all(exp.Func):
+        name = _function_name(func)
+        key = name.replace("_", "")
+        if isinstance(func.parent, exp.Table) and key in (
+            "generateseries",
+            "unnest",
+            "explodinggenerateseries",
+        ):
+            continue  # generate_series(…) as a table: rows stream, under the timeout
+        if key in _AMPLIFIERS or type(func).__name__.lower() in _AMPLIFIERS:
+            raise UnsupportedQuery(
+                f"{name}() is not available in catalogue queries", construct="catalog"
+            )
+    ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
+    for table in list(tree.find_all(exp.Table)):
+        if _table_function(table) == "pg_get_keywords":
+            table.set("this", exp.to_identifier("dpg_keywords"))
+            table.set("db", exp.to_identifier(CATALOG_SCHEMA))
+            table.set("catalog", None)
+            continue
+        if not isinstance(table.this, exp.Identifier):
+            table.set("db", None)  # pg_catalog.generate_series(…) → generate_series(…)
+            table.set("catalog", None)
+            continue
+        name, db = table.name.lower(), table.db.lower()
+        if not db and name in ctes:
+            continue
+        if db == "information_schema":
+            if name not in INFORMATION_SCHEMA_TABLES:
+                raise UnsupportedQuery(
+                    f"information_schema.{name} is not available through dpgate",
+                    construct="catalog",
+                )
+            schema = INFO_SCHEMA
+        else:
+            if name not in CATALOG_TABLES or name.startswith("dpg_"):
+                raise UnsupportedQuery(
+                    f"pg_catalog.{name} is not available through dpgate", construct="catalog"
+                )
+            schema = CATALOG_SCHEMA
+        table.set("db", exp.to_identifier(schema))
+        table.set("catalog", None)
+        table.set("this", exp.to_identifier(name))
+    for column in tree.find_all(exp.Column):
+        qualifier = column.args.get("db")
+        if isinstance(qualifier, exp.Identifier) and qualifier.name.lower() in _SCHEMAS:
+            column.set("db", exp.to_identifier(_SCHEMAS[qualifier.name.lower()]))
+            column.set("catalog", None)
+    for rewrite in (_unqualify, _operators, _casts):
+        tree = tree.transform(rewrite)
+    tree = tree.transform(lambda node: _functions(node, context))
+    return tree.sql(dialect="duckdb")
+
+
+def _unqualify(node: exp.Expr) -> exp.Expr:
+    if isinstance(node, exp.Dot) and _is_pg_catalog(node.this):
+        return node.expression  # pg_catalog.func(...) → func(...)
+    if isinstance(node, exp.Collate):
+        return node.this
+    if isinstance(node, exp.ByteString):
+        return exp.Literal.string(str(node.this))
+    return node
+
+
+def _casts(node: exp.Expr) -> exp.Expr:
+    return _cast(node) if isinstance(node, exp.Cast) else node
+
+
+def _operators(node: exp.Expr) -> exp.Expr:
+    if isinstance(node, exp.Operator):
+        op = str(node.args.get("operator") or "").split(".")[-1].strip()
+        builder = _OPERATORS.get(op)
+        if builder is None:
+            raise UnsupportedQuery(f"operator {op} is not available", construct="catalog")
+        return builder(node.this, node.expression)
+    return node
+
+
+def _functions(node: exp.Expr, context: SessionContext) -> exp.Expr:
+    if isinstance(node, exp.CurrentUser | exp.SessionUser):
+        return exp.Literal.string(context.user)
+    if isinstance(node, exp.CurrentSchema):
+        return exp.Literal.string("public")
+    if isinstance(node, exp.CurrentSchemas):
+        return exp.Array(
+            expressions=[exp.Literal.string("pg_catalog"), exp.Literal.string("public")]
+        )
+    if isinstance(node, exp.CurrentDatabase | exp.CurrentCatalog):
+        return exp.Literal.string(DATABASE)
+    if isinstance(node, exp.Func):
+        name = _function_name(node)
+        replacement = _FUNCTIONS.get(name)
+        if replacement is not None:
+            args = [a.transform(lambda n: _functions(n, context)) for a in _arguments(node)]
+            return replacement(args, context)
+    return node
+
+
+def _is_pg_catalog(node: exp.Expr) -> bool:
+    return isinstance(node, exp.Identifier | exp.Column) and node.name.lower() == "pg_catalog"
+
+
+def _function_name(node: exp.Func) -> str:
+    if isinstance(node, exp.Anonymous):
+        return str(node.this).lower()
+    return node.sql_name().lower()
+
+
+def _arguments(node: exp.Func) -> list[exp.Expr]:
+    if isinstance(node, exp.Anonymous):
+        return list(node.expressions)
+    args: list[exp.Expr] = []
+    for value in node.args.values():
+        if isinstance(value, list):
+            args.extend(v for v in value if isinstance(v, exp.Expr))
+        elif isinstance(value, exp.Expr):
+            args.append(value)
+    return args
+
+
+def _regex(this: exp.Expr, pattern: exp.Expr) -> exp.Expr:
+    return exp.RegexpLike(this=this, expression=pattern)
+
+
+_OPERATORS: dict[str, Callable[[exp.Expr, exp.Expr], exp.Expr]] = {
+    "~": _regex,
+    "!~": lambda a, b: exp.Not(this=_regex(a, b)),
+    "~*": lambda a, b: exp.RegexpILike(this=a, expression=b),
+    "=": lambda a, b: exp.EQ(this=a, expression=b),
+    "<>": lambda a, b: exp.NEQ(this=a, expression=b),
+    "~~": lambda a, b: exp.Like(this=a, expression=b),
+}
+
+
+def _const(value: object) -> Callable[[list[exp.Expr], SessionContext], exp.Expr]:
+    def build(_args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
+        if value is None:
+            return exp.Null()
+        if isinstance(value, bool):
+            return exp.Boolean(this=value)
+        if isinstance(value, int):
+            return exp.Literal.number(value)
+        return exp.Literal.string(str(value))
+
+    return build
+
+
+def _call(name: str) -> Callable[[list[exp.Expr], SessionContext], exp.Expr]:
+    def build(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
+        return exp.Anonymous(this=name, expressions=args)
+
+    return build
+
+
+def _format_type(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
+    return exp.Anonymous(this="dpg_format_type", expressions=[args[0], exp.Null()])
+
+
+def _current_setting(args: list[exp.Expr], context: SessionContext) -> exp.Expr:
+    if args and isinstance(args[0], exp.Literal):
+        value = context.settings.get(args[0].name)
+        if value is not None:
+            return exp.Literal.string(value)
+    return exp.Null()
+
+
+def _set_config(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
+    return args[1] if len(args) > 1 else exp.Null()
+
+
+def _quote_ident(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
+    doubled = exp.Anonymous(
+        this="replace",
+        expressions=[args[0], exp.Literal.string('"'), exp.Literal.string('""')],
+    )
+    return exp.DPipe(
+        this=exp.DPipe(this=exp.Literal.string('"'), expression=doubled),
+        expression=exp.Literal.string('"'),
+    )
+
+
+def _array_length(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
+    return exp.Anonymous(this="len", expressions=args[:1])
+
+
+def _backend_pid(_args: list[exp.Expr], context: SessionContext) -> exp.Expr:
+    return exp.Literal.number(context.process_id)
+
+
+_FUNCTIONS: dict[str, Callable[[list[exp.Expr], SessionContext], exp.Expr]] = {
+    "version": _const(VERSION_TEXT),
+    "pg_get_userbyid": _const(OWNER),
+    "pg_encoding_to_char": _const("UTF8"),
+    "pg_get_expr": _const(None),
+    "pg_get_indexdef": _const(None),
+    "pg_get_constraintdef": _const(None),
+    "pg_get_viewdef": _const(None),
+    "pg_get_triggerdef": _const(None),
+    "pg_get_partkeydef": _const(None),
+    "pg_get_function_identity_arguments": _const(None),
+    "pg_get_statisticsobjdef_columns": _const(None),
+    "obj_description": _const(None),
+    "col_description": _const(None),
+    "shobj_description": _const(None),
+    "has_table_privilege": _const(True),
+    "has_schema_privilege": _const(True),
+    "has_database_privilege": _const(True),
+    "has_column_privilege": _const(True),
+    "has_any_column_privilege": _const(True),
+    "pg_has_role": _const(False),
+    "pg_relation_is_publishable": _const(False),
+    "pg_is_in_recovery": _const(False),
+    "pg_type_is_visible": _const(True),
+    "pg_collation_is_visible": _const(True),
+    "pg_get_serial_sequence": _const(None),
+    "pg_function_is_visible": _const(True),
+    "pg_is_other_temp_schema": _const(False),
+    "pg_my_temp_schema": _const(0),
+    "pg_tablespace_location": _const(""),
+    "pg_total_relation_size": _const(None),
+    "pg_relation_size": _const(None),
+    "pg_table_size": _const(None),
+    "pg_indexes_size": _const(None),
+    "pg_size_pretty": _const(None),
+    "pg_postmaster_start_time": _const(None),
+    "inet_server_addr": _const(None),
+    "inet_server_port": _const(None),
+    "txid_current": _const(None),
+    "format_type": _format_type,
+    "pg_table_is_visible": _call("dpg_table_is_visible"),
+    "to_regtype": _call("dpg_regtype"),
+    "to_regclass": _call("dpg_regclass"),
+    "current_setting": _current_setting,
+    "set_config": _set_config,
+    "quote_ident": _quote_ident,
+    "pg_backend_pid": _backend_pid,
+    "array_upper": _array_length,
+    "json_build_object": _call("json_object"),
+    "array_length": _array_length,
+}
+
+
+_UINT = exp.DataType.build("UINTEGER", dialect="duckdb")
+_NAMED = {
+    "regtype": "dpg_regtype_name",
+    "regclass": "dpg_regclass_name",
+    "regnamespace": "dpg_regnamespace_name",
+}
+
+
+def _cast(node: exp.Cast) -> exp.Expr:
+    target = node.to
+    spelled = target.sql(dialect="postgres")
+    if "pg_catalog." in spelled.lower():
+        unqualified = re.sub(r"(?i)pg_catalog\.", "", spelled)
+        try:
+            target = exp.DataType.build(unqualified, dialect="postgres")
+        except SqlglotError:
+            target = exp.DataType.build("TEXT")
+        node = exp.Cast(this=node.this, to=target)
+    kind = _type_name(target)
+    value = node.this
+    inner_kind = _type_name(value.to) if isinstance(value, exp.Cast) else None
+    if kind in ("text", "varchar", "name") and inner_kind in _NAMED:
+        assert isinstance(value, exp.Cast)
+        oid = exp.cast(value.this.transform(_casts), _UINT)
+        return exp.Anonymous(this=_NAMED[inner_kind], expressions=[oid])
+    value = value.transform(_casts)
+    if kind == "regclass":
+        if isinstance(value, exp.Literal) and value.is_string:
+            return exp.Anonymous(this="dpg_regclass", expressions=[value])
+        return exp.cast(value, _UINT)
+    if kind == "regtype":
+        if isinstance(value, exp.Literal) and value.is_string:
+            return exp.Anonymous(this="dpg_regtype", expressions=[value])
+        return exp.cast(value, _UINT)
+    if kind in ("text", "varchar", "name", "char", "bpchar"):
+        return exp.cast(value, exp.DataType.build("VARCHAR"))
+    if kind in ("regproc", "regprocedure"):
+        if isinstance(value, exp.Literal) and value.is_string:
+            return exp.Literal.string(value.name.split(".")[-1])
+        return exp.cast(value, exp.DataType.build("VARCHAR"))
+    if kind in ("oid", "regnamespace", "regoper", "xid"):
+        return exp.cast(value, exp.DataType.build("BIGINT"))
+    if kind in ("int2vector", "oidvector"):
+        return exp.cast(value, exp.DataType.build("VARCHAR"))
+    return exp.Cast(this=value, to=target)
+
+
+def _type_name(target: exp.Expr) -> str:
+    if isinstance(target, exp.DataType):
+        if target.this == exp.DataType.Type.USERDEFINED:
+            kind = target.args.get("kind")
+            if isinstance(kind, exp.Dot):
+                return kind.expression.name.lower()
+            if isinstance(kind, exp.Identifier):
+                return kind.name.lower()
+            return str(kind or "").lower().split(".")[-1].strip('"')
+        kind = target.this
+        return str(getattr(kind, "value", kind)).lower()
+    if isinstance(target, exp.ObjectIdentifier):
+        return target.name.lower()
+    return ""
