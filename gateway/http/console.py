@@ -34,14 +34,14 @@ from typing import Any
 from flask import Blueprint, Flask, Response, jsonify, request, send_file
 
 import budget
-import gateway.console
+from gateway import console as console_package
 from gateway.console.charts import release_chart, spend_chart
 from gateway.console.spend import spend_series
 from gateway.errors import LedgerUnavailable, NotFound
 from gateway.http.auth import gateway, require_admin, require_analyst
 from gateway.openapi import document, register_schema
 
-STATIC = Path(gateway.console.__file__).parent / "static"
+STATIC = Path(console_package.__file__).parent / "static"
 PREFIX = "/ui"
 
 CONTENT_SECURITY_POLICY = "; ".join(

@@ -73,11 +73,16 @@ function el(tag, attrs = {}, ...children) {
     else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
     else node.setAttribute(k, v === true ? "" : String(v));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === null || child === undefined || child === false) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
   return node;
+}
+
+// replaceChildren that skips absent parts (null, undefined, false) instead of printing them.
+function fill(node, ...children) {
+  node.replaceChildren(...children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
 }
 
 function show(node, visible = true) {
@@ -144,7 +149,8 @@ function explain(error) {
 }
 
 function showError(box, error) {
-  box.replaceChildren(
+  fill(
+    box,
     el("p", { class: "plain", text: explain(error) }),
     el("p", { class: "detail" }, el("code", { text: error.code }), ": ", error.message),
     error.detail && error.detail.request_id
@@ -185,8 +191,9 @@ $("signin-form").addEventListener("submit", async (event) => {
     sessionStorage.setItem(NAME_STORAGE, who.name);
     Object.assign(state, { role: who.role, name: who.name });
     say(`Signed in as ${who.name}.`);
-    location.hash = who.role === "admin" ? "#analysts" : "#query";
-    route();
+    const target = who.role === "admin" ? "#analysts" : "#query";
+    if (location.hash === target) route();
+    else location.hash = target; // hashchange routes
   } catch (e) {
     state.key = null;
     showError($("signin-error"), e);
@@ -243,7 +250,7 @@ window.addEventListener("hashchange", route);
 function describeColumn(c) {
   const parts = [c.type];
   if (c.privacy_unit) parts.push("privacy unit");
-  if (c.lower !== undefined && c.upper !== undefined) parts.push(`bounds ${fmt(c.lower)} to ${fmt(c.upper)}`);
+  if (c.lower !== undefined && c.upper !== undefined) parts.push(`bounds ${c.lower} to ${c.upper}`);
   if (c.nullable) parts.push("nullable");
   return parts.join(", ");
 }
@@ -351,7 +358,7 @@ function renderGauge() {
   const period = b.period && b.period !== "none"
     ? el("p", { id: "gauge-period", text: `Budget period: ${b.period}${b.period_ends_at ? `, renews ${when(b.period_ends_at)}` : ""}.` })
     : null;
-  box.replaceChildren(meter, list, fits, period, el("p", { class: "hint", text: `Accounting: ${b.composition}.` }));
+  fill(box, meter, list, fits, period, el("p", { class: "hint", text: `Accounting: ${b.composition}.` }));
 }
 
 async function refreshBudget() {
@@ -401,7 +408,8 @@ function renderDryRun(data) {
   });
   const plan = data.plan || {};
   const keys = (plan.group_keys || []).map((k) => `${k.name} (${k.release})`).join(", ");
-  $("dry-run-body").replaceChildren(
+  fill(
+    $("dry-run-body"),
     el("dl", { class: "figures", id: "dry-run-figures" }, items.map(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })])),
     accRows.length ? table("Expected accuracy of each noisy column", ["column", "expected error"], accRows) : null,
     keys ? el("p", { text: `Groups: ${keys}.` }) : null,
@@ -540,7 +548,8 @@ function rerunFromHistory(q) {
   $("mechanism").value = q.mechanism === "gaussian" || q.mechanism === "laplace" ? q.mechanism : "";
   // The cache key holds δ only for the Gaussian; for Laplace the request's δ is the default.
   $("delta").value = q.mechanism === "gaussian" && p.delta ? p.delta : "";
-  location.hash = "#query";
+  if (location.hash !== "#query") history.replaceState(null, "", "#query");
+  route();
   runQuery(false);
 }
 
