@@ -159,7 +159,13 @@ def _release_spec(
     if truncated_from is not None:
         title += f" (first {len(points)} of {truncated_from} rows)"
     if kind == "bars":
-        x: dict[str, Any] = {"field": "key", "type": "nominal", "title": key_title, "sort": None}
+        x: dict[str, Any] = {
+            "field": "key",
+            "type": "nominal",
+            "title": key_title,
+            "sort": None,
+            "axis": {"labelAngle": 0 if len(points) <= 8 else -45, "labelLimit": 160},
+        }
     else:
         x = {
             "field": "key",
@@ -242,9 +248,24 @@ def spend_chart(
                 "x": {"field": "at", "type": "temporal", "title": "time (UTC)"},
                 "y": {"field": "epsilon_spent", "type": "quantitative", "title": "ε spent"},
                 "tooltip": [
-                    {"field": "at", "type": "temporal", "title": "time", "format": "%Y-%m-%d %H:%M:%S"},
-                    {"field": "epsilon_spent", "type": "quantitative", "title": "ε spent", "format": ".4~f"},
-                    {"field": "query_epsilon", "type": "quantitative", "title": "this query's ε", "format": ".4~f"},
+                    {
+                        "field": "at",
+                        "type": "temporal",
+                        "title": "time",
+                        "format": "%Y-%m-%d %H:%M:%S",
+                    },
+                    {
+                        "field": "epsilon_spent",
+                        "type": "quantitative",
+                        "title": "ε spent",
+                        "format": ".4~f",
+                    },
+                    {
+                        "field": "query_epsilon",
+                        "type": "quantitative",
+                        "title": "this query's ε",
+                        "format": ".4~f",
+                    },
                     {"field": "outcome", "type": "nominal", "title": "outcome"},
                 ],
             },

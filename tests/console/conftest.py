@@ -44,7 +44,9 @@ class Served:
     gateway: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def call(self, method: str, path: str, body: Any = None, key: str | None = None) -> tuple[int, Any]:
+    def call(
+        self, method: str, path: str, body: Any = None, key: str | None = None
+    ) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method)
         if data is not None:

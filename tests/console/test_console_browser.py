@@ -128,7 +128,9 @@ def test_an_analyst_and_the_admin_go_through_the_console(served: Served, watched
     page.get_by_role("button", name="Dry run (free)").click()
     dry = page.locator("#dry-run-result")
     dry.wait_for()
-    expected = served.call("POST", "/v1/query", {"sql": GROUP_BY, "epsilon": 0.5, "dry_run": True}, key)[1]
+    expected = served.call(
+        "POST", "/v1/query", {"sql": GROUP_BY, "epsilon": 0.5, "dry_run": True}, key
+    )[1]
     assert "ε 0.5 (laplace)" in dry.inner_text()
     half = expected["accuracy"]["n"]["ci95_halfwidth"]
     assert f"± {half:g} (95%)" in dry.inner_text()
@@ -194,7 +196,9 @@ def test_an_analyst_and_the_admin_go_through_the_console(served: Served, watched
     # The admin: add an analyst, whose key is shown once and works.
     sign_in(w, served, served.admin_key)
     page.locator("#analysts-table tbody tr").first.wait_for()
-    assert page.locator("#analysts-table").get_by_role("cell", name="alice", exact=True).count() == 1
+    assert (
+        page.locator("#analysts-table").get_by_role("cell", name="alice", exact=True).count() == 1
+    )
     add = page.locator("#add-form")
     add.get_by_label("Name").fill("carol")
     add.get_by_label("ε budget").fill("2")
@@ -214,7 +218,9 @@ def test_an_analyst_and_the_admin_go_through_the_console(served: Served, watched
     edit.get_by_label("Analyst").select_option("alice")
     edit.get_by_label("ε budget").fill("20")
     page.get_by_role("button", name="Save budget").click()
-    page.locator("#analysts-table tbody tr", has_text="alice").get_by_role("cell", name="20", exact=True).wait_for()
+    page.locator("#analysts-table tbody tr", has_text="alice").get_by_role(
+        "cell", name="20", exact=True
+    ).wait_for()
     assert budget(served, key)["epsilon"] == 20.0
 
     # Rotate carol's key (the old one stops working), then disable her.

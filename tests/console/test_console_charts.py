@@ -36,7 +36,9 @@ def rule_length(element: str) -> float:
     return abs(float(re.search(r'y2="([-0-9.e]+)"', element).group(1)))  # type: ignore[union-attr]
 
 
-def release(columns: list[tuple[str, str]], rows: list[list[Any]], accuracy: dict[str, Any]) -> dict[str, Any]:
+def release(
+    columns: list[tuple[str, str]], rows: list[list[Any]], accuracy: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "columns": [{"name": n, "type": t} for n, t in columns],
         "rows": rows,
@@ -139,7 +141,9 @@ def test_nothing_to_plot_is_no_chart() -> None:
 
 def test_a_long_answer_is_cut_and_says_so() -> None:
     rows = [[f"k{i}", i] for i in range(MAX_POINTS + 20)]
-    chart = release_chart(release([("k", "text"), ("n", "integer")], rows, {"n": {"ci95_halfwidth": 1.0}}))
+    chart = release_chart(
+        release([("k", "text"), ("n", "integer")], rows, {"n": {"ci95_halfwidth": 1.0}})
+    )
     assert chart is not None
     assert len(chart.points) == MAX_POINTS and chart.truncated_from == MAX_POINTS + 20
     assert f"first {MAX_POINTS} of {MAX_POINTS + 20} rows" in chart.spec["title"]
@@ -147,9 +151,9 @@ def test_a_long_answer_is_cut_and_says_so() -> None:
 
 def test_column_names_are_titles_never_field_paths() -> None:
     tricky = release(
-        [("a.b[0]", "text"), ("SUM(x) \"y\"", "integer")],
+        [("a.b[0]", "text"), ('SUM(x) "y"', "integer")],
         [["p", 1], ["q", 2]],
-        {"SUM(x) \"y\"": {"ci95_halfwidth": 1.0}},
+        {'SUM(x) "y"': {"ci95_halfwidth": 1.0}},
     )
     chart = release_chart(tricky, width=300)
     assert chart is not None

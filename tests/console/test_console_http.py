@@ -75,13 +75,10 @@ def test_the_vendored_bundles_are_the_recorded_versions() -> None:
     assert set(recorded) == {"vega.min.js", "vega-lite.min.js", "vega-embed.min.js"}
     for name, digest in recorded.items():
         assert hashlib.sha256((VENDOR / name).read_bytes()).hexdigest() == digest, name
-    versions = {
-        "vega.min.js": ("6.4.0", r'version="(\d+\.\d+\.\d+)"|version:"(\d+\.\d+\.\d+)"'),
-        "vega-lite.min.js": ("6.5.0", r'"(\d+\.\d+\.\d+)"'),
-        "vega-embed.min.js": ("7.3.0", r'"(\d+\.\d+\.\d+)"'),
-    }
-    for name, (version, _) in versions.items():
-        assert f"| `{name}` |" in notice and f"| {version} |" in notice
+    # vega 6, vega-lite 6, vega-embed 7: each bundle carries its own version string.
+    versions = {"vega.min.js": "6.4.0", "vega-lite.min.js": "6.5.0", "vega-embed.min.js": "7.3.0"}
+    for name, version in versions.items():
+        assert re.search(rf"\| `{re.escape(name)}` \| [a-z-]+ \| {re.escape(version)} \|", notice)
         assert f'"{version}"' in (VENDOR / name).read_text(), name
     for package in ("vega", "vega-lite", "vega-embed", "vega-interpreter", "d3"):
         assert (VENDOR / "licenses" / f"{package}.LICENSE").stat().st_size > 300
@@ -115,7 +112,7 @@ def test_a_forged_cross_site_request_has_no_key_and_costs_nothing(
         },
     )
     for response in (forged, preflight, client.get("/ui/")):
-        assert not any(h.lower().startswith("access-control-allow") for h in response.headers.keys())
+        assert not any(h.lower().startswith("access-control-allow") for h in response.headers)
     assert all("Set-Cookie" not in r.headers for r in (forged, client.get("/ui/")))
 
 
@@ -138,7 +135,9 @@ def test_a_chart_is_of_the_analysts_own_released_answer(
     other = client.get(f"/ui/api/charts/release/{body['query_id']}", headers=bob)
     assert other.status_code == 404 and other.get_json()["error"]["code"] == "not_found"
     assert client.get(f"/ui/api/charts/release/{body['query_id']}").status_code == 401
-    assert client.get(f"/ui/api/charts/release/{body['query_id']}", headers=ADMIN).status_code == 403
+    assert (
+        client.get(f"/ui/api/charts/release/{body['query_id']}", headers=ADMIN).status_code == 403
+    )
     # A scalar answer has nothing to plot.
     status, scalar = ask("SELECT COUNT(*) FROM patients", epsilon=0.5)
     assert status == 200
@@ -151,7 +150,9 @@ def test_the_spend_chart_ends_at_what_the_budget_says(
     client: FlaskClient, auth: dict[str, str], ask: Callable[..., Any]
 ) -> None:
     for eps in (0.2, 0.3):
-        assert ask(f"SELECT COUNT(*) FROM patients WHERE age > {eps * 100:.0f}", epsilon=eps)[0] == 200
+        assert (
+            ask(f"SELECT COUNT(*) FROM patients WHERE age > {eps * 100:.0f}", epsilon=eps)[0] == 200
+        )
     assert ask("SELECT COUNT(*) FROM nowhere")[0] == 400  # refused: no charge, no point
     response = client.get("/ui/api/charts/spend/alice", headers=ADMIN)
     assert response.status_code == 200
