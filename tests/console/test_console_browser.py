@@ -308,6 +308,38 @@ def test_the_console_fits_the_screen_is_labelled_and_works_from_the_keyboard(
         context.close()
 
 
+def test_the_gauge_says_how_many_more_queries_fit_and_exactly_that_many_do(
+    served: Served, watched: Watched
+) -> None:
+    status, body = served.call(
+        "POST",
+        "/v1/admin/analysts",
+        {"name": "dave", "epsilon": 1.0, "delta": 1e-6},
+        served.admin_key,
+    )
+    assert status == 201, body
+    dave = body["api_key"]
+    page = watched.page
+    sign_in(watched, served, dave)
+    page.get_by_label("SQL").fill("SELECT COUNT(*) AS n0 FROM patients")
+    page.get_by_label("ε for this query").fill("0.05")
+    page.get_by_role("button", name="Dry run (free)").click()
+    fit = page.locator("#gauge-fit[data-value]")
+    fit.wait_for()
+    n = int(fit.get_attribute("data-value") or "-1")
+    assert n >= 2
+    # Exactly n more such queries are admitted (distinct aliases: not cache hits).
+    for i in range(n + 1):
+        sql = f"SELECT COUNT(*) AS n{i} FROM patients"
+        status, answer = served.call("POST", "/v1/query", {"sql": sql, "epsilon": 0.05}, dave)
+        if i < n:
+            assert status == 200 and answer["cached"] is False, answer
+        else:
+            assert (status, answer["error"]["code"]) == (403, "budget_exhausted"), answer
+    sign_out(watched)
+    watched.assert_clean(dave)
+
+
 @pytest.mark.xfail(strict=True, reason="needs issue 15 budget periods")
 def test_the_admin_sets_a_budget_period_and_the_analyst_sees_it(
     served: Served, watched: Watched

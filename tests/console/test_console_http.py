@@ -164,3 +164,17 @@ def test_the_spend_chart_ends_at_what_the_budget_says(
     assert client.get("/ui/api/charts/spend/alice", headers=auth).status_code == 403
     missing = client.get("/ui/api/charts/spend/nobody", headers=ADMIN)
     assert missing.status_code == 404 and missing.get_json()["error"]["code"] == "not_found"
+
+
+def test_every_console_file_ships_in_the_package() -> None:
+    import fnmatch
+    import tomllib
+
+    from tests.conftest import REPOSITORY
+
+    pyproject = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["gateway"]
+    files = [p.relative_to(STATIC.parents[1]).as_posix() for p in STATIC.rglob("*") if p.is_file()]
+    assert len(files) >= 10
+    unshipped = [f for f in files if not any(fnmatch.fnmatch(f, pat) for pat in patterns)]
+    assert unshipped == []

@@ -9,6 +9,11 @@
 const KEY_STORAGE = "dpgate.key";
 const ROLE_STORAGE = "dpgate.role";
 const NAME_STORAGE = "dpgate.name";
+// The exact body each answer was asked with (this tab only): a re-run must repeat the
+// request's ε, δ and mechanism to hit the cache, and the history does not record the δ
+// a Laplace request named.
+const SENT_STORAGE = "dpgate.sent";
+const SENT_KEEP = 200;
 
 const $ = (id) => document.getElementById(id);
 
@@ -204,6 +209,7 @@ $("sign-out").addEventListener("click", () => {
   sessionStorage.removeItem(KEY_STORAGE);
   sessionStorage.removeItem(ROLE_STORAGE);
   sessionStorage.removeItem(NAME_STORAGE);
+  sessionStorage.removeItem(SENT_STORAGE);
   Object.assign(state, { key: null, role: null, name: null, budget: null, lastCost: null });
   for (const id of ["result", "dry-run-result", "refusal", "new-key", "chart-figure", "spend-figure"]) show($(id), false);
   for (const id of ["result-table", "chart", "history-table", "analysts-table", "audit-table", "spend-chart", "gauge"]) $(id).replaceChildren();
@@ -478,11 +484,35 @@ async function renderAnswer(data) {
   );
 }
 
-async function runQuery(dryRun) {
+
+function rememberSent(queryId, body) {
+  let sent = {};
+  try {
+    sent = JSON.parse(sessionStorage.getItem(SENT_STORAGE) || "{}");
+  } catch (e) {
+    sent = {};
+  }
+  sent[queryId] = { ...body, dry_run: undefined };
+  const ids = Object.keys(sent);
+  for (const id of ids.slice(0, Math.max(0, ids.length - SENT_KEEP))) delete sent[id];
+  sessionStorage.setItem(SENT_STORAGE, JSON.stringify(sent));
+}
+
+function sentBody(queryId) {
+  try {
+    return JSON.parse(sessionStorage.getItem(SENT_STORAGE) || "{}")[queryId] || null;
+  } catch (e) {
+    return null;
+  }
+}
+
+async function runQuery(dryRun, exactBody = null) {
   show($("refusal"), false);
   say(dryRun ? "Dry run…" : "Running…");
   try {
-    const data = await api("POST", "/v1/query", queryBody(dryRun));
+    const body = exactBody || queryBody(dryRun);
+    const data = await api("POST", "/v1/query", body);
+    if (!dryRun && data.query_id && !data.cached) rememberSent(data.query_id, body);
     state.lastCost = data.privacy;
     state.lastQueriesRemaining = dryRun ? data.queries_remaining ?? null : null;
     if (data.budget) state.budget = data.budget;
@@ -542,15 +572,19 @@ async function enterHistory() {
 }
 
 function rerunFromHistory(q) {
-  $("sql").value = q.sql;
+  // The cache answers only the identical request: the body this tab sent, or else the
+  // recorded ε and mechanism (and δ for the Gaussian; a Laplace request's δ is taken to
+  // be the default, as the console sends it unless told otherwise).
   const p = q.release && q.release.privacy ? q.release.privacy : q.cost || {};
-  $("epsilon").value = p.epsilon ?? "";
-  $("mechanism").value = q.mechanism === "gaussian" || q.mechanism === "laplace" ? q.mechanism : "";
-  // The cache key holds δ only for the Gaussian; for Laplace the request's δ is the default.
-  $("delta").value = q.mechanism === "gaussian" && p.delta ? p.delta : "";
+  const body = sentBody(q.query_id) || { sql: q.sql, epsilon: p.epsilon, mechanism: q.mechanism };
+  if (!sentBody(q.query_id) && q.mechanism === "gaussian" && p.delta) body.delta = p.delta;
+  $("sql").value = body.sql;
+  $("epsilon").value = body.epsilon ?? "";
+  $("mechanism").value = body.mechanism === "gaussian" || body.mechanism === "laplace" ? body.mechanism : "";
+  $("delta").value = body.delta ?? "";
   if (location.hash !== "#query") history.replaceState(null, "", "#query");
   route();
-  runQuery(false);
+  runQuery(false, body);
 }
 
 // ---------------------------------------------------------------- admin: analysts and budgets
