@@ -245,14 +245,23 @@ def spend_chart(
         {
             "mark": {"type": "line", "interpolate": "step-after", "point": True, "tooltip": True},
             "encoding": {
-                "x": {"field": "at", "type": "temporal", "title": "time (UTC)"},
+                "x": {
+                    "field": "at",
+                    "type": "temporal",
+                    "title": "time (UTC)",
+                    # UTC, as the ledger records it; padded so that one charge is not
+                    # drawn on a zero-width axis.
+                    "scale": {"type": "utc", "padding": 24},
+                    "axis": {"labelAngle": 0},
+                },
                 "y": {"field": "epsilon_spent", "type": "quantitative", "title": "ε spent"},
                 "tooltip": [
                     {
                         "field": "at",
                         "type": "temporal",
-                        "title": "time",
+                        "title": "time (UTC)",
                         "format": "%Y-%m-%d %H:%M:%S",
+                        "formatType": "utc",
                     },
                     {
                         "field": "epsilon_spent",
