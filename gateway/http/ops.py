@@ -83,10 +83,12 @@ def _make_limiter(app: Flask) -> RateLimiter | None:
     if limits is None or (limits.analyst_per_minute is None and limits.address_per_minute is None):
         return None
     engine = _ledger_engine(gateway) or create_engine(config.ledger.url)  # type: ignore[union-attr]
+    ledger = getattr(gateway, "ledger", None)
     limiter = RateLimiter(
         engine,
         address_per_minute=limits.address_per_minute,
         analyst_per_minute=limits.analyst_per_minute,
+        write=None if ledger is None else lambda fn: ledger.write(fn, durable=False),
     )
     try:
         limiter.ensure_schema()
