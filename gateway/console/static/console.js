@@ -299,7 +299,7 @@ async function loadSchema() {
       );
       return el(
         "details",
-        { class: "table", open: true },
+        { class: "table", open: window.matchMedia("(min-width: 901px)").matches },
         el("summary", {}, el("span", { class: "table-name", text: t.name }), el("span", { class: "type", text: ` ${meta.join("; ")}` })),
         columns,
       );
@@ -419,14 +419,22 @@ function renderDryRun(data) {
     el("dl", { class: "figures", id: "dry-run-figures" }, items.map(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })])),
     accRows.length ? table("Expected accuracy of each noisy column", ["column", "expected error"], accRows) : null,
     keys ? el("p", { text: `Groups: ${keys}.` }) : null,
-    plan.partition_selection
-      ? el("p", { text: `Groups whose values are not public are released only if their noisy number of people reaches ${fmt(plan.partition_selection.threshold ?? plan.partition_selection)}.` })
-      : null,
+    data.partition_selection && data.partition_selection.note
+      ? el("p", { class: "note", text: data.partition_selection.note })
+      : plan.partition_selection
+        ? el("p", { class: "note", text: `Groups whose values are not public are released only if their noisy number of people reaches ${fmt(plan.partition_selection.threshold)}.` })
+        : null,
   );
   show($("dry-run-result"));
 }
 
+const views = new Map(); // chart container id → its Vega view, finalized before a redraw
+
 async function renderChart(target, figure, caption, spec, text) {
+  if (views.has(target.id)) {
+    views.get(target.id).finalize();
+    views.delete(target.id);
+  }
   target.replaceChildren();
   if (!spec) {
     show(figure, false);
@@ -438,13 +446,14 @@ async function renderChart(target, figure, caption, spec, text) {
     target.textContent = "The chart library did not load.";
     return;
   }
-  await window.vegaEmbed(target, spec, {
+  const result = await window.vegaEmbed(target, spec, {
     renderer: "svg",
     actions: false,
-    ast: true,
-    defaultStyle: false,
+    ast: true, // Vega's expression interpreter: no eval, as the CSP requires
+    defaultStyle: false, // its <style> element would break the CSP: console.css styles it
     tooltip: { disableDefaultStyle: true },
   });
+  views.set(target.id, result.view);
   const svg = target.querySelector("svg");
   if (svg) {
     svg.setAttribute("role", "img");
@@ -739,7 +748,7 @@ async function renderGlobalBudget(fromList) {
   let editable = false;
   try {
     const data = await api("GET", "/v1/admin/budget");
-    status = data.budget || data.global || status;
+    status = data.budget || data.global || ("epsilon" in data ? data : status);
     editable = true;
   } catch (e) {
     if (!(e instanceof ApiError) || (e.code !== "not_found" && e.code !== "method_not_allowed")) throw e;
