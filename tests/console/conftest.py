@@ -15,7 +15,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,6 @@ class Served:
     analyst_key: str
     admin_key: str = ADMIN_KEY
     gateway: Any = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def call(
         self, method: str, path: str, body: Any = None, key: str | None = None

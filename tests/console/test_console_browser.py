@@ -336,6 +336,16 @@ def test_the_gauge_says_how_many_more_queries_fit_and_exactly_that_many_do(
             assert status == 200 and answer["cached"] is False, answer
         else:
             assert (status, answer["error"]["code"]) == (403, "budget_exhausted"), answer
+    # The page says so in plain words, and the gauge then says none fit (a new query:
+    # "n0" itself would come back from the cache, free).
+    page.get_by_label("SQL").fill("SELECT COUNT(*) AS more FROM patients")
+    page.get_by_role("button", name="Run", exact=True).click()
+    refusal = page.get_by_role("alert").filter(has_text="budget_exhausted")
+    refusal.wait_for()
+    assert "Your privacy budget cannot cover this query. Nothing was spent." in refusal.inner_text()
+    page.get_by_role("button", name="Dry run (free)").click()
+    page.locator('#gauge-fit[data-value="0"]').wait_for()
+    watched.shot("14-budget-exhausted")
     sign_out(watched)
     watched.assert_clean(dave)
 
