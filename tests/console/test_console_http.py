@@ -48,6 +48,28 @@ def test_the_page_and_its_files_are_served_with_a_strict_policy(client: FlaskCli
     assert client.get("/ui").status_code in (301, 308)  # to /ui/
 
 
+def test_the_console_script_never_parses_text_as_html_or_code() -> None:
+    """Everything the page shows (SQL from the audit log, error messages, names) is text.
+
+    The CSP already forbids eval; this keeps the script from building markup out of
+    strings, so nothing an analyst typed can become HTML in the admin's page.
+    """
+    script = (STATIC / "console.js").read_text()
+    for sink in (
+        "innerHTML",
+        "outerHTML",
+        "insertAdjacentHTML",
+        "document.write",
+        "eval(",
+        "new Function",
+        'setTimeout("',
+        "javascript:",
+    ):
+        assert sink not in script, sink
+    assert "localStorage.setItem" not in script  # the key lives in sessionStorage only
+    assert "document.cookie" not in script
+
+
 def test_no_file_outside_the_console_is_served(
     client: FlaskClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
