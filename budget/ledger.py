@@ -51,7 +51,9 @@ from budget.records import (
     Analyst,
     AuditEntry,
     BudgetStatus,
+    CacheProbe,
     HistoryEntry,
+    Lookup,
     Outcome,
     Refusal,
     ReleaseEntry,
@@ -118,7 +120,7 @@ class Ledger:
             self._write_lock = WriteLock(
                 Path(database + ".locks") / "write.lock" if on_disk else None
             )
-            if on_disk:  # an in-memory ledger has one shared connection: no writer thread
+            if on_disk:  # an in-memory ledger has one shared connection: nothing to batch
                 self._writes = WriteQueue(
                     lambda durable: self._transaction(write=True, durable=durable)
                 )
@@ -180,10 +182,11 @@ class Ledger:
             raise LedgerUnavailable(f"the ledger database failed: {type(exc).__name__}") from exc
 
     def write(self, fn: Callable[[Connection], T], *, durable: bool, wait: bool = True) -> T | None:
-        """Run ``fn`` in a write transaction: on a SQLite file, in the writer thread's next
+        """Run ``fn`` in a write transaction: on a SQLite file, in the next
         group-committed batch (``budget.writer``); elsewhere in a transaction of its own
         (PostgreSQL group-commits concurrent sessions itself). With ``wait`` False the
-        call returns at once and the write follows (SQLite) — for the request log."""
+        call may return before the write (SQLite, while a batch is in progress) — for the
+        request log."""
         if self._writes is not None:
             if not wait:
                 self._writes.submit(fn, durable=durable)
@@ -328,12 +331,31 @@ class Ledger:
         if not key or len(key) > 256:
             return None
         with self._transaction(write=False) as conn:
-            row = conn.execute(
-                sa.select(t_analysts).where(t_analysts.c.key_hash == key_hash(key))
-            ).first()
+            row = conn.execute(st.ANALYST_BY_KEY, {"key_hash": key_hash(key)}).first()
         if row is None:
             return None
         return Analyst(row.name, bool(row.disabled), row.epsilon, row.delta)
+
+    def lookup(self, key: str, probe: CacheProbe | None = None) -> Lookup:
+        """Authenticate ``key`` and, for its analyst, find the release ``probe`` names and
+        the analyst's budget — in one read transaction (a request's only read)."""
+        if not key or len(key) > 256:
+            return Lookup(None)
+        with self._transaction(write=False) as conn:
+            row = conn.execute(st.ANALYST_BY_KEY, {"key_hash": key_hash(key)}).first()
+            if row is None:
+                return Lookup(None)
+            analyst = Analyst(row.name, bool(row.disabled), row.epsilon, row.delta)
+            if probe is None or analyst.disabled:
+                return Lookup(analyst)
+            release = reads.find_release(
+                conn, probe.query_key, None if probe.any_analyst else row.name, probe.data_version
+            )
+            if release is None:
+                return Lookup(analyst)
+            spent, n = self._spent(conn, row.id)
+        status = self._status(row.name, analyst.disabled, row.epsilon, row.delta, spent, n)
+        return Lookup(analyst, release, status)
 
     def rotate_key(self, name: str) -> str:
         """Replace the analyst's API key; returns the new key (the old one stops working)."""

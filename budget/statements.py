@@ -17,6 +17,7 @@ t_ledger = schema.ledger
 _c = t_ledger.c
 ANALYST = sa.select(t_analysts).where(t_analysts.c.name == sa.bindparam("name"))
 ANALYST_FOR_UPDATE = ANALYST.with_for_update()
+ANALYST_BY_KEY = sa.select(t_analysts).where(t_analysts.c.key_hash == sa.bindparam("key_hash"))
 SPENT_ALL = sa.select(
     sa.func.coalesce(sa.func.sum(_c.epsilon), 0.0),
     sa.func.coalesce(sa.func.sum(_c.delta), 0.0),

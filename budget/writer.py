@@ -9,20 +9,22 @@ handler, which sleeps in growing steps (1, 2, 5, 10, … ms) and convoys under l
   released, so writers never sleep in steps, and SQLite's ``BEGIN IMMEDIATE`` then finds
   the database free. Within a process a thread lock comes first, so at most one thread
   per process waits on the file.
-- **Within a process** write operations go to one writer thread (``WriteQueue``). It takes
-  every operation queued while the previous batch committed and runs them in one
-  transaction, each inside its own savepoint (one operation's error — a refused charge, a
-  duplicate outcome — rolls back only that operation), then commits once: one fsync for
-  a whole batch of charges (group commit). An operation's caller gets its result or its
-  exception only after the commit returned, so a charge is durable before ``reserve``
-  returns, as before.
+- **Within a process** writes are group-committed (``WriteQueue``): the first writer to
+  arrive leads, and runs in one transaction every operation queued until it starts,
+  each inside its own savepoint (one operation's error — a refused charge, a duplicate
+  outcome — rolls back only that operation), then commits once: one fsync for a whole
+  batch of charges. Writers arriving meanwhile wait, and one of them leads the next
+  batch. An operation's caller gets its result or its exception only after the commit
+  returned, so a charge is durable before ``reserve`` returns, as before.
 
 A batch commits durably (``synchronous=FULL`` by default: fsync) when any operation in it
 asked to be durable (charges, admin changes); otherwise with ``synchronous=NORMAL`` (an
 outcome, a request-log row or a rate-limit counter: a killed process loses nothing, an
 OS crash may lose the last of them, never a charge that an answer was released for).
-Operations submitted with ``wait=False`` (request-log rows) are written in the next batch,
-after the response; ``flush()`` waits for them (readers of the request log call it).
+Operations submitted without waiting (request-log rows) ride on the next batch any writer
+leads, or are written ``LINGER_S`` later by a timer: under load they cost no transaction
+of their own. ``flush()`` waits for them (readers of the request log call it); a killed
+process may lose the last ``LINGER_S`` of them (never a charge or an outcome).
 """
 
 from __future__ import annotations
@@ -30,13 +32,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import queue
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -49,6 +49,7 @@ except ImportError:  # pragma: no cover
 
 T = TypeVar("T")
 MAX_BATCH = 256
+LINGER_S = 0.05  # the longest an un-awaited write (a request-log row) waits for a batch
 
 Transaction = Callable[[bool], AbstractContextManager[Connection]]
 
@@ -89,115 +90,124 @@ class WriteLock:
 class _Op:
     fn: Callable[[Connection], Any]
     durable: bool
-    future: Future[Any] = field(default_factory=Future)
+    done: bool = False
+    ok: bool = False
+    value: Any = None
 
 
-_STOP = object()
 _queues: weakref.WeakSet[WriteQueue] = weakref.WeakSet()
 
 
 class WriteQueue:
-    """One writer thread per process that runs queued operations in group-committed
-    batches (see the module docstring). ``transaction(durable)`` opens one write
+    """Group commit without a thread of its own: the first writer to arrive becomes the
+    leader and commits, in one transaction, every operation queued until it starts;
+    writers arriving meanwhile wait, and one of them leads the next batch. An
+    uncontended write runs in its caller's thread (no hand-off); under load, one commit
+    (one fsync) serves a whole batch. ``transaction(durable)`` opens one write
     transaction on the ledger (taking ``WriteLock``)."""
 
     def __init__(self, transaction: Transaction) -> None:
         self._transaction = transaction
-        self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._cv = threading.Condition()
+        self._pending: list[_Op] = []
+        self._leading = False
+        self._timer: threading.Timer | None = None
         self._pid = os.getpid()
-        self._closed = False
         _queues.add(self)
 
     def run(self, fn: Callable[[Connection], T], *, durable: bool) -> T:
-        """Run ``fn(conn)`` in the next batch; its result once the batch has committed."""
-        future: Future[T] = self.submit(fn, durable=durable)
-        return future.result()
-
-    def submit(self, fn: Callable[[Connection], T], *, durable: bool) -> Future[T]:
-        """Queue ``fn(conn)`` for the next batch without waiting for it."""
+        """Run ``fn(conn)`` in the next batch; its result once the batch has committed
+        (its exception if it raised: only its own writes are rolled back)."""
         op = _Op(fn, durable)
-        self._ensure_thread()
-        self._queue.put(op)
-        return op.future
+        self._drive(op)
+        if not op.ok:
+            raise op.value
+        return op.value
+
+    def submit(self, fn: Callable[[Connection], Any], *, durable: bool) -> None:
+        """Queue ``fn(conn)`` without waiting: it rides on the next batch any writer leads,
+        and is written at the latest ``LINGER_S`` later by a timer thread."""
+        with self._cv:
+            self._reset_after_fork()
+            self._pending.append(_Op(fn, durable))
+            if self._timer is None:
+                self._timer = threading.Timer(LINGER_S, self._linger_expired)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _linger_expired(self) -> None:
+        with self._cv:
+            self._timer = None
+        self._drive(None)
 
     def flush(self) -> None:
         """Wait until everything queued before this call is committed (or failed)."""
-        if self._thread is None or self._pid != os.getpid():
-            return
-        self.submit(lambda conn: None, durable=False).result()
+        self._drive(_Op(lambda conn: None, False))
 
     def close(self) -> None:
-        """Write what is queued, then stop the writer thread."""
-        with self._lock:
-            thread, self._closed = self._thread, True
-            if thread is None or self._pid != os.getpid():
+        """Write what is queued."""
+        with self._cv:
+            self._reset_after_fork()
+            if not self._pending:
                 return
-            self._queue.put(_STOP)
-        thread.join()
+        self.flush()
 
-    def _ensure_thread(self) -> None:
-        if self._thread is not None and self._pid == os.getpid():
-            return
-        with self._lock:
-            if self._pid != os.getpid():
-                # A forked child inherits the queue but not the thread: start afresh.
-                self._queue = queue.SimpleQueue()
-                self._thread = None
-                self._pid = os.getpid()
-            if self._thread is None:
-                if self._closed:
-                    raise RuntimeError("the ledger is closed")
-                self._thread = threading.Thread(
-                    target=self._loop, name="dpgate-ledger-writer", daemon=True
-                )
-                self._thread.start()
+    def _reset_after_fork(self) -> None:
+        if self._pid != os.getpid():  # a forked child inherits no leader and no timer
+            self._pending, self._leading, self._pid = [], False, os.getpid()
+            self._timer = None
 
-    def _loop(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is _STOP:
-                return
-            batch: list[_Op] = [first]
-            stop = False
-            while len(batch) < MAX_BATCH:
-                try:
-                    op = self._queue.get_nowait()
-                except queue.Empty:
+    def _drive(self, op: _Op | None) -> None:
+        """Queue ``op`` (if any) and wait until it is done, leading batches as needed."""
+        with self._cv:
+            self._reset_after_fork()
+            if op is not None:
+                self._pending.append(op)
+            while True:
+                if op is not None and op.done:
+                    return
+                if not self._leading:
+                    if not self._pending:
+                        return
+                    self._leading = True
+                    batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
                     break
-                if op is _STOP:
-                    stop = True
-                    break
-                batch.append(op)
+                self._cv.wait()
+        try:
             self._commit(batch)
-            if stop:
-                return
+        finally:
+            with self._cv:
+                self._leading = False
+                self._cv.notify_all()
+        if op is None or not op.done:
+            self._drive(op)  # queued behind a full batch (or draining): lead or wait again
 
     def _commit(self, batch: list[_Op]) -> None:
-        results: list[tuple[_Op, bool, Any]] = []
         try:
             with self._transaction(any(op.durable for op in batch)) as conn:
-                for op in batch:
-                    savepoint = conn.begin_nested()
-                    try:
-                        value = op.fn(conn)
-                    except BaseException as exc:  # reported to its caller, not here
-                        savepoint.rollback()
-                        results.append((op, False, exc))
-                    else:
-                        savepoint.commit()
-                        results.append((op, True, value))
-        except BaseException as exc:  # the batch did not commit: nothing of it was written
+                if len(batch) == 1:  # alone: its error rolls back the whole transaction
+                    batch[0].value, batch[0].ok = batch[0].fn(conn), True
+                else:
+                    for op in batch:
+                        _run_in_savepoint(conn, op)
+        except Exception as exc:  # the batch did not commit: nothing of it was written
             for op in batch:
-                if not op.future.done():
-                    op.future.set_exception(exc)
-            return
-        for op, ok, value in results:
-            if ok:
-                op.future.set_result(value)
-            else:
-                op.future.set_exception(value)
+                op.ok, op.value = False, exc
+        for op in batch:
+            op.done = True
+
+
+def _run_in_savepoint(conn: Connection, op: _Op) -> None:
+    """Run one operation of a batch; its error rolls back only its own writes."""
+    savepoint = conn.begin_nested()
+    try:
+        op.value = op.fn(conn)
+    except Exception as exc:  # reported to its caller, not here
+        savepoint.rollback()
+        op.value = exc
+    else:
+        savepoint.commit()
+        op.ok = True
 
 
 @atexit.register

@@ -67,7 +67,7 @@ class RateLimiter:
         write: Callable[[Callable[[Connection], int]], int | None] | None = None,
     ) -> None:
         self.engine = engine
-        # The ledger's write path (``Ledger.write``: on SQLite, the writer thread's
+        # The ledger's write path (``Ledger.write``: on SQLite, the
         # group-committed, unsynced batches); without it, a transaction of our own.
         self._run_write = write
         self.limits: dict[Scope, int | None] = {
