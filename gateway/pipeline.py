@@ -23,7 +23,9 @@ at least the configured minimum (9; ``gateway.timing``).
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NoReturn
@@ -53,7 +55,7 @@ from gateway.execute import (
 from gateway.identity import Principal, identify
 from gateway.noising import add_noise, selection_note
 from gateway.plan import ProbePlan, QueryRequest
-from gateway.planning import PlannedQuery, Planner
+from gateway.planning import PLAN_CACHE_SIZE, PlannedQuery, Planner
 from gateway.postprocess import finish
 from gateway.release import NO_PRIVACY_SPENT, ColumnInfo, Release, privacy_spent
 from gateway.request import check_request
@@ -106,6 +108,10 @@ class Gateway:
             config.audit, config.tables, self.ledger, self.planner, self.charges
         )
         self.auditor = self.audit.auditor
+        # Compiled statements of recent plans (compiling is a pure function of the plan
+        # and the public config, and costs more than the rest of planning together).
+        self._compiled: OrderedDict[str, CompiledQuery] = OrderedDict()
+        self._compiled_lock = threading.Lock()
 
     # -- identity and public metadata ----------------------------------------------------
 
@@ -195,9 +201,7 @@ class Gateway:
         table = self.config.tables[plan.table]
         with self.audit.holding(analyst) as scope:
             flags = self.audit.before(scope, analyst, planned)
-            compiled = compile_plan(
-                plan, table, self.dialect, unit_unique=plan.table in self.unique_units
-            )
+            compiled = self._compile(planned)
             _prefill(planned)
             reservation = self.charges.reserve(
                 analyst, planned.request, calibration.cost, planned.key
@@ -213,6 +217,27 @@ class Gateway:
                 held = clock.wait()
                 if clock.release_at is not None:
                     metrics.record_release_wait(held)
+
+    def _compile(self, planned: PlannedQuery) -> CompiledQuery:
+        """The one statement of a plan (from the cache of recently compiled plans)."""
+        key = planned.plan.canonical_sql
+        with self._compiled_lock:
+            compiled = self._compiled.get(key)
+            if compiled is not None:
+                self._compiled.move_to_end(key)
+                return compiled
+        plan = planned.plan
+        compiled = compile_plan(
+            plan,
+            self.config.tables[plan.table],
+            self.dialect,
+            unit_unique=plan.table in self.unique_units,
+        )
+        with self._compiled_lock:
+            self._compiled[key] = compiled
+            if len(self._compiled) > PLAN_CACHE_SIZE:
+                self._compiled.popitem(last=False)
+        return compiled
 
     def _release(
         self,
