@@ -38,7 +38,7 @@ from gateway import console as console_package
 from gateway.console.charts import release_chart, spend_chart
 from gateway.console.spend import spend_series
 from gateway.errors import LedgerUnavailable, NotFound
-from gateway.http.auth import gateway, require_admin, require_analyst
+from gateway.http.auth import gateway, record, require_admin, require_analyst
 from gateway.openapi import document, register_schema
 
 STATIC = Path(console_package.__file__).parent / "static"
@@ -169,6 +169,7 @@ def page() -> Response:
     tags=["console"],
 )
 def release_chart_of(query_id: str) -> Response:
+    record().audited = "analyst"  # like GET /v1/queries, which it reads
     analyst = require_analyst()
     for entry in gateway().history(analyst, limit=10_000):
         if entry.get("query_id") == query_id and isinstance(entry.get("release"), dict):
@@ -197,6 +198,7 @@ def release_chart_of(query_id: str) -> Response:
     tags=["console"],
 )
 def spend_chart_of(name: str) -> Response:
+    record().audited = "admin"
     require_admin()
     ledger = gateway().ledger
     try:

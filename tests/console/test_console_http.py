@@ -169,7 +169,7 @@ def test_a_chart_is_of_the_analysts_own_released_answer(
 
 
 def test_the_spend_chart_ends_at_what_the_budget_says(
-    client: FlaskClient, auth: dict[str, str], ask: Callable[..., Any]
+    client: FlaskClient, auth: dict[str, str], ask: Callable[..., Any], gateway: Any
 ) -> None:
     for eps in (0.2, 0.3):
         assert (
@@ -186,6 +186,13 @@ def test_the_spend_chart_ends_at_what_the_budget_says(
     assert client.get("/ui/api/charts/spend/alice", headers=auth).status_code == 403
     missing = client.get("/ui/api/charts/spend/nobody", headers=ADMIN)
     assert missing.status_code == 404 and missing.get_json()["error"]["code"] == "not_found"
+    # Like every analyst and admin request, chart requests are in the audit log.
+    gateway.ledger.flush()  # request-log rows are written in batches
+    logged = client.get("/v1/admin/audit-log?limit=100", headers=ADMIN).get_json()["entries"]
+    endpoints = {(e["endpoint"], e["status"]) for e in logged}
+    assert ("GET /ui/api/charts/spend/alice", 200) in endpoints
+    assert ("GET /ui/api/charts/spend/alice", 403) in endpoints
+    assert ("GET /ui/api/charts/spend/nobody", 404) in endpoints
 
 
 def test_every_console_file_ships_in_the_package() -> None:
