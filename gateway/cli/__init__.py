@@ -108,6 +108,7 @@ dpgate demo
 
   demo analyst key: {key}
   admin key:        {admin_key}
+  web console:      {url}/ui/  (sign in with either key)
 """
     )
     if demo_run.resumed is not None:

@@ -29,18 +29,21 @@ log = logging.getLogger("dpgate.http")
 
 def create_app(config: Config, *, gateway: Gateway | None = None) -> Flask:
     """A WSGI app serving ``config`` (or an already built ``gateway``)."""
-    app = Flask("dpgate")
+    # No static folder of its own: the console installs its files (and only those).
+    app = Flask("dpgate", static_folder=None)
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.config["MAX_CONTENT_LENGTH"] = 1_000_000
     app.extensions["dpgate"] = gateway or Gateway(config)
 
     from gateway.http.admin import admin_bp
     from gateway.http.analyst import bp as analyst_bp
+    from gateway.http.console import install_console
     from gateway.http.ops import install_operations
 
     app.register_blueprint(analyst_bp)
     app.register_blueprint(admin_bp, url_prefix="/v1/admin")
     install_operations(app)
+    install_console(app)
 
     app.register_error_handler(GatewayError, _gateway_error)
     app.register_error_handler(HTTPException, _http_error)
