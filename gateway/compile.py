@@ -90,7 +90,9 @@ def compile_plan(
     if keys:
         query = query.group_by(*[exp.column(f"k{i}", quoted=True) for i in range(len(keys))])
     return CompiledQuery(
-        sql=query.sql(dialect=dialect),
+        # The tree is this call's own (no node of the plan is in it), so the generator
+        # may work on it in place: copying it cost a third of compiling.
+        sql=query.sql(dialect=dialect, copy=False),
         n_keys=len(plan.group_keys),
         n_measures=len(plan.measures),
         has_unit_count=selection,
@@ -111,7 +113,7 @@ def _unbounded(
     aggregate over the rows inside the domain that pass the WHERE."""
     if domain is not None:
         # the rows inside the declared domain are the table (gateway/domain.py)
-        where = domain if where is None else exp.and_(domain, exp.Paren(this=where))
+        where = domain if where is None else exp.and_(domain, exp.Paren(this=where), copy=False)
     unit: exp.Expr | None = None
     if table.privacy_unit and not unit_unique:
         unit = exp.column(table.privacy_unit, quoted=True)
@@ -122,8 +124,8 @@ def _unbounded(
     ]
     if plan.needs_partition_selection:
         aggregates.append(exp.Count(this=exp.Star()))
-    query = exp.select(*_aliased(keys, "k"), *_aliased(aggregates, "m")).from_(source)
-    return query.where(where) if where is not None else query
+    query = exp.select(*_aliased(keys, "k"), *_aliased(aggregates, "m")).from_(source, copy=False)
+    return query.where(where, copy=False) if where is not None else query
 
 
 class _Bounded:

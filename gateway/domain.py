@@ -55,14 +55,16 @@ def row_filter(table: TableConfig) -> exp.Expr | None:
             )
             if col.may_be_null:
                 member = exp.Paren(
-                    this=exp.or_(member, exp.Is(this=column.copy(), expression=exp.Null()))
+                    this=exp.or_(
+                        member, exp.Is(this=column.copy(), expression=exp.Null()), copy=False
+                    )
                 )
             parts.append(member)
         elif not col.may_be_null:
             parts.append(exp.Not(this=exp.Is(this=column, expression=exp.Null())))
     if not parts:
         return None
-    return exp.and_(*parts) if len(parts) > 1 else parts[0]
+    return exp.and_(*parts, copy=False) if len(parts) > 1 else parts[0]  # fresh nodes
 
 
 def _literal(value: Any, ctype: str) -> exp.Expr:
