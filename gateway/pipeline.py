@@ -30,8 +30,8 @@ from typing import Any, NoReturn
 import sqlalchemy as sa
 
 import budget
-from budget import Reservation
-from gateway import metrics
+from budget import Quote, Reservation
+from gateway import accuracy_target, metrics
 from gateway.analyze import analyze
 from gateway.audit import AnsweredQuery, AuditDecision, Auditor
 from gateway.compile import CompiledQuery, compile_plan
@@ -101,12 +101,11 @@ class Gateway:
         self._plans: OrderedDict[str, QueryPlan | ProbePlan] = OrderedDict()
         self.ledger = ledger or budget.Ledger.from_url(
             config.ledger.url,
-            composition=config.privacy.composition,
-            global_budget=config.privacy.global_budget,
+            **config.privacy.ledger_options(),
         )
         self.ledger.migrate()
         for a in config.analysts:
-            self.ledger.ensure_analyst(a.name, a.epsilon, a.delta)
+            self.ledger.ensure_analyst(a.name, a.epsilon, a.delta, a.period)
         self.auditor = Auditor(
             config.tables,
             min_group_size=config.audit.min_group_size,
@@ -206,6 +205,8 @@ class Gateway:
         plan = self.analyze(request.sql)
         if isinstance(plan, ProbePlan):
             return self._probe(analyst, plan)
+        if request.accuracy is not None:  # the smallest ε meeting the accuracy asked for
+            request = self._target_accuracy(plan, request)
         self._check_parameters(request)
         calibration = self._calibrate(plan, request)
         key = self._cache_key(plan, request)
@@ -400,6 +401,16 @@ class Gateway:
                 reason="The auditor could not decide on this query, so it is refused.",
             )
 
+    def _target_accuracy(self, plan: QueryPlan, request: QueryRequest) -> QueryRequest:
+        """The request with ε set to the smallest that meets its accuracy target."""
+        assert request.accuracy is not None
+        return accuracy_target.request_for_target(
+            plan,
+            request,
+            self.config.privacy,
+            lambda r: self._calibrate(plan, r),
+        )
+
     def _check_parameters(self, request: QueryRequest) -> None:
         p = self.config.privacy
         if not (math.isfinite(request.epsilon) and request.epsilon > 0):
@@ -455,7 +466,7 @@ class Gateway:
                 f"epsilon {request.epsilon!r} is too small to calibrate noise for"
             ) from None
         min_rho = self.config.privacy.min_rho
-        if self.config.privacy.composition == "zcdp" and calibration.cost.rho < min_rho:
+        if self.config.privacy.composition != "pure" and calibration.cost.rho < min_rho:
             raise InvalidPrivacyParameters(
                 f"this query would cost ρ={calibration.cost.rho:.3g}, below this gateway's "
                 f"minimum per query (ρ={min_rho:.3g}): ask for a larger epsilon or a smaller "
@@ -566,6 +577,7 @@ class Gateway:
             accuracy=noisy.accuracy,
             privacy=_privacy(request, calibration),
             budget=reservation.budget.to_json(),
+            charge=None if reservation.charge is None else reservation.charge.to_json(),
         )
 
     def _probe(self, analyst: str, plan: ProbePlan) -> Release:
@@ -579,6 +591,16 @@ class Gateway:
             budget=self.budget(analyst),
         )
 
+    def _quote(self, analyst: str, calibration: QueryCalibration, request: QueryRequest) -> Quote:
+        """What the query would cost the analyst's own budget (the global cap aside)."""
+        try:
+            quote: Quote = _ledger_call(
+                self.ledger.quote, analyst, calibration.cost, request.mechanism
+            )
+        except budget.UnsupportedCost as e:
+            raise InvalidPrivacyParameters(str(e)) from None
+        return quote
+
     def _dry_run(
         self,
         analyst: str,
@@ -586,8 +608,7 @@ class Gateway:
         request: QueryRequest,
         calibration: QueryCalibration,
     ) -> Release:
-        status = _ledger_call(self.ledger.budget_status, analyst)
-        fits = _would_fit(status, calibration.cost, request.mechanism)
+        quote = self._quote(analyst, calibration, request)
         return Release(
             query_id="dry-run",
             cached=False,
@@ -595,10 +616,13 @@ class Gateway:
             rows=(),
             accuracy=expected_accuracy(plan, calibration),
             privacy=_privacy(request, calibration),
-            budget=status.to_json(),
+            budget=quote.budget.to_json(),
             extra={
                 "dry_run": True,
-                "would_fit": fits,
+                "would_fit": quote.would_fit,
+                # what it would cost, in the analyst's budget units, and how many fit
+                "charge": quote.charge.to_json(),
+                "queries_remaining": quote.queries_remaining,
                 "plan": _describe(plan, calibration),
                 # When the answer would leave after its execution starts (public: config).
                 "release_deadline_ms": deadline_ms(
@@ -659,23 +683,6 @@ def _prefill(plan: QueryPlan, calibration: QueryCalibration) -> None:
         prefill(noise, min(cells, 100_000))
     if calibration.selection is not None:
         prefill(calibration.selection.noise, min(cells, 100_000))
-
-
-def _would_fit(status: budget.BudgetStatus, cost: Any, mechanism: str) -> bool:
-    """Whether the analyst's own budget admits ``cost`` now (the global cap aside)."""
-    from mechanisms import PrivacyCost
-
-    pure = status.composition == "pure"
-    spent = PrivacyCost(
-        epsilon=status.epsilon_spent if pure else 0.0,
-        delta=0.0,
-        rho=status.rho_spent,
-        selection_delta=status.delta_spent,
-    )
-    refusal = budget.accountant(status.composition).refusal(
-        status.epsilon, status.delta, spent, cost, mechanism
-    )
-    return refusal is None
 
 
 def _same_secret(a: str, b: str) -> bool:

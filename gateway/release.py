@@ -28,6 +28,9 @@ class Release:
     privacy: dict[str, Any]
     budget: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
+    # What this answer added to the analyst's budget figures (budget units), when it was
+    # charged now; never part of the answer identical requests share.
+    charge: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -41,12 +44,14 @@ class Release:
             "budget": self.budget,
         }
         body.update(self.extra)
+        if self.charge is not None:
+            body["charge"] = self.charge
         return body
 
     def answer_json(self) -> dict[str, Any]:
         """The part of the body that identical requests share (what the cache stores)."""
         body = self.to_json()
-        for key in ("ok", "cached", "budget"):
+        for key in ("ok", "cached", "budget", "charge"):
             body.pop(key, None)
         return body
 

@@ -10,7 +10,10 @@ import budget
 def test_public_names_are_pinned() -> None:
     assert sorted(budget.__all__) == sorted(
         [
+            "COMPOSITIONS",
+            "DEFAULT_SELECTION_SHARE",
             "GLOBAL_NAME",
+            "PERIODS",
             "SCHEMA_VERSION",
             "SLACK",
             "Accountant",
@@ -21,6 +24,8 @@ def test_public_names_are_pinned() -> None:
             "AuditEntry",
             "BudgetExhausted",
             "BudgetStatus",
+            "Charge",
+            "CombinedFilter",
             "CompositionName",
             "HistoryEntry",
             "HistoryOutcome",
@@ -28,12 +33,15 @@ def test_public_names_are_pinned() -> None:
             "LedgerError",
             "LedgerUnavailable",
             "Outcome",
+            "Period",
             "PureFilter",
+            "Quote",
             "Refusal",
             "ReleaseEntry",
             "Reservation",
             "ReservationSettled",
             "SchemaTooNew",
+            "Spent",
             "UnknownAnalyst",
             "UnsupportedCost",
             "ZcdpFilter",
@@ -57,8 +65,12 @@ def test_ledger_signatures_match_the_architecture_contract() -> None:
     assert params(L.commit) == ["self", "reservation", "release", "outcome", "reason"]
     assert params(L.refund) == ["self", "reservation", "reason"]
     assert params(L.find_release) == ["self", "query_key", "analyst", "data_version"]
-    assert params(L.create_analyst) == ["self", "name", "epsilon", "delta"]
-    assert params(L.update_analyst) == ["self", "name", "epsilon", "delta", "disabled"]
+    assert params(L.create_analyst) == ["self", "name", "epsilon", "delta", "period"]
+    assert params(L.update_analyst) == [
+        "self", "name", "epsilon", "delta", "disabled", "period"
+    ]  # fmt: skip
+    assert params(L.quote) == ["self", "analyst", "cost", "mechanism"]
+    assert params(L.set_global_budget) == ["self", "epsilon", "delta", "period"]
     assert params(L.audit_log) == ["self", "analyst", "since", "until", "limit"]
     assert params(L.log_request)[1:] == [
         "request_id", "analyst", "endpoint", "sql", "outcome", "error_code", "status"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 from typing import Any
 
 from flask import Blueprint, Response, g, jsonify, request
@@ -30,7 +31,7 @@ from gateway.plan import QueryPlan, QueryRequest
 bp = Blueprint("analyst", __name__)
 log = logging.getLogger("dpgate.http")
 
-QUERY_FIELDS = {"sql", "epsilon", "delta", "mechanism", "dry_run"}
+QUERY_FIELDS = {"sql", "epsilon", "delta", "mechanism", "dry_run", "accuracy"}
 
 register_schema(
     "QueryRequest",
@@ -41,10 +42,20 @@ register_schema(
         "examples": [
             {"sql": "SELECT COUNT(*) FROM patients", "epsilon": 0.1},
             {"sql": "SELECT sex, AVG(age) FROM patients GROUP BY sex", "epsilon": 0.2},
+            {"sql": "SELECT COUNT(*) FROM patients", "accuracy": {"ci95_halfwidth": 10}},
         ],
         "properties": {
             "sql": {"type": "string", "description": "one aggregate SELECT"},
             "epsilon": {"type": "number", "exclusiveMinimum": 0},
+            "accuracy": {
+                "type": "object",
+                "description": "instead of epsilon: the gateway picks the smallest ε whose "
+                "95% interval of every COUNT and SUM is at most ±ci95_halfwidth, or "
+                "refuses and says what it would cost",
+                "required": ["ci95_halfwidth"],
+                "additionalProperties": False,
+                "properties": {"ci95_halfwidth": {"type": "number", "exclusiveMinimum": 0}},
+            },
             "delta": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
             "mechanism": {"type": "string", "enum": ["laplace", "gaussian"]},
             "dry_run": {"type": "boolean"},
@@ -83,6 +94,23 @@ register_schema(
             "budget": {"type": "object"},
             "dry_run": {"type": "boolean"},
             "would_fit": {"type": "boolean"},
+            "charge": {
+                "type": "object",
+                "description": "what this query adds (a dry run: would add) to the analyst's "
+                "epsilon_spent and delta_spent, in their budget's units",
+                "properties": {
+                    "epsilon": {"type": ["number", "null"]},
+                    "delta": {"type": ["number", "null"]},
+                },
+            },
+            "queries_remaining": {
+                "type": "integer",
+                "description": "dry run: how many such queries the budget still admits",
+            },
+            "accuracy_target": {
+                "type": "object",
+                "description": "the accuracy asked for and the ε chosen to meet it",
+            },
             "plan": {"type": "object"},
             "release_deadline_ms": {"type": ["integer", "null"]},
             "partition_selection": {
@@ -134,9 +162,13 @@ def query() -> Response:
     g.sql = req.sql
     release = gateway().query(analyst, req)
     g.query_outcome = "cached" if release.cached else ("dry_run" if req.dry_run else "answered")
-    if not release.cached and not req.dry_run:
-        g.epsilon_spent = req.epsilon
+    if release.charge is not None:  # in budget units: what /v1/budget's ε spent rose by
+        g.epsilon_spent = release.charge.get("epsilon")
     body = release.to_json()
+    if req.accuracy is not None:
+        chosen = float(release.privacy["epsilon"])  # the ε the target was met with
+        body["accuracy_target"] = {"ci95_halfwidth": req.accuracy, "epsilon": chosen}
+        req = replace(req, epsilon=chosen, accuracy=None)
     selection = _partition_selection(req, None if req.dry_run else len(release.rows))
     if selection is not None:
         body["partition_selection"] = selection
@@ -245,6 +277,9 @@ def parse_query_request(body: Any, raw: bytes) -> QueryRequest:
     if len(sql) > 100_000:
         raise InvalidRequest("'sql' is longer than 100,000 characters")
     defaults = gateway().config.privacy
+    accuracy = _accuracy(body)
+    if accuracy is not None and body.get("epsilon") is not None:
+        raise InvalidPrivacyParameters("give either 'epsilon' or 'accuracy', not both")
     epsilon = _number(body, "epsilon", defaults.epsilon)
     mechanism = body.get("mechanism")
     if mechanism is None:  # absent or JSON null: the config's default
@@ -257,7 +292,30 @@ def parse_query_request(body: Any, raw: bytes) -> QueryRequest:
     dry_run = body.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise InvalidRequest("'dry_run' must be true or false")
-    return QueryRequest(sql=sql, epsilon=epsilon, delta=delta, mechanism=mechanism, dry_run=dry_run)
+    return QueryRequest(
+        sql=sql,
+        epsilon=epsilon,
+        delta=delta,
+        mechanism=mechanism,
+        dry_run=dry_run,
+        accuracy=accuracy,
+    )
+
+
+def _accuracy(body: dict[str, Any]) -> float | None:
+    """The target 95% half-width of ``"accuracy": {"ci95_halfwidth": X}``, if given."""
+    raw = body.get("accuracy")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"ci95_halfwidth"}:
+        raise InvalidPrivacyParameters(
+            "'accuracy' must be an object {\"ci95_halfwidth\": X}, X > 0 in the units of the "
+            "released values"
+        )
+    value = _number(raw, "ci95_halfwidth", None)
+    if value is None or value <= 0:
+        raise InvalidPrivacyParameters("'accuracy.ci95_halfwidth' must be a number > 0")
+    return float(value)
 
 
 def _number(body: dict[str, Any], key: str, default: float | None) -> Any:
