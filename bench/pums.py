@@ -150,16 +150,18 @@ def run(reps: int, cache_reps: int = 50, count_reps: int = 0, epsilon: float = 1
 # (path suffix, function name) of the pipeline stages, in pipeline order. Internal names:
 # if dpgate renames one, its stage is simply missing from the breakdown.
 STAGES = (
-    ("analyze (plan cache)", "gateway/pipeline.py", "analyze"),
+    ("check request", "gateway/request.py", "check_request"),
+    ("plan (plan cache)", "gateway/planning.py", "analyze"),
     ("analyze passes", "gateway/analyze/__init__.py", "analyze"),
-    ("cache lookup", "gateway/pipeline.py", "_cached"),
-    ("calibrate", "gateway/pipeline.py", "_calibrate"),
-    ("ledger reserve", "gateway/pipeline.py", "_reserve"),
+    ("calibrate", "gateway/planning.py", "calibrate"),
+    ("cache lookup", "gateway/answer_cache.py", "lookup"),
+    ("audit policy", "gateway/audit_policy.py", "before"),
     ("compile", "gateway/compile.py", "compile_plan"),
+    ("ledger reserve", "gateway/charges.py", "reserve"),
     ("execute", "gateway/execute.py", "run_aggregate"),
     ("noise", "gateway/noising.py", "add_noise"),
-    ("release", "gateway/pipeline.py", "_release"),
-    ("ledger commit", "budget/ledger.py", "commit"),
+    ("post-process", "gateway/postprocess.py", "finish"),
+    ("ledger commit", "gateway/charges.py", "answered"),
 )
 
 

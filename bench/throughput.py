@@ -107,9 +107,49 @@ def _scenario(port: int, keys: list[str], duration: float, make_sql: Any) -> dic
     }
 
 
-def run(duration: float = 20.0, workers: int = 2, clients: int = 8) -> dict[str, Any]:
-    workdir = DATA_DIR / "throughput-run"
-    cfg = setup(workdir)
+def _pums_config(workdir: Path, ledger_url: str | None, timing: str) -> Path:
+    """PUMS in SQLite and a dpgate config on a fresh ledger (SQLite unless given)."""
+    import yaml
+
+    cfg = setup(workdir)  # fresh SQLite ledger, timing off
+    raw = yaml.safe_load(cfg.read_text())
+    if ledger_url is not None:
+        raw["ledger"]["url"] = ledger_url
+    raw["execution"] = {"timing": timing}
+    cfg.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return cfg
+
+
+@contextlib.contextmanager
+def _postgres_ledger() -> Any:
+    """A ledger URL on a fresh schema of the benchmark's PostgreSQL server (or None)."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    from bench.datagen import PG_URL
+
+    schema = "dpgate_bench_tp_" + uuid.uuid4().hex[:8]
+    engine = sa.create_engine(PG_URL, connect_args={"connect_timeout": 3})
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"CREATE SCHEMA {schema}")
+    except Exception as e:  # no server: the PostgreSQL figures are skipped
+        log(f"throughput: PostgreSQL ledger skipped ({type(e).__name__})")
+        yield None
+        return
+    sep = "&" if "?" in PG_URL else "?"
+    try:
+        yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        engine.dispose()
+
+
+def _serve(
+    workdir: Path, cfg: Path, workers: int, clients: int, scenarios: dict[str, Any], duration: float
+) -> dict[str, Any]:
     from gateway.config import load_config
 
     ledger_url = load_config(cfg).ledger.url
@@ -132,23 +172,12 @@ def run(duration: float = 20.0, workers: int = 2, clients: int = 8) -> dict[str,
     proc = subprocess.Popen(
         cmd, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
     )
+    out: dict[str, Any] = {"command": " ".join(cmd)}
     try:
         _wait_ready(port, proc)
-        counter = itertools.count(1)
-        distinct = _scenario(
-            port,
-            keys,
-            duration,
-            lambda i: f"SELECT COUNT(*) AS n FROM pums WHERE income >= {next(counter)}",
-        )
-        log(f"throughput distinct: {distinct['answered_per_s']:.1f}/s {distinct['outcomes']}")
-        repeated = _scenario(
-            port,
-            keys,
-            duration,
-            lambda i: "SELECT sex, COUNT(*) AS n FROM pums WHERE age >= 18 GROUP BY sex",
-        )
-        log(f"throughput repeated: {repeated['answered_per_s']:.1f}/s {repeated['outcomes']}")
+        for name, make_sql in scenarios.items():
+            out[name] = _scenario(port, keys, duration, make_sql)
+            log(f"throughput {name}: {out[name]['answered_per_s']:.1f}/s {out[name]['outcomes']}")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -158,10 +187,57 @@ def run(duration: float = 20.0, workers: int = 2, clients: int = 8) -> dict[str,
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         logf.close()
-    return {
-        "workers": workers,
-        "clients": clients,
-        "command": " ".join(cmd),
-        "distinct": distinct,
-        "repeated": repeated,
-    }
+    return out
+
+
+def run(duration: float = 20.0, workers: int = 2, clients: int = 32) -> dict[str, Any]:
+    """Three servers, one after the other, each on a fresh ledger:
+
+    - SQLite ledger, release timing off: distinct queries, then a repeated query — the
+      pipeline's own throughput (the acceptance figures);
+    - PostgreSQL ledger, release timing off: distinct queries;
+    - SQLite ledger, the default release timing (``deadline``): distinct queries — what
+      the side-channel padding (every answer leaves at its release moment) does to the
+      same load, reported apart from pipeline time.
+    """
+    workdir = DATA_DIR / "throughput-run"
+    counter = itertools.count(1)
+
+    def distinct(i: int) -> str:
+        return f"SELECT COUNT(*) AS n FROM pums WHERE income >= {next(counter)}"
+
+    def repeated(i: int) -> str:
+        return "SELECT sex, COUNT(*) AS n FROM pums WHERE age >= 18 GROUP BY sex"
+
+    result: dict[str, Any] = {"workers": workers, "clients": clients}
+    sqlite_off = _serve(
+        workdir,
+        _pums_config(workdir, None, "off"),
+        workers,
+        clients,
+        {"distinct": distinct, "repeated": repeated},
+        duration,
+    )
+    result["command"] = sqlite_off.pop("command")
+    result.update(sqlite_off)
+    with _postgres_ledger() as pg_url:
+        if pg_url is not None:
+            pg = _serve(
+                workdir,
+                _pums_config(workdir, pg_url, "off"),
+                workers,
+                clients,
+                {"distinct": distinct},
+                duration,
+            )
+            result["postgres_ledger"] = pg["distinct"]
+    padded = _serve(
+        workdir,
+        _pums_config(workdir, None, "deadline"),
+        workers,
+        clients,
+        {"distinct": distinct},
+        duration,
+    )
+    result["deadline_timing"] = padded["distinct"]
+    return result

@@ -24,9 +24,10 @@ import math
 import re
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -59,8 +60,10 @@ from budget.records import (
     Analyst,
     AuditEntry,
     BudgetStatus,
+    CacheProbe,
     Charge,
     HistoryEntry,
+    Lookup,
     Outcome,
     Quote,
     Refusal,
@@ -68,6 +71,7 @@ from budget.records import (
     Reservation,
 )
 from budget.sqlite import install_sqlite_hooks
+from budget.writer import WriteLock, WriteQueue
 from mechanisms.types import PrivacyCost
 
 GLOBAL_NAME = "(global)"
@@ -75,6 +79,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 _UNAVAILABLE = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError)
 
 t_analysts = schema.analysts
+
+T = TypeVar("T")
 
 # Rows summed past the latest checkpoint before a charge writes a new one.
 CHECKPOINT_EVERY = 256
@@ -125,8 +131,19 @@ class Ledger:
         self.global_period: Period = check_period(global_period)
         self._now: Callable[[], datetime] = clock or schema.utcnow
         self._sqlite = engine.dialect.name == "sqlite"
+        self._write_lock: WriteLock | None = None
+        self._writes: WriteQueue | None = None
         if self._sqlite:
             install_sqlite_hooks(engine, sqlite_synchronous, busy_timeout_ms)
+            database = engine.url.database or ""
+            on_disk = database not in ("", ":memory:") and not database.startswith("file:")
+            self._write_lock = WriteLock(
+                Path(database + ".locks") / "write.lock" if on_disk else None
+            )
+            if on_disk:  # an in-memory ledger has one shared connection: nothing to batch
+                self._writes = WriteQueue(
+                    lambda durable: self._transaction(write=True, durable=durable)
+                )
         self._locks = ScopeLocks(engine)
 
     @classmethod
@@ -155,7 +172,9 @@ class Ledger:
         return cls(sa.create_engine(parsed, **engine_kw), **kw)
 
     def close(self) -> None:
-        """Release the engine's pooled connections."""
+        """Write what is queued, then release the engine's pooled connections."""
+        if self._writes is not None:
+            self._writes.close()
         self.engine.dispose()
 
     # -- plumbing ---------------------------------------------------------------------
@@ -168,8 +187,9 @@ class Ledger:
         False lets SQLite skip the commit's fsync (WAL ``synchronous=NORMAL``): used for
         outcomes and the request log, never for charges or admin changes.
         """
+        locked = self._write_lock.hold() if write and self._write_lock else nullcontext()
         try:
-            with self.engine.connect() as conn:
+            with locked, self.engine.connect() as conn:
                 if write:
                     conn.execution_options(dpgate_write=True, dpgate_durable=durable)
                 with conn.begin():
@@ -180,6 +200,25 @@ class Ledger:
                     yield conn
         except _UNAVAILABLE as exc:
             raise LedgerUnavailable(f"the ledger database failed: {type(exc).__name__}") from exc
+
+    def write(self, fn: Callable[[Connection], T], *, durable: bool, wait: bool = True) -> T | None:
+        """Run ``fn`` in a write transaction: on a SQLite file, in the next
+        group-committed batch (``budget.writer``); elsewhere in a transaction of its own
+        (PostgreSQL group-commits concurrent sessions itself). With ``wait`` False the
+        call may return before the write (SQLite, while a batch is in progress) — for the
+        request log."""
+        if self._writes is not None:
+            if not wait:
+                self._writes.submit(fn, durable=durable)
+                return None
+            return self._writes.run(fn, durable=durable)
+        with self._transaction(write=True, durable=durable) as conn:
+            return fn(conn)
+
+    def flush(self) -> None:
+        """Wait until every write queued by this process so far is committed."""
+        if self._writes is not None:
+            self._writes.flush()
 
     def migrate(self) -> int:
         """Create the schema, or upgrade it to this version; returns the schema version."""
@@ -377,12 +416,30 @@ class Ledger:
         if not key or len(key) > 256:
             return None
         with self._transaction(write=False) as conn:
-            row = conn.execute(
-                sa.select(t_analysts).where(t_analysts.c.key_hash == key_hash(key))
-            ).first()
+            row = conn.execute(st.ANALYST_BY_KEY, {"key_hash": key_hash(key)}).first()
         if row is None:
             return None
         return Analyst(row.name, bool(row.disabled), row.epsilon, row.delta, _period_of(row))
+
+    def lookup(self, key: str, probe: CacheProbe | None = None) -> Lookup:
+        """Authenticate ``key`` and, for its analyst, find the release ``probe`` names and
+        the analyst's budget — in one read transaction (a request's only read)."""
+        if not key or len(key) > 256:
+            return Lookup(None)
+        now = self._now()
+        with self._transaction(write=False) as conn:
+            row = conn.execute(st.ANALYST_BY_KEY, {"key_hash": key_hash(key)}).first()
+            if row is None:
+                return Lookup(None)
+            analyst = Analyst(row.name, bool(row.disabled), row.epsilon, row.delta, _period_of(row))
+            if probe is None or analyst.disabled:
+                return Lookup(analyst)
+            release = reads.find_release(
+                conn, probe.query_key, None if probe.any_analyst else row.name, probe.data_version
+            )
+            if release is None:
+                return Lookup(analyst)
+            return Lookup(analyst, release, self._row_status(conn, row, now))
 
     def rotate_key(self, name: str) -> str:
         """Replace the analyst's API key; returns the new key (the old one stops working)."""
@@ -509,7 +566,8 @@ class Ledger:
         self._check_chargeable(cost, mechanism)
         reservation_id = uuid.uuid4().hex
         now = self._now()
-        with self._transaction(write=True) as conn:
+
+        def charge(conn: Connection) -> tuple[Any, Period, Spent, int]:
             row = self._analyst_row(conn, analyst, lock=True)
             if row.disabled:
                 raise AnalystDisabled(f"analyst {analyst!r} is disabled")
@@ -544,6 +602,11 @@ class Ledger:
                     "charged_at": now,
                 },
             )
+            return row, period, spent, n
+
+        result = self.write(charge, durable=True)
+        assert result is not None
+        row, period, spent, n = result
         before = self._status(row.name, False, row.epsilon, row.delta, period, spent, n, now)
         after = self._status(
             row.name,
@@ -647,13 +710,16 @@ class Ledger:
             "reason": reason,
             "now": self._now(),
         }
+
+        def settle(conn: Connection) -> None:
+            if kind == "refund":
+                conn.execute(st.LOCK_ANALYST_OF_RESERVATION, {"rid": reservation.id}).first()
+            result = conn.execute(st.SETTLE, params)
+            if result.rowcount == 0:
+                raise ValueError(f"no reservation {reservation.id!r} in this ledger")
+
         try:
-            with self._transaction(write=True, durable=False) as conn:
-                if kind == "refund":
-                    conn.execute(st.LOCK_ANALYST_OF_RESERVATION, {"rid": reservation.id}).first()
-                result = conn.execute(st.SETTLE, params)
-                if result.rowcount == 0:
-                    raise ValueError(f"no reservation {reservation.id!r} in this ledger")
+            self.write(settle, durable=False)
         except sa.exc.IntegrityError as exc:
             raise ReservationSettled(
                 f"reservation {reservation.id} already has its outcome"
@@ -693,7 +759,8 @@ class Ledger:
     ) -> None:
         """Append an audit refusal of this request (its cost, if any, is the charge of
         ``reservation_id``, recorded apart)."""
-        with self._transaction(write=True, durable=False) as conn:
+
+        def refuse(conn: Connection) -> None:
             row = self._analyst_row(conn, analyst)
             conn.execute(
                 sa.insert(schema.refusals).values(
@@ -704,9 +771,12 @@ class Ledger:
                     reservation_id=reservation_id,
                     reason=reason,
                     combined_with=json.dumps(list(combined_with)),
-                    created_at=self._now(),
+                    created_at=now,
                 )
             )
+
+        now = self._now()
+        self.write(refuse, durable=False)
 
     def find_refusal(self, query_key: str, analyst: str, data_version: str) -> Refusal | None:
         """The auditor's refusal of this request for this analyst, if it was refused."""
@@ -760,21 +830,19 @@ class Ledger:
         error_code: str | None,
         status: int,
     ) -> None:
-        """Append one request, answered or not, to the audit log."""
-        with self._transaction(write=True, durable=False) as conn:
-            conn.execute(
-                st.INSERT_REQUEST,
-                {
-                    "request_id": request_id[:64],
-                    "analyst": None if analyst is None else analyst[:64],
-                    "endpoint": endpoint[:200],
-                    "sql": sql,
-                    "outcome": outcome[:32],
-                    "error_code": None if error_code is None else error_code[:64],
-                    "status": int(status),
-                    "created_at": self._now(),
-                },
-            )
+        """Append one request, answered or not, to the audit log (on a SQLite ledger the
+        row is written in the writer's next batch, after this returns)."""
+        row = {
+            "request_id": request_id[:64],
+            "analyst": None if analyst is None else analyst[:64],
+            "endpoint": endpoint[:200],
+            "sql": sql,
+            "outcome": outcome[:32],
+            "error_code": None if error_code is None else error_code[:64],
+            "status": int(status),
+            "created_at": self._now(),
+        }
+        self.write(lambda conn: conn.execute(st.INSERT_REQUEST, row), durable=False, wait=False)
 
     def audit_log(
         self,
@@ -784,6 +852,7 @@ class Ledger:
         limit: int = 1000,
     ) -> list[AuditEntry]:
         """Logged requests, newest first, optionally of one analyst, in [since, until)."""
+        self.flush()
         with self._transaction(write=False) as conn:
             return reads.audit_log(conn, analyst, since, until, limit)
 

@@ -211,3 +211,24 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, datetime):
         return value.isoformat()
     return _json_number(value)
+
+
+@dataclass(frozen=True)
+class CacheProbe:
+    """Which stored release a request would reuse: its key, data version, and whether a
+    release of any analyst counts (cache scope ``dataset``) or only the caller's own."""
+
+    query_key: str
+    data_version: str
+    any_analyst: bool = False
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What one read of the ledger says about a request: who holds the key (``None``:
+    nobody), the stored release it may reuse, and — with a release — the caller's budget
+    (the response to a cache hit shows it)."""
+
+    analyst: Analyst | None
+    release: dict[str, Any] | None = None
+    budget: BudgetStatus | None = None

@@ -17,6 +17,7 @@ t_ledger = schema.ledger
 _c = t_ledger.c
 ANALYST = sa.select(t_analysts).where(t_analysts.c.name == sa.bindparam("name"))
 ANALYST_FOR_UPDATE = ANALYST.with_for_update()
+ANALYST_BY_KEY = sa.select(t_analysts).where(t_analysts.c.key_hash == sa.bindparam("key_hash"))
 
 # Live charges: a charge row counts +1, its refund row −1 (costs: refunds are negated).
 _LIVE = sa.case((_c.kind == "charge", 1), else_=-1)

@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 ACCESS_LOGGER = "dpgate.access"
@@ -76,6 +76,6 @@ def configure_logging(level: int | str = logging.INFO) -> None:
 
 def log_request(entry: RequestLog) -> None:
     """Write the request's line to the ``dpgate.access`` logger."""
-    fields = {k: v for k, v in asdict(entry).items() if v is not None}
+    fields = {k: v for k, v in vars(entry).items() if v is not None}
     level = logging.ERROR if entry.status >= 500 else logging.INFO
     logging.getLogger(ACCESS_LOGGER).log(level, "request", extra={"fields": fields})

@@ -18,18 +18,18 @@ from typing import Any
 from gateway.audit import AnsweredCell, CountNoise
 from gateway.compile import CompiledQuery
 from gateway.plan import Measure, OutputColumn, QueryPlan
-from gateway.postprocess import post_process
 from mechanisms import Noise, QueryCalibration, accuracy, ratio_interval, sample
 
 Row = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
-class NoisyResult:
-    """The released rows and accuracy, and every noisy cell (for the auditor)."""
+class NoisyCells:
+    """Every noisy cell of a query: as rows of all outputs (hidden ones included), each
+    followed by the 95% intervals of its AVG outputs, before post-processing; and as
+    cells for the auditor."""
 
     rows: tuple[Row, ...]
-    accuracy: dict[str, dict[str, Any]]
     cells: tuple[AnsweredCell, ...]
 
     def cells_json(self) -> list[dict[str, Any]]:
@@ -45,21 +45,22 @@ class NoisyResult:
             for c in self.cells
         ]
 
-    @staticmethod
-    def cells_from_json(data: Sequence[dict[str, Any]]) -> tuple[AnsweredCell, ...]:
-        # records written before noise scales were kept have none: the auditor then
-        # cannot bound those counts' error, and refuses what depends on them
-        return tuple(
-            AnsweredCell(
-                group_values=tuple(d["key"]),
-                count=d.get("count"),
-                sums=dict(d.get("sums") or {}),
-                noise=CountNoise(d["noise"]["mechanism"], float(d["noise"]["scale"]))
-                if d.get("noise")
-                else None,
-            )
-            for d in data
+
+def audit_cells_from_json(data: Sequence[dict[str, Any]]) -> tuple[AnsweredCell, ...]:
+    """The cells ``NoisyCells.cells_json`` recorded (for the auditor's replay)."""
+    # records written before noise scales were kept have none: the auditor then cannot
+    # bound those counts' error, and refuses what depends on them
+    return tuple(
+        AnsweredCell(
+            group_values=tuple(d["key"]),
+            count=d.get("count"),
+            sums=dict(d.get("sums") or {}),
+            noise=CountNoise(d["noise"]["mechanism"], float(d["noise"]["scale"]))
+            if d.get("noise")
+            else None,
         )
+        for d in data
+    )
 
 
 def add_noise(
@@ -67,8 +68,8 @@ def add_noise(
     compiled: CompiledQuery,
     exact_rows: Sequence[Row],
     calibration: QueryCalibration,
-) -> NoisyResult:
-    """Noise every measure of every released cell and build the released rows."""
+) -> NoisyCells:
+    """Noise every measure of every released cell (post-processing comes later)."""
     nk, nm = compiled.n_keys, compiled.n_measures
     by_key = {tuple(r[:nk]): r for r in exact_rows}
     zeros = (0,) * nm
@@ -106,14 +107,7 @@ def add_noise(
         for i in range(n)
     ]
     cells = tuple(_cell(plan, calibration, keys[i], per_cell[i]) for i in range(n))
-    kept = post_process(plan, all_rows)
-    visible = [i for i, o in enumerate(plan.outputs) if not o.hidden]
-    rows = tuple(tuple(r[i] for i in visible) for r in kept)
-    return NoisyResult(
-        rows=rows,
-        accuracy=_accuracy(plan, calibration, [r[-1] for r in kept]),
-        cells=cells,
-    )
+    return NoisyCells(rows=tuple(all_rows), cells=cells)
 
 
 def _output_value(o: OutputColumn, plan: QueryPlan, key: Row, noisy: list[int]) -> Any:
@@ -181,7 +175,7 @@ def _avg_intervals(
     return intervals
 
 
-def _accuracy(
+def released_accuracy(
     plan: QueryPlan,
     calibration: QueryCalibration,
     avg_intervals: Sequence[dict[int, list[float] | None]],

@@ -1,22 +1,46 @@
-"""Post-processing on noisy values: HAVING, ORDER BY, LIMIT and OFFSET.
+"""Stage: post-processing on noisy values — HAVING, ORDER BY, LIMIT and OFFSET, hidden
+outputs dropped, and the accuracy of what is released.
 
-These run after noise is added, on released values only, so they cost nothing more
-(differential privacy is closed under post-processing). HAVING refers to outputs as
-columns named ``__out<i>`` (see ``gateway.analyze.select``).
+These run after noise is added and after the post-audit, on noisy values only, so they
+cost nothing more (differential privacy is closed under post-processing). HAVING refers
+to outputs as columns named ``__out<i>`` (see ``gateway.analyze.select``).
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlglot import exp
 
 from gateway.analyze.groups import is_literal, literal_value
+from gateway.noising import NoisyCells, released_accuracy
 from gateway.plan import QueryPlan
+from mechanisms import QueryCalibration
 
 Row = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The released rows (visible outputs only) and their accuracy."""
+
+    rows: tuple[Row, ...]
+    accuracy: dict[str, dict[str, Any]]
+
+
+def finish(plan: QueryPlan, calibration: QueryCalibration, noisy: NoisyCells) -> Answer:
+    """Filter, order and cut the noisy rows; keep the visible outputs; say how accurate
+    each released number is."""
+    kept = post_process(plan, noisy.rows)
+    visible = [i for i, o in enumerate(plan.outputs) if not o.hidden]
+    return Answer(
+        rows=tuple(tuple(r[i] for i in visible) for r in kept),
+        accuracy=released_accuracy(plan, calibration, [r[-1] for r in kept]),
+    )
+
 
 _COMPARISONS: dict[type[exp.Expr], Callable[[Any, Any], bool]] = {
     exp.EQ: operator.eq,

@@ -64,8 +64,12 @@ class RateLimiter:
         address_per_minute: int | None,
         analyst_per_minute: int | None,
         clock: Callable[[], float] = time.time,
+        write: Callable[[Callable[[Connection], int]], int | None] | None = None,
     ) -> None:
         self.engine = engine
+        # The ledger's write path (``Ledger.write``: on SQLite, the
+        # group-committed, unsynced batches); without it, a transaction of our own.
+        self._run_write = write
         self.limits: dict[Scope, int | None] = {
             "address": address_per_minute,
             "analyst": analyst_per_minute,
@@ -133,20 +137,26 @@ class RateLimiter:
     def _increment(self, bucket: str, window: int) -> int:
         """Add one to the window's counter and return the new count (exact under races)."""
         key = (RATE_LIMITS.c.bucket == bucket) & (RATE_LIMITS.c.window == window)
+
+        def increment(conn: Connection) -> int:
+            updated = conn.execute(
+                update(RATE_LIMITS).where(key).values(count=RATE_LIMITS.c.count + 1)
+            ).rowcount
+            if updated:
+                return int(conn.execute(select(RATE_LIMITS.c.count).where(key)).scalar_one())
+            conn.execute(insert(RATE_LIMITS).values(bucket=bucket, window=window, count=1))
+            # A new window: forget windows that can no longer matter.
+            conn.execute(delete(RATE_LIMITS).where(RATE_LIMITS.c.window < window - 1))
+            return 1
+
         for _ in range(5):
             try:
+                if self._run_write is not None:
+                    count = self._run_write(increment)
+                    assert count is not None
+                    return count
                 with self.engine.connect() as conn, self._write(conn).begin():
-                    updated = conn.execute(
-                        update(RATE_LIMITS).where(key).values(count=RATE_LIMITS.c.count + 1)
-                    ).rowcount
-                    if updated:
-                        return int(
-                            conn.execute(select(RATE_LIMITS.c.count).where(key)).scalar_one()
-                        )
-                    conn.execute(insert(RATE_LIMITS).values(bucket=bucket, window=window, count=1))
-                    # A new window: forget windows that can no longer matter.
-                    conn.execute(delete(RATE_LIMITS).where(RATE_LIMITS.c.window < window - 1))
-                    return 1
+                    return increment(conn)
             except IntegrityError:
                 continue  # a concurrent request inserted this window first: count again
         raise LedgerUnavailable("could not update the rate-limit counters", component="rate_limits")

@@ -9,11 +9,47 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from budget import BudgetStatus, Charge
+from gateway.planning import PlannedQuery
+
 
 @dataclass(frozen=True)
 class ColumnInfo:
     name: str
     type: str
+
+
+@dataclass(frozen=True)
+class PrivacySpent:
+    """What a query was calibrated for and costs (the ``privacy`` part of a response)."""
+
+    mechanism: str
+    epsilon: float
+    delta: float
+    rho: float
+    selection_delta: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mechanism": self.mechanism,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "rho": self.rho,
+            "selection_delta": self.selection_delta,
+        }
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> PrivacySpent:
+        return PrivacySpent(
+            mechanism=str(data.get("mechanism", "none")),
+            epsilon=float(data.get("epsilon", 0.0)),
+            delta=float(data.get("delta", 0.0)),
+            rho=float(data.get("rho", 0.0)),
+            selection_delta=float(data.get("selection_delta", 0.0)),
+        )
+
+
+NO_PRIVACY_SPENT = PrivacySpent("none", 0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -25,12 +61,12 @@ class Release:
     columns: tuple[ColumnInfo, ...]
     rows: tuple[tuple[Any, ...], ...]
     accuracy: dict[str, dict[str, Any]]
-    privacy: dict[str, Any]
-    budget: dict[str, Any]
+    privacy: PrivacySpent
+    budget: BudgetStatus
     extra: dict[str, Any] = field(default_factory=dict)
     # What this answer added to the analyst's budget figures (budget units), when it was
     # charged now; never part of the answer identical requests share.
-    charge: dict[str, Any] | None = None
+    charge: Charge | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -40,12 +76,12 @@ class Release:
             "columns": [{"name": c.name, "type": c.type} for c in self.columns],
             "rows": [list(r) for r in self.rows],
             "accuracy": self.accuracy,
-            "privacy": self.privacy,
-            "budget": self.budget,
+            "privacy": self.privacy.to_json(),
+            "budget": self.budget.to_json(),
         }
         body.update(self.extra)
         if self.charge is not None:
-            body["charge"] = self.charge
+            body["charge"] = self.charge.to_json()
         return body
 
     def answer_json(self) -> dict[str, Any]:
@@ -56,9 +92,7 @@ class Release:
         return body
 
     @staticmethod
-    def from_answer_json(
-        answer: dict[str, Any], *, cached: bool, budget: dict[str, Any]
-    ) -> Release:
+    def from_answer_json(answer: dict[str, Any], *, cached: bool, budget: BudgetStatus) -> Release:
         known = {"query_id", "columns", "rows", "accuracy", "privacy"}
         return Release(
             query_id=str(answer["query_id"]),
@@ -66,7 +100,19 @@ class Release:
             columns=tuple(ColumnInfo(c["name"], c["type"]) for c in answer["columns"]),
             rows=tuple(tuple(r) for r in answer["rows"]),
             accuracy=dict(answer.get("accuracy") or {}),
-            privacy=dict(answer.get("privacy") or {}),
+            privacy=PrivacySpent.from_json(dict(answer.get("privacy") or {})),
             budget=budget,
             extra={k: v for k, v in answer.items() if k not in known},
         )
+
+
+def privacy_spent(planned: PlannedQuery) -> PrivacySpent:
+    """The ``privacy`` part of a response: what the query was calibrated for and costs."""
+    request, cost = planned.request, planned.calibration.cost
+    return PrivacySpent(
+        mechanism=request.mechanism,
+        epsilon=request.epsilon,
+        delta=request.delta if request.mechanism == "gaussian" else 0.0,
+        rho=cost.rho,
+        selection_delta=cost.selection_delta,
+    )

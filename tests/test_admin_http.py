@@ -1,47 +1,37 @@
 """The admin endpoints: auth (401/403), analysts, budgets, key rotation, audit log.
 
-Runs the blueprint in a minimal Flask app with the gateway's error envelope, so these
-tests do not depend on the full pipeline; tests/test_admin_app.py runs it in create_app.
+Runs the blueprint in the real app (``create_app`` over the demo gateway), so the admin
+endpoints are authenticated by the same path as the analyst endpoints.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from types import SimpleNamespace
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from flask import Flask, jsonify
 from flask.testing import FlaskClient
 
 from budget import Ledger
-from gateway.errors import GatewayError
-from gateway.http.admin import admin_bp
+from gateway.http.app import create_app
+from gateway.pipeline import Gateway
 from mechanisms.types import PrivacyCost
-
-ADMIN_KEY = "test-admin-key-" + "x" * 32
-
-
-@pytest.fixture
-def ledger(tmp_path: object) -> Iterator[Ledger]:
-    led = Ledger.from_url(f"sqlite:///{tmp_path}/ledger.db")
-    led.migrate()
-    yield led
-    led.close()
+from tests.conftest import ADMIN_KEY
 
 
 @pytest.fixture
-def client(ledger: Ledger, monkeypatch: pytest.MonkeyPatch) -> FlaskClient:
-    monkeypatch.setenv("DPGATE_ADMIN_KEY", ADMIN_KEY)
-    app = Flask("admin-test")
-    app.extensions["dpgate"] = SimpleNamespace(ledger=ledger)
-    app.register_blueprint(admin_bp, url_prefix="/v1/admin")
+def gateway(make_gateway: Callable[..., Gateway]) -> Gateway:
+    return make_gateway(analysts=[])  # no analyst but those the tests create
 
-    @app.errorhandler(GatewayError)
-    def _render(err: GatewayError) -> Any:
-        return jsonify(err.to_dict()), err.status
 
-    return app.test_client()
+@pytest.fixture
+def ledger(gateway: Gateway) -> Ledger:
+    return gateway.ledger
+
+
+@pytest.fixture
+def client(gateway: Gateway) -> FlaskClient:
+    return create_app(gateway.config, gateway=gateway).test_client()
 
 
 def admin(token: str = ADMIN_KEY) -> dict[str, str]:

@@ -281,7 +281,7 @@ def _exact_answer(gateway: Gateway, query_id: str, sql: str, epsilon: float) -> 
     """The query's cells with their exact counts and the public noise of the release."""
     plan = gateway.analyze(sql)
     assert isinstance(plan, QueryPlan)
-    calibration = gateway._calibrate(plan, QueryRequest(sql, epsilon, 0.0, "laplace"))
+    calibration = gateway.planner.calibrate(plan, QueryRequest(sql, epsilon, 0.0, "laplace"))
     table = gateway.config.tables[plan.table]
     compiled = compile_plan(plan, table, gateway.dialect)
     rows = run_aggregate(gateway.engine, compiled.sql, timeout_ms=60_000)

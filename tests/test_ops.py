@@ -1,7 +1,7 @@
 """Operations layer in one process: request ids, logs, metrics, readiness, rate limits.
 
 The app here is a stand-in with the same contract as gateway.http.app (a Gateway in
-``app.extensions["dpgate"]``, a GatewayError handler that adds ``g.request_id``), so
+``app.extensions["dpgate"]``, a GatewayError handler that adds the request record's id), so
 these tests pin the operations layer on its own; tests/test_serve.py runs the real
 thing under gunicorn.
 """
@@ -31,6 +31,7 @@ from gateway.errors import (
     RateLimited,
 )
 from gateway.http.ops import check_rate_limit, install_operations
+from gateway.identity import Principal
 from gateway.logs import ACCESS_LOGGER
 from gateway.ratelimit import RateLimiter
 
@@ -57,19 +58,19 @@ def make_app(tmp_path: Path, *, address: int | None = None, analyst: int | None 
     @app.errorhandler(GatewayError)
     def render(err: GatewayError) -> Any:
         body = err.to_dict()
-        if g.get("request_id"):
-            body["error"]["detail"]["request_id"] = g.request_id
+        body["error"]["detail"]["request_id"] = g.record.request_id
         return jsonify(body), err.status
 
     @app.post("/v1/query")
     def query() -> Any:
-        g.analyst_name = "alice"
+        rec = g.record
+        rec.principal = Principal("alice", is_admin=False)
         check_rate_limit("alice")
-        g.sql = "SELECT disease, COUNT(*) FROM patients GROUP BY disease"
+        rec.sql = "SELECT disease, COUNT(*) FROM patients GROUP BY disease"
         if app.config.get("FAIL"):
             raise app.config["FAIL"]
-        g.query_outcome = "answered"
-        g.epsilon_spent = 0.25
+        rec.outcome = "answered"
+        rec.epsilon_spent = 0.25
         return jsonify({"ok": True, "rows": [[SECRET_VALUE, 12]]})
 
     install_operations(app)

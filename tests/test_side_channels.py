@@ -46,15 +46,17 @@ def timed(gw: Gateway, analyst: str, sql: str) -> tuple[float, Any]:
 def test_answers_are_held_until_the_deadline_whatever_they_cost(
     make_gateway: Callable[..., Gateway],
 ) -> None:
-    gw = make_gateway(execution={"timing": "deadline", "deadline_ms": 300})
+    # A deadline generous enough that the costly query finishes within it on a loaded
+    # machine (it gets 80% of the deadline before it is cancelled).
+    gw = make_gateway(execution={"timing": "deadline", "deadline_ms": 1000})
     gw.ledger.create_analyst("dana", 100.0, 1e-6)
     for sql in ("SELECT COUNT(*) FROM patients", COSTLY, "SELECT COUNT(*) FROM visits"):
         elapsed, outcome = timed(gw, "dana", sql)
         assert not isinstance(outcome, Exception), outcome
-        assert elapsed >= 0.3, (sql, elapsed)
+        assert elapsed >= 1.0, (sql, elapsed)
     # A cache hit reads no rows: it is answered at once.
     elapsed, _ = timed(gw, "dana", "SELECT COUNT(*) FROM patients")
-    assert elapsed < 0.3
+    assert elapsed < 1.0
 
 
 def test_a_per_table_deadline_overrides_the_default(

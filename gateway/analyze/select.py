@@ -113,7 +113,8 @@ def _canonical(node: exp.Expr) -> str:
 
 def canonical_sql(select: exp.Expr) -> str:
     """The normalised text of a statement: the cache key and the ledger's record of it."""
-    return _canonical(normalize_identifiers(select.copy(), dialect=READ_DIALECT))
+    normalized = normalize_identifiers(select.copy(), dialect=READ_DIALECT)
+    return normalized.sql(dialect=READ_DIALECT, normalize=True, copy=False)  # already a copy
 
 
 def _contains_aggregate(node: exp.Expr) -> bool:

@@ -17,32 +17,29 @@ the environment (compared in constant time): no key or a wrong key is ``unauthen
 ``period`` is ``day``, ``week``, ``month`` or ``none`` (the default): the budget renews at
 the end of each period (UTC; ``budget/periods.py``).
 
-Each admin request is itself appended to the ledger's audit log (``g.audit_logged`` is
-then set, so an app-wide audit hook can skip it).
+Each admin request is itself appended to the ledger's audit log (``gateway.observation``).
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import math
-import os
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any
 
-from flask import Blueprint, Response, current_app, g, jsonify, request
+from flask import Blueprint, Response, current_app, jsonify, request
 
 import budget
+from gateway.charges import ledger_errors
 from gateway.errors import (
     Conflict,
-    Forbidden,
     InvalidRequest,
     LedgerUnavailable,
     NotFound,
-    Unauthenticated,
 )
+from gateway.http.auth import record, require_admin
 from gateway.openapi import document, register_schema
 
 log = logging.getLogger("dpgate.admin")
@@ -121,69 +118,15 @@ def _ledger() -> budget.Ledger:
     return ledger
 
 
-@contextmanager
-def _ledger_errors() -> Iterator[None]:
-    """Report the ledger's errors as the gateway's (one envelope, stable codes)."""
-    try:
-        yield
-    except budget.UnknownAnalyst as e:
-        raise NotFound(str(e)) from None
-    except budget.AnalystExists as e:
-        raise Conflict(str(e)) from None
-    except budget.LedgerUnavailable as e:
-        raise LedgerUnavailable(str(e)) from None
-    except ValueError as e:
-        raise InvalidRequest(str(e)) from None
-
-
-def _bearer_token() -> str | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
+def _ledger_errors() -> AbstractContextManager[None]:
+    """The ledger's errors as the gateway's; a missing analyst is ``not_found`` here."""
+    return ledger_errors(unknown_analyst=NotFound)
 
 
 @admin_bp.before_request
 def _require_admin() -> None:
-    token = _bearer_token()
-    if token is None:
-        raise Unauthenticated("the admin endpoints need 'Authorization: Bearer <admin key>'")
-    admin_key = os.environ.get("DPGATE_ADMIN_KEY") or ""
-    if admin_key and hmac.compare_digest(token.encode(), admin_key.encode()):
-        g.admin = True
-        return
-    with _ledger_errors():
-        analyst = _ledger().authenticate(token)
-    if analyst is not None:
-        g.analyst_name = analyst.name
-        raise Forbidden("an analyst key cannot use the admin endpoints")
-    if not admin_key:
-        raise Unauthenticated("the admin endpoints are disabled: DPGATE_ADMIN_KEY is not set")
-    raise Unauthenticated("invalid admin key")
-
-
-@admin_bp.after_request
-def _audit(response: Response) -> Response:
-    error_code = None
-    if response.status_code >= 400 and response.is_json:
-        body = response.get_json(silent=True)
-        if isinstance(body, dict) and isinstance(body.get("error"), dict):
-            error_code = body["error"].get("code")
-    try:
-        _ledger().log_request(
-            request_id=str(g.get("request_id") or ""),
-            analyst=g.get("analyst_name"),
-            endpoint=f"{request.method} {request.path}",
-            sql=None,
-            outcome="admin" if response.status_code < 400 else "refused",
-            error_code=error_code,
-            status=response.status_code,
-        )
-        g.audit_logged = True
-    except Exception:  # an unavailable ledger must not hide the response's own outcome
-        log.warning("could not append an admin request to the audit log", exc_info=True)
-    return response
+    record().audited = "admin"  # every admin request, allowed or not, is audit-logged
+    require_admin()
 
 
 def _json_body(allowed: set[str], required: Iterable[str] = ()) -> Mapping[str, Any]:

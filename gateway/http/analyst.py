@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import logging
-import math
-from dataclasses import replace
-from typing import Any
-
-from flask import Blueprint, Response, g, jsonify, request
+from flask import Blueprint, Response, jsonify, request
 
 from gateway.errors import (
     AuditRefused,
     BudgetExhausted,
     DatabaseUnavailable,
     Forbidden,
+    GatewayError,
     InvalidPrivacyParameters,
     InvalidRequest,
     LedgerUnavailable,
@@ -23,15 +19,25 @@ from gateway.errors import (
     UnknownTable,
     UnsupportedQuery,
 )
-from gateway.http.auth import gateway, require_analyst
-from gateway.noising import selection_note
+from gateway.http.auth import (
+    admitted,
+    bearer_key,
+    current_principal,
+    gateway,
+    record,
+    require_analyst,
+)
 from gateway.openapi import document, ref, register_schema
-from gateway.plan import QueryPlan, QueryRequest
+from gateway.request import parse_request
 
 bp = Blueprint("analyst", __name__)
-log = logging.getLogger("dpgate.http")
 
-QUERY_FIELDS = {"sql", "epsilon", "delta", "mechanism", "dry_run", "accuracy"}
+
+@bp.before_request
+def _audited() -> None:
+    """Every analyst request, answered or not, goes to the ledger's audit log."""
+    record().audited = "analyst"
+
 
 register_schema(
     "QueryRequest",
@@ -157,42 +163,31 @@ _QUERY_ERRORS = (
     tags=["analyst"],
 )
 def query() -> Response:
-    analyst = require_analyst()
-    req = parse_query_request(request.get_json(silent=True, force=True), request.get_data())
-    g.sql = req.sql
-    release = gateway().query(analyst, req)
-    g.query_outcome = "cached" if release.cached else ("dry_run" if req.dry_run else "answered")
+    gw, rec = gateway(), record()
+    try:
+        req = parse_request(
+            request.get_json(silent=True, force=True), request.get_data(), gw.config.privacy
+        )
+    except GatewayError:
+        require_analyst()  # who is asking is checked before what is asked
+        raise
+    rec.sql = req.sql
+    _, release = gw.answer(bearer_key(), req, admit=admitted)
+    rec.outcome = "cached" if release.cached else ("dry_run" if req.dry_run else "answered")
     if release.charge is not None:  # in budget units: what /v1/budget's ε spent rose by
-        g.epsilon_spent = release.charge.get("epsilon")
+        rec.epsilon_spent = release.charge.epsilon
     body = release.to_json()
     if req.accuracy is not None:
-        chosen = float(release.privacy["epsilon"])  # the ε the target was met with
-        body["accuracy_target"] = {"ci95_halfwidth": req.accuracy, "epsilon": chosen}
-        req = replace(req, epsilon=chosen, accuracy=None)
-    selection = _partition_selection(req, None if req.dry_run else len(release.rows))
-    if selection is not None:
-        body["partition_selection"] = selection
+        body["accuracy_target"] = {
+            "ci95_halfwidth": req.accuracy,
+            "epsilon": release.privacy.epsilon,  # the ε the target was met with
+        }
     return jsonify(body)
-
-
-def _partition_selection(req: QueryRequest, rows: int | None) -> dict[str, Any] | None:
-    """The partition-selection note for an answered query whose keys are not public.
-
-    Re-derived from the request and the public schema (the plan is cached, calibration
-    is deterministic), so cached answers and dry runs carry it too.
-    """
-    gw = gateway()
-    plan = gw.analyze(req.sql)
-    if not isinstance(plan, QueryPlan) or not plan.needs_partition_selection:
-        return None
-    # The pipeline's own calibration (deterministic in the request and the schema), so
-    # the threshold shown is the one the answer was selected with.
-    return selection_note(plan, gw._calibrate(plan, req), rows)
 
 
 @bp.get("/v1/budget")
 @document(
-    summary="The analyst's privacy budget: total, spent, remaining, composition",
+    summary="The analyst's privacy budget: total, spent, remaining, composition, period",
     auth="analyst",
     responses={200: ref("Budget")},
     errors=(Unauthenticated, Forbidden, LedgerUnavailable),
@@ -212,8 +207,6 @@ def budget() -> Response:
     tags=["analyst"],
 )
 def schema() -> Response:
-    from gateway.http.auth import current_principal
-
     current_principal()
     return jsonify(gateway().schema())
 
@@ -234,97 +227,3 @@ def queries() -> Response:
         raise InvalidRequest("limit must be a whole number from 1 to 10000")
     entries = gateway().history(analyst, limit=int(raw_limit))
     return jsonify({"ok": True, "queries": entries})
-
-
-@bp.after_request
-def record_in_audit_log(response: Response) -> Response:
-    """Append every analyst request, answered or not, to the ledger's audit log."""
-    body = response.get_json(silent=True) if response.is_json else None
-    error = body.get("error") if isinstance(body, dict) else None
-    code = error.get("code") if isinstance(error, dict) else None
-    try:
-        gateway().ledger.log_request(
-            request_id=str(g.get("request_id") or ""),
-            analyst=g.get("analyst_name"),
-            endpoint=f"{request.method} {request.path}",
-            sql=g.get("sql"),
-            outcome=str(g.get("query_outcome") or ("ok" if code is None else code)),
-            error_code=code,
-            status=response.status_code,
-        )
-    except Exception:  # the audit log must never turn an answer into an error
-        log.warning("could not append to the audit log (request %s)", g.get("request_id"))
-    return response
-
-
-def parse_query_request(body: Any, raw: bytes) -> QueryRequest:
-    """Validate a ``POST /v1/query`` body into a QueryRequest (defaults from the config)."""
-    if body is None:
-        if not raw.strip():
-            raise InvalidRequest('send a JSON body like {"sql": "SELECT COUNT(*) FROM t"}')
-        raise InvalidRequest("the body is not valid JSON")
-    if not isinstance(body, dict):
-        raise InvalidRequest("the body must be a JSON object")
-    unknown = sorted(set(body) - QUERY_FIELDS)
-    if unknown:
-        raise InvalidRequest(
-            f"unknown field(s): {', '.join(unknown)} (allowed: {', '.join(sorted(QUERY_FIELDS))})",
-            fields=unknown,
-        )
-    sql = body.get("sql")
-    if not isinstance(sql, str):
-        raise InvalidRequest("'sql' is required and must be a string")
-    if len(sql) > 100_000:
-        raise InvalidRequest("'sql' is longer than 100,000 characters")
-    defaults = gateway().config.privacy
-    accuracy = _accuracy(body)
-    if accuracy is not None and body.get("epsilon") is not None:
-        raise InvalidPrivacyParameters("give either 'epsilon' or 'accuracy', not both")
-    epsilon = _number(body, "epsilon", defaults.epsilon)
-    mechanism = body.get("mechanism")
-    if mechanism is None:  # absent or JSON null: the config's default
-        mechanism = defaults.mechanism
-    if mechanism not in ("laplace", "gaussian"):
-        raise InvalidPrivacyParameters("'mechanism' must be 'laplace' or 'gaussian'")
-    delta = _number(body, "delta", defaults.delta if mechanism == "gaussian" else None)
-    if delta is None:
-        delta = defaults.delta  # used only by partition selection, when keys are not public
-    dry_run = body.get("dry_run", False)
-    if not isinstance(dry_run, bool):
-        raise InvalidRequest("'dry_run' must be true or false")
-    return QueryRequest(
-        sql=sql,
-        epsilon=epsilon,
-        delta=delta,
-        mechanism=mechanism,
-        dry_run=dry_run,
-        accuracy=accuracy,
-    )
-
-
-def _accuracy(body: dict[str, Any]) -> float | None:
-    """The target 95% half-width of ``"accuracy": {"ci95_halfwidth": X}``, if given."""
-    raw = body.get("accuracy")
-    if raw is None:
-        return None
-    if not isinstance(raw, dict) or set(raw) != {"ci95_halfwidth"}:
-        raise InvalidPrivacyParameters(
-            "'accuracy' must be an object {\"ci95_halfwidth\": X}, X > 0 in the units of the "
-            "released values"
-        )
-    value = _number(raw, "ci95_halfwidth", None)
-    if value is None or value <= 0:
-        raise InvalidPrivacyParameters("'accuracy.ci95_halfwidth' must be a number > 0")
-    return float(value)
-
-
-def _number(body: dict[str, Any], key: str, default: float | None) -> Any:
-    value = body.get(key)
-    if value is None:  # absent or JSON null: the config's default
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidPrivacyParameters(f"'{key}' must be a number")
-    value = float(value)
-    if not math.isfinite(value):
-        raise InvalidPrivacyParameters(f"'{key}' must be finite")
-    return value

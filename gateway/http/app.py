@@ -58,11 +58,10 @@ def create_app_from_env() -> Flask:
 
 def render_error(error: GatewayError) -> Response:
     body = error.to_dict()
-    request_id = g.get("request_id")
-    if request_id:
-        body["error"]["detail"] = {**body["error"]["detail"], "request_id": request_id}
-    g.query_outcome = g.get("query_outcome") or error.code
-    g.error_code = error.code
+    rec = g.get("record")
+    if rec is not None:
+        body["error"]["detail"] = {**body["error"]["detail"], "request_id": rec.request_id}
+        rec.outcome = rec.outcome or error.code
     response = jsonify(body)
     response.status_code = error.status
     if error.status == 429 and "retry_after" in error.detail:
@@ -90,7 +89,7 @@ def _http_error(error: HTTPException) -> Response:
 def _unexpected(error: Exception) -> Response:
     log.error(
         "internal error (request %s): %s",
-        g.get("request_id"),
+        getattr(g.get("record"), "request_id", None),
         type(error).__name__,
         exc_info=(type(error), error, None),
     )

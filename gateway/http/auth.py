@@ -1,17 +1,26 @@
-"""Bearer-key authentication for the analyst and admin endpoints."""
+"""Bearer-key authentication, one path for the analyst and admin endpoints, and the
+request record (``gateway.observation``) the endpoints fill in."""
 
 from __future__ import annotations
 
 from flask import current_app, g, request
 
-from gateway.errors import Forbidden
-from gateway.pipeline import Gateway, Principal
+from gateway.errors import Forbidden, Unauthenticated
+from gateway.identity import Principal
+from gateway.observation import RequestRecord
+from gateway.pipeline import Gateway
 
 
 def gateway() -> Gateway:
     """The Gateway this app serves."""
     gw: Gateway = current_app.extensions["dpgate"]
     return gw
+
+
+def record() -> RequestRecord:
+    """This request's record (created by the operations hook before anything else)."""
+    rec: RequestRecord = g.record
+    return rec
 
 
 def bearer_key() -> str | None:
@@ -22,17 +31,21 @@ def bearer_key() -> str | None:
     return key.strip()
 
 
+def admitted(principal: Principal) -> None:
+    """The caller is known: record them and count the request against their limit."""
+    record().principal = principal
+    if not principal.is_admin:
+        from gateway.http.ops import check_rate_limit
+
+        check_rate_limit(principal.name)
+
+
 def current_principal() -> Principal:
     """Who is calling, authenticated once per request (and rate-limited as that analyst)."""
-    principal: Principal | None = g.get("principal")
+    principal = record().principal
     if principal is None:
         principal = gateway().authenticate(bearer_key())
-        g.principal = principal
-        if not principal.is_admin:
-            g.analyst_name = principal.name
-            from gateway.http.ops import check_rate_limit
-
-            check_rate_limit(principal.name)
+        admitted(principal)
     return principal
 
 
@@ -45,6 +58,20 @@ def require_analyst() -> str:
 
 
 def require_admin() -> None:
-    principal = current_principal()
+    """Let only the admin key through, with errors that say what an admin must send."""
+    if bearer_key() is None:
+        raise Unauthenticated("the admin endpoints need 'Authorization: Bearer <admin key>'")
+    try:
+        principal = gateway().authenticate(bearer_key())
+    except Forbidden:  # a disabled analyst's key
+        raise Forbidden("an analyst key cannot use the admin endpoints") from None
+    except Unauthenticated:
+        if gateway().config.admin_key is None:
+            raise Unauthenticated(
+                "the admin endpoints are disabled: DPGATE_ADMIN_KEY is not set"
+            ) from None
+        raise Unauthenticated("invalid admin key") from None
     if not principal.is_admin:
-        raise Forbidden("this endpoint needs the admin key")
+        record().caller = principal.name
+        raise Forbidden("an analyst key cannot use the admin endpoints")
+    record().principal = principal

@@ -3,22 +3,19 @@
 ``install_operations(app)`` registers the ``ops`` blueprint and hooks that run around
 every request:
 
-- before: give the request an id (``g.request_id``, echoed as ``X-Request-Id`` and put
-  into error envelopes by the app's error handler) and count it against the source
-  address's rate limit;
-- after: count it in the metrics and write its JSON log line (``gateway.logs``).
+- before: start the request's record (``gateway.observation.RequestRecord`` in
+  ``g.record``: its id is echoed as ``X-Request-Id`` and put into error envelopes by the
+  app's error handler) and count the request against the source address's rate limit;
+- after: hand the record, which the endpoints filled in, to ``observation.observe``:
+  metrics, the JSON log line and the audit-log row.
 
 The analyst limit needs the analyst's name, known only after authentication: the auth
 code calls ``check_rate_limit(name)``.
-
-The hooks read what the endpoints leave in ``flask.g``: ``analyst_name``, ``sql``,
-``query_outcome`` (``answered``, ``cached`` or an error code) and ``epsilon_spent``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +25,8 @@ from sqlalchemy import Engine, create_engine, literal, select
 
 from gateway import metrics
 from gateway.errors import DatabaseUnavailable, GatewayError, LedgerUnavailable
-from gateway.logs import RequestLog, configure_logging, log_request
+from gateway.logs import configure_logging
+from gateway.observation import RequestRecord, observe
 from gateway.openapi import build_spec, document, register_schema
 from gateway.ratelimit import RateLimiter
 
@@ -83,10 +81,12 @@ def _make_limiter(app: Flask) -> RateLimiter | None:
     if limits is None or (limits.analyst_per_minute is None and limits.address_per_minute is None):
         return None
     engine = _ledger_engine(gateway) or create_engine(config.ledger.url)  # type: ignore[union-attr]
+    ledger = getattr(gateway, "ledger", None)
     limiter = RateLimiter(
         engine,
         address_per_minute=limits.address_per_minute,
         analyst_per_minute=limits.analyst_per_minute,
+        write=None if ledger is None else lambda fn: ledger.write(fn, durable=False),
     )
     try:
         limiter.ensure_schema()
@@ -118,8 +118,12 @@ def check_rate_limit(analyst_name: str) -> None:
 
 
 def _before_request() -> None:
-    g.request_id = uuid.uuid4().hex
-    g.request_started = time.perf_counter()
+    g.record = RequestRecord(
+        request_id=uuid.uuid4().hex,
+        method=request.method,
+        path=request.path,
+        remote_addr=request.remote_addr,
+    )
     ops = _ops()
     if ops.limiter is None or request.endpoint in ops.exempt_endpoints:
         return
@@ -140,63 +144,31 @@ def _error_of(response: Response) -> dict[str, Any] | None:
 
 
 def _after_request(response: Response) -> Response:
-    request_id = g.get("request_id")
-    if request_id:
-        response.headers["X-Request-Id"] = request_id
+    rec: RequestRecord | None = g.get("record")
+    if rec is None:  # a hook before ours failed: nothing to observe
+        return response
+    response.headers["X-Request-Id"] = rec.request_id
     try:
-        _observe(response, request_id)
+        error = _error_of(response)
+        rec.error_code = str(error.get("code")) if error else None
+        if rec.error_code == "rate_limited" and error is not None:
+            retry_after = (error.get("detail") or {}).get("retry_after")
+            if isinstance(retry_after, int):
+                response.headers["Retry-After"] = str(retry_after)
+        rec.status = response.status_code
+        if request.url_rule is not None:
+            rec.rule = request.url_rule.rule
+        observe(rec, getattr(current_app.extensions.get("dpgate"), "ledger", None))
     except Exception:  # observing must never turn a response into a failure
         log.exception("could not record the request")
     return response
 
 
-def _observe(response: Response, request_id: str | None) -> None:
-    error = _error_of(response)
-    code = str(error.get("code")) if error else None
-    if code == "rate_limited" and error is not None:
-        retry_after = (error.get("detail") or {}).get("retry_after")
-        if isinstance(retry_after, int):
-            response.headers["Retry-After"] = str(retry_after)
-    started = g.get("request_started")
-    duration = time.perf_counter() - started if started is not None else 0.0
-    rule = request.url_rule.rule if request.url_rule is not None else "<unmatched>"
-    analyst = g.get("analyst_name")
-    metrics.record_request(
-        endpoint=rule,
-        method=request.method,
-        status=response.status_code,
-        outcome=code or ("ok" if response.status_code < 400 else str(response.status_code)),
-        duration_s=duration,
-    )
-    outcome = None
-    if rule == QUERY_RULE and request.method == "POST":
-        outcome = g.get("query_outcome") or code or "answered"
-    epsilon = g.get("epsilon_spent")
-    if outcome is not None:
-        metrics.record_query(
-            analyst=analyst, outcome=str(outcome), duration_s=duration, epsilon_spent=epsilon
-        )
-    log_request(
-        RequestLog(
-            request_id=request_id or "",
-            method=request.method,
-            path=request.path,
-            status=response.status_code,
-            duration_ms=round(duration * 1000, 3),
-            remote_addr=request.remote_addr,
-            analyst=analyst,
-            error_code=code,
-            query_outcome=str(outcome) if outcome is not None else None,
-            epsilon_spent=epsilon,
-            sql=g.get("sql"),
-        )
-    )
-
-
 def _envelope(err: GatewayError) -> Response:
     body = err.to_dict()
-    if g.get("request_id"):
-        body["error"]["detail"]["request_id"] = g.request_id
+    rec = g.get("record")
+    if rec is not None:
+        body["error"]["detail"]["request_id"] = rec.request_id
     response = jsonify(body)
     response.status_code = err.status
     return response

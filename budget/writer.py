@@ -1,0 +1,217 @@
+"""SQLite ledger writes: one writer per process, group commit, no busy-wait between writers.
+
+SQLite has one write lock per database. With many threads and several worker processes
+each opening its own write transactions, writers queue on that lock through SQLite's busy
+handler, which sleeps in growing steps (1, 2, 5, 10, … ms) and convoys under load. Here:
+
+- **Across processes** a write transaction first takes ``flock`` on ``<ledger>.locks/
+  write.lock`` (``WriteLock``): the kernel wakes the next waiter the moment the lock is
+  released, so writers never sleep in steps, and SQLite's ``BEGIN IMMEDIATE`` then finds
+  the database free. Within a process a thread lock comes first, so at most one thread
+  per process waits on the file.
+- **Within a process** writes are group-committed (``WriteQueue``): the first writer to
+  arrive leads, and runs in one transaction every operation queued until it starts,
+  each inside its own savepoint (one operation's error — a refused charge, a duplicate
+  outcome — rolls back only that operation), then commits once: one fsync for a whole
+  batch of charges. Writers arriving meanwhile wait, and one of them leads the next
+  batch. An operation's caller gets its result or its exception only after the commit
+  returned, so a charge is durable before ``reserve`` returns, as before.
+
+A batch commits durably (``synchronous=FULL`` by default: fsync) when any operation in it
+asked to be durable (charges, admin changes); otherwise with ``synchronous=NORMAL`` (an
+outcome, a request-log row or a rate-limit counter: a killed process loses nothing, an
+OS crash may lose the last of them, never a charge that an answer was released for).
+Operations submitted without waiting (request-log rows) ride on the next batch any writer
+leads, or are written ``LINGER_S`` later by a timer: under load they cost no transaction
+of their own. ``flush()`` waits for them (readers of the request log call it); a killed
+process may lose the last ``LINGER_S`` of them (never a charge or an outcome).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy.engine import Connection
+
+try:  # POSIX only; without it, writers of other processes meet SQLite's busy handler
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
+
+T = TypeVar("T")
+MAX_BATCH = 256
+LINGER_S = 0.05  # the longest an un-awaited write (a request-log row) waits for a batch
+
+Transaction = Callable[[bool], AbstractContextManager[Connection]]
+
+
+class WriteLock:
+    """The ledger's write lock across threads (a mutex) and processes (``flock``)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._mutex = threading.Lock()
+        self._fd: int | None = None
+        self._pid = os.getpid()
+
+    def _file(self) -> int | None:
+        if self.path is None or fcntl is None:
+            return None
+        if self._fd is None or self._pid != os.getpid():  # new process (fork): own fd
+            self.path.parent.mkdir(exist_ok=True)
+            self._fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600)
+            self._pid = os.getpid()
+        return self._fd
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        with self._mutex:
+            fd = self._file()
+            if fd is None:
+                yield
+                return
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+@dataclass
+class _Op:
+    fn: Callable[[Connection], Any]
+    durable: bool
+    done: bool = False
+    ok: bool = False
+    value: Any = None
+
+
+_queues: weakref.WeakSet[WriteQueue] = weakref.WeakSet()
+
+
+class WriteQueue:
+    """Group commit without a thread of its own: the first writer to arrive becomes the
+    leader and commits, in one transaction, every operation queued until it starts;
+    writers arriving meanwhile wait, and one of them leads the next batch. An
+    uncontended write runs in its caller's thread (no hand-off); under load, one commit
+    (one fsync) serves a whole batch. ``transaction(durable)`` opens one write
+    transaction on the ledger (taking ``WriteLock``)."""
+
+    def __init__(self, transaction: Transaction) -> None:
+        self._transaction = transaction
+        self._cv = threading.Condition()
+        self._pending: list[_Op] = []
+        self._leading = False
+        self._timer: threading.Timer | None = None
+        self._pid = os.getpid()
+        _queues.add(self)
+
+    def run(self, fn: Callable[[Connection], T], *, durable: bool) -> T:
+        """Run ``fn(conn)`` in the next batch; its result once the batch has committed
+        (its exception if it raised: only its own writes are rolled back)."""
+        op = _Op(fn, durable)
+        self._drive(op)
+        if not op.ok:
+            raise op.value
+        return op.value
+
+    def submit(self, fn: Callable[[Connection], Any], *, durable: bool) -> None:
+        """Queue ``fn(conn)`` without waiting: it rides on the next batch any writer leads,
+        and is written at the latest ``LINGER_S`` later by a timer thread."""
+        with self._cv:
+            self._reset_after_fork()
+            self._pending.append(_Op(fn, durable))
+            if self._timer is None:
+                self._timer = threading.Timer(LINGER_S, self._linger_expired)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _linger_expired(self) -> None:
+        with self._cv:
+            self._timer = None
+        self._drive(None)
+
+    def flush(self) -> None:
+        """Wait until everything queued before this call is committed (or failed)."""
+        self._drive(_Op(lambda conn: None, False))
+
+    def close(self) -> None:
+        """Write what is queued."""
+        with self._cv:
+            self._reset_after_fork()
+            if not self._pending:
+                return
+        self.flush()
+
+    def _reset_after_fork(self) -> None:
+        if self._pid != os.getpid():  # a forked child inherits no leader and no timer
+            self._pending, self._leading, self._pid = [], False, os.getpid()
+            self._timer = None
+
+    def _drive(self, op: _Op | None) -> None:
+        """Queue ``op`` (if any) and wait until it is done, leading batches as needed."""
+        with self._cv:
+            self._reset_after_fork()
+            if op is not None:
+                self._pending.append(op)
+            while True:
+                if op is not None and op.done:
+                    return
+                if not self._leading:
+                    if not self._pending:
+                        return
+                    self._leading = True
+                    batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
+                    break
+                self._cv.wait()
+        try:
+            self._commit(batch)
+        finally:
+            with self._cv:
+                self._leading = False
+                self._cv.notify_all()
+        if op is None or not op.done:
+            self._drive(op)  # queued behind a full batch (or draining): lead or wait again
+
+    def _commit(self, batch: list[_Op]) -> None:
+        try:
+            with self._transaction(any(op.durable for op in batch)) as conn:
+                if len(batch) == 1:  # alone: its error rolls back the whole transaction
+                    batch[0].value, batch[0].ok = batch[0].fn(conn), True
+                else:
+                    for op in batch:
+                        _run_in_savepoint(conn, op)
+        except Exception as exc:  # the batch did not commit: nothing of it was written
+            for op in batch:
+                op.ok, op.value = False, exc
+        for op in batch:
+            op.done = True
+
+
+def _run_in_savepoint(conn: Connection, op: _Op) -> None:
+    """Run one operation of a batch; its error rolls back only its own writes."""
+    savepoint = conn.begin_nested()
+    try:
+        op.value = op.fn(conn)
+    except Exception as exc:  # reported to its caller, not here
+        savepoint.rollback()
+        op.value = exc
+    else:
+        savepoint.commit()
+        op.ok = True
+
+
+@atexit.register
+def _flush_all() -> None:  # request-log rows queued just before the process exits
+    for q in list(_queues):
+        with contextlib.suppress(Exception):  # exiting anyway
+            q.close()

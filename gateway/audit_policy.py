@@ -1,0 +1,204 @@
+"""Stage: audit policy — what the differencing auditor's decisions mean for a request.
+
+``audit.mode`` is read here and nowhere else: ``off`` audits nothing; ``flag`` answers
+and records the auditor's objection; ``refuse`` refuses. Around each audited query the
+scope's lock is held from the re-sync of the scope's history to the release moment, so
+the other half of a differencing pair sent at the same moment, to any worker, sees this
+one's answer (``budget.locks``). A pre-audit refusal costs nothing; a post-audit refusal
+comes after the statement was sent, so its charge stays and nothing is released
+(docs/design.md, invariants 2 and 8: the auditor sees only plans and noisy values).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+import budget
+from budget import Reservation
+from gateway.audit import AnsweredCell, AnsweredQuery, AuditDecision, Auditor
+from gateway.charges import Charges, ledger_errors
+from gateway.config import AuditConfig, TableConfig
+from gateway.errors import AuditRefused, GatewayError
+from gateway.noising import audit_cells_from_json
+from gateway.plan import QueryPlan
+from gateway.planning import PlannedQuery, Planner
+
+GLOBAL_SCOPE = "*"
+log = logging.getLogger("dpgate.audit")
+
+
+class AuditPolicy:
+    """The auditor, its scopes and its records in the ledger, under one ``audit.mode``."""
+
+    def __init__(
+        self,
+        config: AuditConfig,
+        tables: Mapping[str, TableConfig],
+        ledger: budget.Ledger,
+        planner: Planner,
+        charges: Charges,
+    ) -> None:
+        self.mode = config.mode
+        self.scope_kind = config.scope
+        self.ledger = ledger
+        self.planner = planner
+        self.charges = charges
+        self.auditor = Auditor(
+            tables, min_group_size=config.min_group_size, confidence=config.confidence
+        )
+        self._synced: dict[str, int] = {}
+        self._sync_lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "off"
+
+    def scope_of(self, analyst: str) -> str:
+        return analyst if self.scope_kind == "analyst" else GLOBAL_SCOPE
+
+    @contextmanager
+    def holding(self, analyst: str) -> Iterator[str]:
+        """Hold the analyst's audit scope (nothing to hold when the audit is off), with
+        the scope's history re-read from the ledger; yields the scope."""
+        scope = self.scope_of(analyst)
+        if not self.active:
+            yield scope
+            return
+        with self.ledger.scope_lock(scope):
+            self._sync(scope)
+            yield scope
+
+    def before(self, scope: str, analyst: str, planned: PlannedQuery) -> list[str]:
+        """Refuse (free) a request the auditor refused before, or that the pre-audit
+        refuses now; returns the flags to record when ``mode`` is ``flag``."""
+        if not self.active:
+            return []
+        if self.mode == "refuse":
+            self._refused_before(analyst, planned.key)
+        decision = _decide(lambda: self.auditor.pre_audit(scope, planned.plan))
+        if decision.allowed:
+            return []
+        if self.mode == "refuse":
+            self._record_refusal(analyst, planned, decision, None)
+            raise AuditRefused(
+                f"{decision.reason} Nothing was charged.",
+                charged=False,
+                combined_with=list(decision.combined_with),
+            )
+        return [decision.reason]
+
+    def after(
+        self,
+        scope: str,
+        planned: PlannedQuery,
+        reservation: Reservation,
+        cells: tuple[AnsweredCell, ...],
+        cells_json: list[dict[str, object]],
+    ) -> list[str]:
+        """Post-audit the noisy answer; on refusal record it withheld (charged) and
+        raise. Returns the flags to record when ``mode`` is ``flag``."""
+        if not self.active:
+            return []
+        answered = AnsweredQuery(query_id=reservation.id, plan=planned.plan, cells=cells)
+        decision = _decide(lambda: self.auditor.post_audit(scope, answered))
+        if decision.allowed:
+            return []
+        if self.mode != "refuse":
+            return [decision.reason]
+        self.charges.withheld(
+            reservation,
+            {"withheld": True, "audit_cells": cells_json},
+            f"post-audit: {decision.reason}",
+        )
+        self._record_refusal(reservation.analyst, planned, decision, reservation)
+        raise AuditRefused(
+            f"{decision.reason} The query was charged (its answer was computed) but is withheld.",
+            charged=True,
+            combined_with=list(decision.combined_with),
+        )
+
+    def remember(
+        self, scope: str, query_id: str, plan: QueryPlan, cells: tuple[AnsweredCell, ...]
+    ) -> None:
+        """Add a released answer to the scope's history."""
+        if self.active:
+            self.auditor.remember(scope, AnsweredQuery(query_id=query_id, plan=plan, cells=cells))
+
+    def _refused_before(self, analyst: str, key: str) -> None:
+        with ledger_errors():
+            refusal = self.ledger.find_refusal(key, analyst, self.planner.data_version)
+        if refusal is not None:
+            raise AuditRefused(
+                f"{refusal.reason} This request was refused before: it is refused again, "
+                "and nothing was charged.",
+                charged=False,
+                combined_with=list(refusal.combined_with),
+                refused_before=True,
+            )
+
+    def _record_refusal(
+        self,
+        analyst: str,
+        planned: PlannedQuery,
+        decision: AuditDecision,
+        reservation: Reservation | None,
+    ) -> None:
+        """Record a refusal (for the history, and to refuse a repeat for free)."""
+        with ledger_errors():
+            self.ledger.record_refusal(
+                analyst,
+                query_key=planned.key,
+                sql=planned.request.sql,
+                data_version=self.planner.data_version,
+                reason=decision.reason,
+                combined_with=decision.combined_with,
+                reservation_id=None if reservation is None else reservation.id,
+            )
+
+    def _sync(self, scope: str) -> None:
+        """Replay answers other workers released since the last sync, so every process
+        audits the same history (incremental: only ledger entries past the last one
+        seen). Withheld answers are not replayed: nobody saw them."""
+        analyst = None if scope == GLOBAL_SCOPE else scope
+        with self._sync_lock:
+            after = self._synced.get(scope)
+            with ledger_errors():
+                entries = self.ledger.releases(analyst, self.planner.data_version, after=after)
+            for entry in entries:
+                self._synced[scope] = max(self._synced.get(scope, 0), entry.seq)
+                if entry.outcome != "answered" or entry.release is None:
+                    continue
+                if self.auditor.knows(scope, entry.reservation_id):
+                    continue
+                cells = entry.release.get("audit_cells")
+                if cells is None:
+                    continue
+                try:
+                    plan = self.planner.analyze(entry.sql)
+                except GatewayError:
+                    continue
+                if isinstance(plan, QueryPlan):
+                    self.auditor.remember(
+                        scope,
+                        AnsweredQuery(
+                            query_id=entry.reservation_id,
+                            plan=plan,
+                            cells=audit_cells_from_json(cells),
+                        ),
+                    )
+
+
+def _decide(decide: Callable[[], AuditDecision]) -> AuditDecision:
+    """Run one audit decision; an auditor that cannot decide refuses (fails closed)."""
+    try:
+        return decide()
+    except Exception as e:
+        log.error("the auditor failed (%s); refusing", type(e).__name__, exc_info=True)
+        return AuditDecision(
+            allowed=False,
+            combined_with=(),
+            reason="The auditor could not decide on this query, so it is refused.",
+        )

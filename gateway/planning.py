@@ -1,0 +1,122 @@
+"""Stage: plan — SQL text → a ``QueryPlan`` (with a cache of recent plans), its noise
+calibration, and the key identical requests share.
+
+Everything here is a function of the request and the public config: no ledger, no data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from gateway.accuracy_target import request_for_target
+from gateway.analyze import analyze
+from gateway.analyze.aggregates import contribution_bounds
+from gateway.config import PrivacyConfig, TableConfig
+from gateway.errors import InvalidPrivacyParameters
+from gateway.plan import ProbePlan, QueryPlan, QueryRequest
+from mechanisms import QueryCalibration, calibrate_query
+
+PLAN_CACHE_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class PlannedQuery:
+    """A request that will reach the data: its plan, calibration and cache key
+    (``request.epsilon`` is the ε chosen for an accuracy target, if it had one)."""
+
+    request: QueryRequest
+    plan: QueryPlan
+    calibration: QueryCalibration
+    key: str
+
+
+class Planner:
+    """Plans requests against one config, remembering the plans of recent SQL texts."""
+
+    def __init__(
+        self, tables: Mapping[str, TableConfig], privacy: PrivacyConfig, data_version: str
+    ) -> None:
+        self.tables = tables
+        self.privacy = privacy
+        self.data_version = data_version
+        self._plans: OrderedDict[str, QueryPlan | ProbePlan] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def analyze(self, sql: str) -> QueryPlan | ProbePlan:
+        """``gateway.analyze.analyze`` against this config (refusals raise, not kept)."""
+        with self._lock:
+            plan = self._plans.get(sql)
+            if plan is not None:
+                self._plans.move_to_end(sql)
+                return plan
+        plan = analyze(sql, self.tables)
+        with self._lock:
+            self._plans[sql] = plan
+            if len(self._plans) > PLAN_CACHE_SIZE:
+                self._plans.popitem(last=False)
+        return plan
+
+    def plan(self, request: QueryRequest) -> PlannedQuery | ProbePlan:
+        """The plan, calibration and cache key of a checked request (or a probe)."""
+        plan = self.analyze(request.sql)
+        if isinstance(plan, ProbePlan):
+            return plan
+        if request.accuracy is not None:  # the smallest ε meeting the accuracy asked for
+            request = request_for_target(plan, request, self.privacy, self._calibrator(plan))
+        return PlannedQuery(request, plan, self.calibrate(plan, request), self.key(plan, request))
+
+    def _calibrator(self, plan: QueryPlan) -> Callable[[QueryRequest], QueryCalibration]:
+        return lambda request: self.calibrate(plan, request)
+
+    def calibrate(self, plan: QueryPlan, request: QueryRequest) -> QueryCalibration:
+        """Noise for every measure (and partition selection) at the request's (ε, δ)."""
+        groups = None
+        if plan.needs_partition_selection:
+            groups = contribution_bounds(self.tables[plan.table], grouped=True)[1]
+            if request.delta <= 0:
+                raise InvalidPrivacyParameters(
+                    "these GROUP BY keys are not declared public, so their groups are "
+                    "released through DP partition selection, which needs delta > 0 (or "
+                    "declare the key's values in the config)"
+                )
+        try:
+            calibration = calibrate_query(
+                request.mechanism,
+                request.epsilon,
+                request.delta,
+                [m.sensitivity for m in plan.measures],
+                max_groups_per_unit=groups,
+            )
+        except ValueError as e:
+            raise InvalidPrivacyParameters(str(e)) from None
+        except ArithmeticError:  # e.g. a denormal ε whose scale no float can hold
+            raise InvalidPrivacyParameters(
+                f"epsilon {request.epsilon!r} is too small to calibrate noise for"
+            ) from None
+        min_rho = self.privacy.min_rho
+        if self.privacy.composition != "pure" and calibration.cost.rho < min_rho:
+            raise InvalidPrivacyParameters(
+                f"this query would cost ρ={calibration.cost.rho:.3g}, below this gateway's "
+                f"minimum per query (ρ={min_rho:.3g}): ask for a larger epsilon or a smaller "
+                "delta",
+                min_rho_per_query=min_rho,
+            )
+        return calibration
+
+    def key(self, plan: QueryPlan, request: QueryRequest) -> str:
+        """What identical requests share: canonical SQL, parameters and data version."""
+        material = json.dumps(
+            [
+                plan.canonical_sql,
+                repr(float(request.epsilon)),
+                repr(float(request.delta)),
+                request.mechanism,
+                self.data_version,
+            ]
+        )
+        return hashlib.sha256(material.encode()).hexdigest()
