@@ -88,6 +88,7 @@ def test_audit_log_command(cli: click.Group, config: str, tmp_path: Path) -> Non
         error_code="budget_exhausted",
         status=403,
     )
+    ledger.close()  # a SQLite ledger writes the request log in its next batch: flush it
     out = run(cli, config, "audit-log")
     assert "403 budget_exhausted" in out and "SELECT COUNT(*) FROM t" in out
     assert "budget_exhausted budget_exhausted" not in out  # the code is printed once
