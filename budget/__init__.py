@@ -1,15 +1,20 @@
-"""Privacy budgets: the accountants (zCDP and pure composition) and the durable ledger.
+"""Privacy budgets: the accountants (basic composition, zCDP, both), budget periods and the
+durable ledger.
 
 ``from budget import Ledger, BudgetExhausted, …``. Nothing here knows HTTP or SQL text;
 see docs/accounting.md for the composition rules and their guarantees.
 """
 
 from budget.accountants import (
+    COMPOSITIONS,
+    DEFAULT_SELECTION_SHARE,
     SLACK,
     Accountant,
     Accounting,
+    CombinedFilter,
     CompositionName,
     PureFilter,
+    Spent,
     ZcdpFilter,
     accountant,
     cks_epsilon,
@@ -26,15 +31,18 @@ from budget.errors import (
     UnsupportedCost,
 )
 from budget.ledger import GLOBAL_NAME, Ledger
+from budget.periods import PERIODS, Period
 from budget.records import (
     Analyst,
     AuditEntry,
     BudgetStatus,
     CacheProbe,
+    Charge,
     HistoryEntry,
     HistoryOutcome,
     Lookup,
     Outcome,
+    Quote,
     Refusal,
     ReleaseEntry,
     Reservation,
@@ -42,7 +50,10 @@ from budget.records import (
 from budget.schema import SCHEMA_VERSION, SchemaTooNew
 
 __all__ = [
+    "COMPOSITIONS",
+    "DEFAULT_SELECTION_SHARE",
     "GLOBAL_NAME",
+    "PERIODS",
     "SCHEMA_VERSION",
     "SLACK",
     "Accountant",
@@ -54,6 +65,8 @@ __all__ = [
     "BudgetExhausted",
     "BudgetStatus",
     "CacheProbe",
+    "Charge",
+    "CombinedFilter",
     "CompositionName",
     "HistoryEntry",
     "HistoryOutcome",
@@ -62,12 +75,15 @@ __all__ = [
     "LedgerUnavailable",
     "Lookup",
     "Outcome",
+    "Period",
     "PureFilter",
+    "Quote",
     "Refusal",
     "ReleaseEntry",
     "Reservation",
     "ReservationSettled",
     "SchemaTooNew",
+    "Spent",
     "UnknownAnalyst",
     "UnsupportedCost",
     "ZcdpFilter",

@@ -28,7 +28,8 @@ class BudgetExhausted(LedgerError):
     """The accountant refuses the cost: admitting it would overspend a budget.
 
     ``scope`` is ``"analyst"`` or ``"global"``; ``remaining_epsilon`` /
-    ``remaining_delta`` / ``max_next_laplace_epsilon`` describe what is left in that scope.
+    ``remaining_delta`` / ``max_next_laplace_epsilon`` describe what is left in that scope;
+    ``period_ends_at`` (ISO 8601 UTC) is when that budget renews, ``None`` if never.
     """
 
     def __init__(
@@ -39,20 +40,23 @@ class BudgetExhausted(LedgerError):
         remaining_epsilon: float,
         remaining_delta: float,
         max_next_laplace_epsilon: float,
+        period_ends_at: str | None = None,
     ) -> None:
         super().__init__(message)
         self.scope = scope
         self.remaining_epsilon = remaining_epsilon
         self.remaining_delta = remaining_delta
         self.max_next_laplace_epsilon = max_next_laplace_epsilon
+        self.period_ends_at = period_ends_at
 
-    def detail(self) -> dict[str, float | str]:
+    def detail(self) -> dict[str, float | str | None]:
         """A JSON-ready summary for the error envelope's ``detail``."""
         return {
             "scope": self.scope,
             "epsilon_remaining": self.remaining_epsilon,
             "delta_remaining": self.remaining_delta,
             "max_next_laplace_epsilon": self.max_next_laplace_epsilon,
+            "period_ends_at": self.period_ends_at,
         }
 
 

@@ -36,7 +36,15 @@ from sqlalchemy.pool import StaticPool
 
 from budget import reads, schema
 from budget import statements as st
-from budget.accountants import Accountant, Accounting, CompositionName, accountant, is_pure
+from budget.accountants import (
+    DEFAULT_SELECTION_SHARE,
+    Accountant,
+    Accounting,
+    CompositionName,
+    Spent,
+    accountant,
+    is_pure,
+)
 from budget.errors import (
     AnalystDisabled,
     AnalystExists,
@@ -48,14 +56,17 @@ from budget.errors import (
 )
 from budget.keys import ScramVerifier, key_hash, new_api_key, scram_verifier
 from budget.locks import ScopeLocks
+from budget.periods import ALL_TIME, Period, check_period, period_end, period_start
 from budget.records import (
     Analyst,
     AuditEntry,
     BudgetStatus,
     CacheProbe,
+    Charge,
     HistoryEntry,
     Lookup,
     Outcome,
+    Quote,
     Refusal,
     ReleaseEntry,
     Reservation,
@@ -92,25 +103,34 @@ def _check_cost(cost: PrivacyCost) -> None:
 class Ledger:
     """Budgets and the append-only ledger of charges, outcomes and requests (SQLAlchemy).
 
-    ``composition`` picks the accountant (``zcdp`` or ``pure``); ``global_budget`` =
-    (ε, δ) caps the composition of every analyst's charges together.
+    ``composition`` picks the accountant (``combined``, ``zcdp`` or ``pure``) and
+    ``selection_share`` the share of each δ budget partition selection may spend
+    (``budget.accountants``). ``global_budget`` = (ε, δ), renewed every ``global_period``,
+    caps the composition of every analyst's charges together until an admin sets the
+    global budget in the ledger (``set_global_budget``), which then wins. ``clock``
+    returns the current naive UTC time (tests inject one to move through periods).
     """
 
     def __init__(
         self,
         engine: Engine,
         *,
-        composition: CompositionName = "zcdp",
+        composition: CompositionName = "combined",
         global_budget: tuple[float, float] | None = None,
+        global_period: Period = "none",
+        selection_share: float = DEFAULT_SELECTION_SHARE,
         sqlite_synchronous: Literal["FULL", "NORMAL"] = "FULL",
         busy_timeout_ms: int = 30_000,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.engine = engine
-        self.accountant: Accountant = accountant(composition)
+        self.accountant: Accountant = accountant(composition, selection_share)
         self.composition: CompositionName = composition
         if global_budget is not None:
             _check_budget(*global_budget)
         self.global_budget = global_budget
+        self.global_period: Period = check_period(global_period)
+        self._now: Callable[[], datetime] = clock or schema.utcnow
         self._sqlite = engine.dialect.name == "sqlite"
         self._write_lock: WriteLock | None = None
         self._writes: WriteQueue | None = None
@@ -218,24 +238,42 @@ class Ledger:
             raise UnknownAnalyst(f"no analyst named {name!r}")
         return row
 
-    def _spent(
-        self, conn: Connection, analyst_id: int | None, *, locked: bool = False
-    ) -> tuple[PrivacyCost, int]:
-        """Σ of the charge and refund rows (refunds are stored negated), and their count.
+    def now(self) -> datetime:
+        """The ledger's current time (naive UTC; the injected clock's, if any)."""
+        return self._now()
 
-        Per analyst: the latest checkpoint plus the rows after it; with ``locked`` (the
-        caller holds the analyst's charge lock) a new checkpoint is written once enough
-        rows follow the last one. The global scope sums every row.
+    def _spent(
+        self,
+        conn: Connection,
+        analyst_id: int | None,
+        *,
+        since: datetime = ALL_TIME,
+        locked: bool = False,
+    ) -> tuple[Spent, int]:
+        """Σ of the charge and refund rows charged at or after ``since`` (refunds are
+        stored negated), and how many charges are live.
+
+        Per analyst: the latest checkpoint of the same ``since`` plus the rows after it;
+        with ``locked`` (the caller holds the analyst's charge lock) a new checkpoint is
+        written once enough rows follow the last one. The global scope sums every row.
         """
+        period = since != ALL_TIME
         if analyst_id is None:
-            eps, delta, rho, sel, count = conn.execute(st.SPENT_ALL).one()
-            return _clamped(eps, delta, rho, sel), int(count)
-        r = conn.execute(st.SPENT_ANALYST, {"analyst_id": analyst_id}).one()
+            statement = st.SPENT_ALL_SINCE if period else st.SPENT_ALL
+            g = conn.execute(statement, {"since": since} if period else {}).one()
+            return _clamped(g.epsilon, g.delta, g.rho, g.selection_delta, g.gaussian), int(g.n)
+        params: dict[str, Any] = {"analyst_id": analyst_id}
+        if period:
+            params["since"] = since
+        r = conn.execute(st.SPENT_ANALYST_SINCE if period else st.SPENT_ANALYST, params).one()
         eps = (r.cp_epsilon or 0.0) + r.epsilon
         delta = (r.cp_delta or 0.0) + r.delta
         rho = (r.cp_rho or 0.0) + r.rho
         sel = (r.cp_selection_delta or 0.0) + r.selection_delta
         count = int(r.cp_charges or 0) + int(r.n)
+        # A checkpoint without a Gaussian count (written by an older dpgate) may hide one.
+        cp_gaussian = 0 if r.cp_id is None else (1 if r.cp_gaussian is None else r.cp_gaussian)
+        gaussian = int(cp_gaussian) + int(r.gaussian)
         if locked and r.rows >= CHECKPOINT_EVERY:
             conn.execute(
                 st.INSERT_CHECKPOINT,
@@ -247,24 +285,39 @@ class Ledger:
                     "rho": rho,
                     "selection_delta": sel,
                     "charges": count,
-                    "created_at": schema.utcnow(),
+                    "gaussian": gaussian,
+                    "since": since if period else None,
+                    "created_at": self._now(),
                 },
             )
-        return _clamped(eps, delta, rho, sel), count
+        return _clamped(eps, delta, rho, sel, gaussian), count
 
     def recompute_spent(self, analyst: str) -> tuple[PrivacyCost, int]:
-        """Σ of every charge and refund row of the analyst, ignoring checkpoints (audits)."""
+        """Σ of every charge and refund row of the analyst in their current period,
+        ignoring checkpoints (audits)."""
         with self._transaction(write=False) as conn:
             row = self._analyst_row(conn, analyst)
-            eps, delta, rho, sel, count = conn.execute(
-                st.SPENT_ALL.where(schema.ledger.c.analyst_id == row.id)
+            since = period_start(row.period, self._now())
+            r = conn.execute(
+                st.SPENT_ALL_SINCE.where(schema.ledger.c.analyst_id == row.id), {"since": since}
             ).one()
-        return _clamped(eps, delta, rho, sel), int(count)
+        spent = _clamped(r.epsilon, r.delta, r.rho, r.selection_delta, r.gaussian)
+        return spent.cost, int(r.n)
 
     def _status(
-        self, name: str, disabled: bool, epsilon: float, delta: float, spent: PrivacyCost, n: int
+        self,
+        name: str,
+        disabled: bool,
+        epsilon: float,
+        delta: float,
+        period: Period,
+        spent: Spent,
+        n: int,
+        now: datetime,
     ) -> BudgetStatus:
         acc: Accounting = self.accountant.report(epsilon, delta, spent)
+        start = None if period == "none" else period_start(period, now)
+        end = period_end(period, now)
         return BudgetStatus(
             name=name,
             disabled=disabled,
@@ -280,20 +333,49 @@ class Ledger:
             rho_remaining=acc.rho_remaining,
             max_next_laplace_epsilon=acc.max_next_laplace_epsilon,
             queries=n,
+            period=period,
+            period_started_at=None if start is None else schema.as_utc(start),
+            period_ends_at=None if end is None else schema.as_utc(end),
+            basis=acc.basis,
+            epsilon_spent_basic=acc.epsilon_spent_basic,
+            epsilon_spent_zcdp=acc.epsilon_spent_zcdp,
+            selection_delta_budget=acc.selection_delta_budget,
         )
+
+    def _row_status(self, conn: Connection, row: Any, now: datetime) -> BudgetStatus:
+        period = _period_of(row)
+        spent, n = self._spent(conn, row.id, since=period_start(period, now))
+        return self._status(
+            row.name, bool(row.disabled), row.epsilon, row.delta, period, spent, n, now
+        )
+
+    def _global(
+        self, conn: Connection, *, lock: bool = False
+    ) -> tuple[float, float, Period] | None:
+        """The global budget: the one an admin set in the ledger, else the config's."""
+        row = conn.execute(st.LOCK_GLOBAL if lock else st.GLOBAL_BUDGET).first()
+        if row is not None and row.epsilon is not None:
+            return float(row.epsilon), float(row.delta or 0.0), _period_of(row)
+        if self.global_budget is None:
+            return None
+        return self.global_budget[0], self.global_budget[1], self.global_period
 
     # -- analysts -----------------------------------------------------------------------
 
-    def create_analyst(self, name: str, epsilon: float, delta: float) -> str:
-        """Create an analyst with budget (ε, δ); returns their API key (shown only once)."""
+    def create_analyst(
+        self, name: str, epsilon: float, delta: float, period: Period = "none"
+    ) -> str:
+        """Create an analyst with budget (ε, δ), renewed every ``period`` (``none``:
+        never); returns their API key (shown only once)."""
         if not _NAME.match(name):
             raise ValueError(
                 "an analyst name is 1-64 letters, digits, '_', '.', '@' or '-', "
                 "starting with a letter or digit"
             )
         _check_budget(epsilon, delta)
+        check_period(period)
         key = new_api_key()
-        now = schema.utcnow()
+        now = self._now()
         try:
             with self._transaction(write=True) as conn:
                 exists = conn.execute(
@@ -307,6 +389,7 @@ class Ledger:
                         key_hash=key_hash(key),
                         epsilon=float(epsilon),
                         delta=float(delta),
+                        period=period,
                         disabled=False,
                         created_at=now,
                         updated_at=now,
@@ -318,14 +401,16 @@ class Ledger:
             raise AnalystExists(f"an analyst named {name!r} already exists") from exc
         return key
 
-    def ensure_analyst(self, name: str, epsilon: float, delta: float) -> str | None:
+    def ensure_analyst(
+        self, name: str, epsilon: float, delta: float, period: Period = "none"
+    ) -> str | None:
         """Create the analyst unless one of that name exists (config bootstrap).
 
         Returns the new key if created, ``None`` if the analyst already existed (the
         ledger, not the config, is the source of truth: an existing budget is kept).
         """
         try:
-            return self.create_analyst(name, epsilon, delta)
+            return self.create_analyst(name, epsilon, delta, period)
         except AnalystExists:
             return None
 
@@ -337,18 +422,19 @@ class Ledger:
             row = conn.execute(st.ANALYST_BY_KEY, {"key_hash": key_hash(key)}).first()
         if row is None:
             return None
-        return Analyst(row.name, bool(row.disabled), row.epsilon, row.delta)
+        return Analyst(row.name, bool(row.disabled), row.epsilon, row.delta, _period_of(row))
 
     def lookup(self, key: str, probe: CacheProbe | None = None) -> Lookup:
         """Authenticate ``key`` and, for its analyst, find the release ``probe`` names and
         the analyst's budget — in one read transaction (a request's only read)."""
         if not key or len(key) > 256:
             return Lookup(None)
+        now = self._now()
         with self._transaction(write=False) as conn:
             row = conn.execute(st.ANALYST_BY_KEY, {"key_hash": key_hash(key)}).first()
             if row is None:
                 return Lookup(None)
-            analyst = Analyst(row.name, bool(row.disabled), row.epsilon, row.delta)
+            analyst = Analyst(row.name, bool(row.disabled), row.epsilon, row.delta, _period_of(row))
             if probe is None or analyst.disabled:
                 return Lookup(analyst)
             release = reads.find_release(
@@ -356,9 +442,7 @@ class Ledger:
             )
             if release is None:
                 return Lookup(analyst)
-            spent, n = self._spent(conn, row.id)
-        status = self._status(row.name, analyst.disabled, row.epsilon, row.delta, spent, n)
-        return Lookup(analyst, release, status)
+            return Lookup(analyst, release, self._row_status(conn, row, now))
 
     def rotate_key(self, name: str) -> str:
         """Replace the analyst's API key; returns the new key (the old one stops working)."""
@@ -369,7 +453,7 @@ class Ledger:
             conn.execute(
                 sa.update(t_analysts)
                 .where(t_analysts.c.name == name)
-                .values(key_hash=key_hash(key), updated_at=schema.utcnow())
+                .values(key_hash=key_hash(key), updated_at=self._now())
             )
             conn.execute(
                 sa.delete(schema.scram_verifiers).where(
@@ -408,56 +492,88 @@ class Ledger:
         epsilon: float | None = None,
         delta: float | None = None,
         disabled: bool | None = None,
+        period: Period | None = None,
     ) -> BudgetStatus:
-        """Change an analyst's budget totals or disabled flag; returns the new status.
+        """Change an analyst's budget totals, period or disabled flag; the new status.
 
-        Lowering a budget below what is spent is allowed: nothing more is admitted.
+        Lowering a budget below what is spent is allowed: nothing more is admitted. A new
+        period counts the charges made since the start of the current one.
         """
         with self._transaction(write=True) as conn:
             row = self._analyst_row(conn, name, lock=True)
             new_eps = row.epsilon if epsilon is None else float(epsilon)
             new_delta = row.delta if delta is None else float(delta)
             _check_budget(new_eps, new_delta)
+            new_period = _period_of(row) if period is None else check_period(period)
             new_disabled = bool(row.disabled) if disabled is None else bool(disabled)
+            now = self._now()
             conn.execute(
                 sa.update(t_analysts)
                 .where(t_analysts.c.id == row.id)
                 .values(
                     epsilon=new_eps,
                     delta=new_delta,
+                    period=new_period,
                     disabled=new_disabled,
-                    updated_at=schema.utcnow(),
+                    updated_at=now,
                 )
             )
-            spent, n = self._spent(conn, row.id)
-        return self._status(name, new_disabled, new_eps, new_delta, spent, n)
+            spent, n = self._spent(conn, row.id, since=period_start(new_period, now))
+        return self._status(name, new_disabled, new_eps, new_delta, new_period, spent, n, now)
 
     def budget_status(self, name: str) -> BudgetStatus:
-        """The analyst's budget as the accountant reports it."""
+        """The analyst's budget, in their current period, as the accountant reports it."""
+        now = self._now()
         with self._transaction(write=False) as conn:
-            row = self._analyst_row(conn, name)
-            spent, n = self._spent(conn, row.id)
-        return self._status(row.name, bool(row.disabled), row.epsilon, row.delta, spent, n)
+            return self._row_status(conn, self._analyst_row(conn, name), now)
 
     def global_status(self) -> BudgetStatus | None:
-        """The dataset-wide budget (named ``(global)``), or ``None`` if none is configured."""
-        if self.global_budget is None:
-            return None
+        """The dataset-wide budget (named ``(global)``), or ``None`` if there is none."""
+        now = self._now()
         with self._transaction(write=False) as conn:
-            spent, n = self._spent(conn, None)
-        return self._status(GLOBAL_NAME, False, *self.global_budget, spent, n)
+            budget = self._global(conn)
+            if budget is None:
+                return None
+            epsilon, delta, period = budget
+            spent, n = self._spent(conn, None, since=period_start(period, now))
+        return self._status(GLOBAL_NAME, False, epsilon, delta, period, spent, n, now)
+
+    def set_global_budget(
+        self,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        period: Period | None = None,
+    ) -> BudgetStatus:
+        """Set the dataset-wide budget in the ledger (it then wins over the config's).
+
+        Fields left ``None`` keep their current value; without a global budget yet,
+        ``epsilon`` and ``delta`` are required. Returns the new status.
+        """
+        now = self._now()
+        with self._transaction(write=True) as conn:
+            current = self._global(conn, lock=True)
+            if current is None and (epsilon is None or delta is None):
+                raise ValueError("there is no global budget yet: give both epsilon and delta")
+            old_eps, old_delta, old_period = current or (0.0, 0.0, "none")
+            new_eps = old_eps if epsilon is None else float(epsilon)
+            new_delta = old_delta if delta is None else float(delta)
+            new_period = old_period if period is None else check_period(period)
+            _check_budget(new_eps, new_delta)
+            conn.execute(
+                sa.update(schema.global_lock)
+                .where(schema.global_lock.c.id == 1)
+                .values(epsilon=new_eps, delta=new_delta, period=new_period, updated_at=now)
+            )
+            spent, n = self._spent(conn, None, since=period_start(new_period, now))
+        return self._status(GLOBAL_NAME, False, new_eps, new_delta, new_period, spent, n, now)
 
     def list_analysts(self) -> list[BudgetStatus]:
         """Every analyst's budget status, by name."""
-        statuses = []
+        now = self._now()
         with self._transaction(write=False) as conn:
             rows = conn.execute(sa.select(t_analysts).order_by(t_analysts.c.name)).all()
-            for r in rows:
-                spent, n = self._spent(conn, r.id)
-                statuses.append(
-                    self._status(r.name, bool(r.disabled), r.epsilon, r.delta, spent, n)
-                )
-        return statuses
+            return [self._row_status(conn, r, now) for r in rows]
 
     # -- charging ----------------------------------------------------------------------
 
@@ -473,31 +589,30 @@ class Ledger:
     ) -> Reservation:
         """Charge ``cost`` to the analyst (and the global budget) if the accountant admits it.
 
-        One transaction: lock, sum the ledger, ask the accountant, append the charge. The
-        charge is durable when this returns. Raises ``BudgetExhausted`` (nothing
-        appended), ``UnknownAnalyst``, ``AnalystDisabled``, ``UnsupportedCost`` (e.g. a
-        Gaussian cost under ``pure``), ``LedgerUnavailable``.
+        One transaction: lock, sum the ledger (the current period of each budget), ask
+        the accountant, append the charge. The charge is durable when this returns.
+        Raises ``BudgetExhausted`` (nothing appended), ``UnknownAnalyst``,
+        ``AnalystDisabled``, ``UnsupportedCost`` (e.g. a Gaussian cost under ``pure``),
+        ``LedgerUnavailable``.
         """
-        _check_cost(cost)
-        if self.composition == "pure" and not is_pure(cost, mechanism):
-            raise UnsupportedCost(
-                "this gateway accounts pure ε-DP only (composition: pure): "
-                "Gaussian releases cannot be charged; use the Laplace mechanism"
-            )
+        self._check_chargeable(cost, mechanism)
         reservation_id = uuid.uuid4().hex
-        now = schema.utcnow()
+        now = self._now()
 
-        def charge(conn: Connection) -> tuple[Any, PrivacyCost, int]:
+        def charge(conn: Connection) -> tuple[Any, Period, Spent, int]:
             row = self._analyst_row(conn, analyst, lock=True)
             if row.disabled:
                 raise AnalystDisabled(f"analyst {analyst!r} is disabled")
-            if self.global_budget is not None:
-                conn.execute(st.LOCK_GLOBAL).first()
-            spent, n = self._spent(conn, row.id, locked=True)
-            self._admit("analyst", row.epsilon, row.delta, spent, cost, mechanism)
-            if self.global_budget is not None:
-                global_spent, _ = self._spent(conn, None)
-                self._admit("global", *self.global_budget, global_spent, cost, mechanism)
+            period = _period_of(row)
+            global_budget = self._global(conn)
+            if global_budget is not None:  # lock, and read again under the lock
+                global_budget = self._global(conn, lock=True)
+            spent, n = self._spent(conn, row.id, since=period_start(period, now), locked=True)
+            self._admit("analyst", row.epsilon, row.delta, period, spent, cost, mechanism, now)
+            if global_budget is not None:
+                g_eps, g_delta, g_period = global_budget
+                global_spent, _ = self._spent(conn, None, since=period_start(g_period, now))
+                self._admit("global", g_eps, g_delta, g_period, global_spent, cost, mechanism, now)
             conn.execute(
                 st.INSERT_ENTRY,
                 {
@@ -516,14 +631,25 @@ class Ledger:
                     "release": None,
                     "reason": None,
                     "created_at": now,
+                    "charged_at": now,
                 },
             )
-            return row, spent, n
+            return row, period, spent, n
 
         result = self.write(charge, durable=True)
         assert result is not None
-        row, spent, n = result
-        status = self._status(row.name, False, row.epsilon, row.delta, spent + cost, n + 1)
+        row, period, spent, n = result
+        before = self._status(row.name, False, row.epsilon, row.delta, period, spent, n, now)
+        after = self._status(
+            row.name,
+            False,
+            row.epsilon,
+            row.delta,
+            period,
+            spent.plus(cost, mechanism),
+            n + 1,
+            now,
+        )
         return Reservation(
             id=reservation_id,
             analyst=row.name,
@@ -532,33 +658,72 @@ class Ledger:
             query_key=query_key,
             data_version=data_version,
             created_at=schema.as_utc(now),
-            budget=status,
+            budget=after,
+            charge=_charge(before, after),
         )
+
+    def quote(self, analyst: str, cost: PrivacyCost, mechanism: str) -> Quote:
+        """What charging ``cost`` would do to the analyst's budget, without charging:
+        whether it fits now, what it would add to their figures, and how many such
+        queries their budget still admits (the global budget aside)."""
+        self._check_chargeable(cost, mechanism)
+        now = self._now()
+        with self._transaction(write=False) as conn:
+            row = self._analyst_row(conn, analyst)
+            period = _period_of(row)
+            spent, n = self._spent(conn, row.id, since=period_start(period, now))
+        eps, delta, disabled = row.epsilon, row.delta, bool(row.disabled)
+        before = self._status(row.name, disabled, eps, delta, period, spent, n, now)
+        after = self._status(
+            row.name, disabled, eps, delta, period, spent.plus(cost, mechanism), n + 1, now
+        )
+        acc = self.accountant
+        return Quote(
+            would_fit=not disabled and acc.refusal(eps, delta, spent, cost, mechanism) is None,
+            charge=_charge(before, after),
+            queries_remaining=0
+            if disabled
+            else acc.queries_remaining(eps, delta, spent, cost, mechanism),
+            budget=before,
+        )
+
+    def _check_chargeable(self, cost: PrivacyCost, mechanism: str) -> None:
+        _check_cost(cost)
+        if self.composition == "pure" and not is_pure(cost, mechanism):
+            raise UnsupportedCost(
+                "this gateway accounts pure ε-DP only (composition: pure): "
+                "Gaussian releases cannot be charged; use the Laplace mechanism"
+            )
 
     def _admit(
         self,
         scope: Literal["analyst", "global"],
         epsilon: float,
         delta: float,
-        spent: PrivacyCost,
+        period: Period,
+        spent: Spent,
         cost: PrivacyCost,
         mechanism: str,
+        now: datetime,
     ) -> None:
         reason = self.accountant.refusal(epsilon, delta, spent, cost, mechanism)
         if reason is None:
             return
         left = self.accountant.report(epsilon, delta, spent)
         whose = "your privacy budget" if scope == "analyst" else "the dataset-wide budget"
+        end = period_end(period, now)
+        renews = "" if end is None else f"; it renews at {schema.as_utc(end).isoformat()}"
         raise BudgetExhausted(
             f"{whose} cannot pay for this query ({reason}): it costs ε={cost.epsilon:.4g} "
             f"(ρ={cost.rho:.4g}, selection δ={cost.selection_delta:.3g}); remaining "
             f"ε={left.epsilon_remaining:.4g}, δ={left.delta_remaining:.3g} under "
             f"{self.composition} composition; the largest next Laplace query may use "
-            f"ε={left.max_next_laplace_epsilon:.4g}",
+            f"ε={left.max_next_laplace_epsilon:.4g}{renews}",
             scope=scope,
             remaining_epsilon=left.epsilon_remaining,
             remaining_delta=left.delta_remaining,
             max_next_laplace_epsilon=left.max_next_laplace_epsilon,
+            period_ends_at=None if end is None else schema.as_utc(end).isoformat(),
         )
 
     def _settle(
@@ -575,7 +740,7 @@ class Ledger:
             "sign": -1.0 if kind == "refund" else 0.0,
             "release": None if release is None else json.dumps(release, default=str),
             "reason": reason,
-            "now": schema.utcnow(),
+            "now": self._now(),
         }
 
         def settle(conn: Connection) -> None:
@@ -642,7 +807,7 @@ class Ledger:
                 )
             )
 
-        now = schema.utcnow()
+        now = self._now()
         self.write(refuse, durable=False)
 
     def find_refusal(self, query_key: str, analyst: str, data_version: str) -> Refusal | None:
@@ -707,7 +872,7 @@ class Ledger:
             "outcome": outcome[:32],
             "error_code": None if error_code is None else error_code[:64],
             "status": int(status),
-            "created_at": schema.utcnow(),
+            "created_at": self._now(),
         }
         self.write(lambda conn: conn.execute(st.INSERT_REQUEST, row), durable=False, wait=False)
 
@@ -743,6 +908,28 @@ def _store_verifier(conn: Connection, analyst_id: int, verifier: ScramVerifier) 
     )
 
 
-def _clamped(eps: float, delta: float, rho: float, sel: float) -> PrivacyCost:
+def _clamped(eps: float, delta: float, rho: float, sel: float, gaussian: Any) -> Spent:
     # Σ charges − Σ refunds of equal values can leave a float residue just below zero.
-    return PrivacyCost(max(0.0, eps), max(0.0, delta), max(0.0, rho), max(0.0, sel))
+    return Spent(
+        max(0.0, eps), max(0.0, delta), max(0.0, rho), max(0.0, sel), max(0, int(gaussian or 0))
+    )
+
+
+def _period_of(row: Any) -> Period:
+    return check_period(row.period or "none")
+
+
+def _rise(before: float, after: float) -> float:
+    if after == before:
+        return 0.0
+    if math.isinf(after):
+        return math.inf
+    return max(0.0, after - before)
+
+
+def _charge(before: BudgetStatus, after: BudgetStatus) -> Charge:
+    """What one charge added to a budget's figures, in the budget's units."""
+    return Charge(
+        epsilon=_rise(before.epsilon_spent, after.epsilon_spent),
+        delta=_rise(before.delta_spent, after.delta_spent),
+    )

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from budget.accountants import CompositionName
+from budget.accountants import Basis, CompositionName
+from budget.periods import Period
 from mechanisms.types import PrivacyCost
 
 Outcome = Literal["answered", "withheld"]
@@ -22,18 +23,22 @@ class Analyst:
     disabled: bool
     epsilon: float
     delta: float
+    period: Period = "none"
 
 
 @dataclass(frozen=True)
 class BudgetStatus:
     """One budget (an analyst's, or the global one) as its accountant reports it.
 
-    ``epsilon``/``delta`` are the totals. Under ``zcdp``, ``epsilon_spent`` is the
-    Canonne–Kamath–Steinke ε of Σρ at the δ budget minus the partition-selection δ, and
-    ``delta_spent`` is the partition-selection δ; under ``pure`` they are Σε and the
-    selection δ. ``max_next_laplace_epsilon`` is the largest ε a next Laplace query
-    could still use. ``queries`` counts charges not refunded. ``epsilon_spent`` is
-    ``math.inf`` only if an admin lowered δ below the selection δ already spent.
+    ``epsilon``/``delta`` are the totals, renewed every ``period`` (``none``: never);
+    every figure counts the charges of the current period only, which ends at
+    ``period_ends_at`` (``None`` without a period). ``epsilon_spent`` is the smaller of
+    the totals that apply (``basis``): ``epsilon_spent_basic`` (Σε, while no Gaussian
+    query was charged; else ``math.inf``) and ``epsilon_spent_zcdp`` (the
+    Canonne–Kamath–Steinke ε of Σρ at the conversion δ). ``delta_spent`` is the
+    partition-selection δ, of ``selection_delta_budget``. ``max_next_laplace_epsilon`` is
+    the largest ε a next Laplace query could still use. ``queries`` counts charges not
+    refunded.
     """
 
     name: str
@@ -50,10 +55,17 @@ class BudgetStatus:
     rho_remaining: float
     max_next_laplace_epsilon: float
     queries: int
+    period: Period = "none"
+    period_started_at: datetime | None = None
+    period_ends_at: datetime | None = None
+    basis: Basis = "basic"
+    epsilon_spent_basic: float = math.inf
+    epsilon_spent_zcdp: float = math.inf
+    selection_delta_budget: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-safe dict (a non-finite number becomes ``None``)."""
-        return {k: _json_number(v) for k, v in asdict(self).items()}
+        """A JSON-safe dict (a non-finite number becomes ``None``, a time ISO 8601 UTC)."""
+        return {k: _json_value(v) for k, v in asdict(self).items()}
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,37 @@ class Reservation:
     query_key: str
     data_version: str
     created_at: datetime
+    budget: BudgetStatus
+    charge: Charge | None = None
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What one query adds to a budget's figures, in the budget's own units: the rise of
+    ``epsilon_spent`` and ``delta_spent`` (ε spent is the smaller of two totals, so a
+    query can cost less ε here than the ε it was calibrated for; ``math.inf`` if the
+    query would leave no total that applies)."""
+
+    epsilon: float
+    delta: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epsilon": _json_number(self.epsilon), "delta": _json_number(self.delta)}
+
+
+@dataclass(frozen=True)
+class Quote:
+    """What one query would cost an analyst, before spending (``Ledger.quote``).
+
+    ``would_fit``: the analyst's budget admits it now (the global budget aside);
+    ``charge``: what it would add to their figures; ``queries_remaining``: how many such
+    queries, one after the other, their budget still admits (this one included);
+    ``budget``: their status now.
+    """
+
+    would_fit: bool
+    charge: Charge
+    queries_remaining: int
     budget: BudgetStatus
 
 
@@ -162,6 +205,12 @@ def _json_number(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return _json_number(value)
 
 
 @dataclass(frozen=True)

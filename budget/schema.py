@@ -1,7 +1,8 @@
 """The ledger's tables and their migrations.
 
-Every table is append-only except ``dpgate_analysts`` (budget totals, key hash, disabled
-flag: configuration, not spending). What was spent is always derived from
+Every table is append-only except ``dpgate_analysts`` (budget totals and period, key hash,
+disabled flag: configuration, not spending) and ``dpgate_global`` (the dataset-wide budget
+an admin set, if any). What was spent is always derived from
 ``dpgate_ledger``: a ``charge`` row carries the cost, a ``refund`` row carries the same
 cost negated, ``answered``/``withheld`` rows carry the outcome and cost nothing. The
 unique ``settles`` column holds the reservation id on outcome rows (NULL on charges), so
@@ -23,6 +24,8 @@ from sqlalchemy.engine import Connection
 metadata = sa.MetaData()
 
 _BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+# The charge time of ledger rows appended by a dpgate older than schema v4 (see ledger).
+FAR_FUTURE = "9999-12-31 00:00:00.000000"
 
 schema_version = sa.Table(
     "dpgate_schema_version",
@@ -42,14 +45,21 @@ analysts = sa.Table(
     sa.Column("disabled", sa.Boolean, nullable=False, default=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
     sa.Column("updated_at", sa.DateTime, nullable=False),
+    # schema v4: none, day, week or month (budget/periods.py)
+    sa.Column("period", sa.String(8), nullable=False, server_default="none"),
 )
 
 # One row (id = 1): what a charge locks when a global budget is configured, so charges of
-# different analysts serialize against the dataset-wide budget.
+# different analysts serialize against the dataset-wide budget. Since schema v4 it also
+# holds the global budget an admin set (NULL epsilon: none set; the config's applies).
 global_lock = sa.Table(
     "dpgate_global",
     metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("epsilon", sa.Float, nullable=True),
+    sa.Column("delta", sa.Float, nullable=True),
+    sa.Column("period", sa.String(8), nullable=True),
+    sa.Column("updated_at", sa.DateTime, nullable=True),
 )
 
 ledger = sa.Table(
@@ -71,6 +81,11 @@ ledger = sa.Table(
     sa.Column("release", sa.Text, nullable=True),
     sa.Column("reason", sa.Text, nullable=True),
     sa.Column("created_at", sa.DateTime, nullable=False),
+    # schema v4: when the reservation's charge was made (a refund or an outcome row copies
+    # its charge's): the budget period a cost belongs to. Written on every row; a row an
+    # older dpgate appends gets the far-future default, which every period counts (the
+    # safe side).
+    sa.Column("charged_at", sa.DateTime, nullable=False, server_default=FAR_FUTURE),
     sa.CheckConstraint(
         "kind IN ('charge', 'answered', 'withheld', 'refund')", name="dpgate_ledger_kind"
     ),
@@ -88,6 +103,28 @@ ledger = sa.Table(
     ),
     sa.Index("dpgate_ledger_reservation", "reservation_id"),
     sa.Index("dpgate_ledger_query", "query_key", "data_version", "kind"),
+    # schema v4, covering: a budget with a period sums the rows charged since its start.
+    sa.Index(
+        "dpgate_ledger_analyst_charged",
+        "analyst_id",
+        "charged_at",
+        "kind",
+        "mechanism",
+        "rho",
+        "epsilon",
+        "delta",
+        "selection_delta",
+    ),
+    sa.Index(
+        "dpgate_ledger_charged",
+        "charged_at",
+        "kind",
+        "mechanism",
+        "rho",
+        "epsilon",
+        "delta",
+        "selection_delta",
+    ),
 )
 
 audit_log = sa.Table(
@@ -122,6 +159,10 @@ checkpoints = sa.Table(
     sa.Column("selection_delta", sa.Float, nullable=False),
     sa.Column("charges", sa.Integer, nullable=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
+    # schema v4: the sums cover the rows charged at or after ``since`` (NULL: all rows),
+    # and ``gaussian`` counts the live Gaussian charges among them (NULL: unknown).
+    sa.Column("since", sa.DateTime, nullable=True),
+    sa.Column("gaussian", sa.Integer, nullable=True),
     sa.Index("dpgate_checkpoints_analyst", "analyst_id", "id"),
 )
 
@@ -198,6 +239,44 @@ def _v3_refusals(conn: Connection) -> None:
     refusals.create(conn, checkfirst=True)
 
 
+def _add_missing_columns(conn: Connection, table: sa.Table, names: tuple[str, ...]) -> None:
+    """ALTER TABLE … ADD COLUMN for each of ``names`` the table lacks (a database created
+    by an earlier migration from today's table definitions already has them)."""
+    present = {c["name"] for c in sa.inspect(conn).get_columns(table.name)}
+    for name in names:
+        if name in present:
+            continue
+        column = table.c[name]
+        ddl = f"ALTER TABLE {table.name} ADD COLUMN {name} {column.type.compile(conn.dialect)}"
+        if column.server_default is not None:
+            ddl += f" NOT NULL DEFAULT '{column.server_default.arg}'"  # type: ignore[attr-defined]
+        conn.exec_driver_sql(ddl)
+
+
+def _v4_periods(conn: Connection) -> None:
+    # Budget periods (analysts, global budget), the global budget set by an admin, the
+    # charge time of every ledger row, and period-aware checkpoints with a Gaussian count.
+    _add_missing_columns(conn, analysts, ("period",))
+    _add_missing_columns(conn, global_lock, ("epsilon", "delta", "period", "updated_at"))
+    _add_missing_columns(conn, ledger, ("charged_at",))
+    _add_missing_columns(conn, checkpoints, ("since", "gaussian"))
+    charge = ledger.alias("c")
+    charged = (
+        sa.select(charge.c.created_at)
+        .where(charge.c.reservation_id == ledger.c.reservation_id, charge.c.kind == "charge")
+        .limit(1)
+        .scalar_subquery()
+    )
+    conn.execute(
+        sa.update(ledger).values(charged_at=sa.func.coalesce(charged, ledger.c.created_at))
+    )
+    # The earlier checkpoints carry no Gaussian count: they are a cache, so drop them.
+    conn.execute(sa.delete(checkpoints))
+    for index in ledger.indexes:
+        if index.name in ("dpgate_ledger_analyst_charged", "dpgate_ledger_charged"):
+            index.create(conn, checkfirst=True)
+
+
 def _v5_scram_verifiers(conn: Connection) -> None:
     # Independent of every earlier migration but the first (dpgate_analysts): it is the
     # fifth, after v4 (budgets), and creates only its own table.
@@ -209,6 +288,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _v1_initial,
     _v2_checkpoints,
     _v3_refusals,
+    _v4_periods,
     _v5_scram_verifiers,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

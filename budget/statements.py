@@ -18,51 +18,70 @@ _c = t_ledger.c
 ANALYST = sa.select(t_analysts).where(t_analysts.c.name == sa.bindparam("name"))
 ANALYST_FOR_UPDATE = ANALYST.with_for_update()
 ANALYST_BY_KEY = sa.select(t_analysts).where(t_analysts.c.key_hash == sa.bindparam("key_hash"))
-SPENT_ALL = sa.select(
-    sa.func.coalesce(sa.func.sum(_c.epsilon), 0.0),
-    sa.func.coalesce(sa.func.sum(_c.delta), 0.0),
-    sa.func.coalesce(sa.func.sum(_c.rho), 0.0),
-    sa.func.coalesce(sa.func.sum(_c.selection_delta), 0.0),
-    sa.func.coalesce(sa.func.sum(sa.case((_c.kind == "charge", 1), else_=-1)), 0),
-).where(_c.kind.in_(("charge", "refund")))
-_cp = schema.checkpoints
-_LATEST_CHECKPOINT = (
-    sa.select(_cp)
-    .where(_cp.c.analyst_id == sa.bindparam("analyst_id"))
-    .order_by(_cp.c.id.desc())
-    .limit(1)
-    .subquery("cp")
-)
-_SINCE_CHECKPOINT = (
-    sa.select(
+
+# Live charges: a charge row counts +1, its refund row −1 (costs: refunds are negated).
+_LIVE = sa.case((_c.kind == "charge", 1), else_=-1)
+_GAUSSIAN = sa.case((_c.mechanism == "gaussian", _LIVE), else_=0)
+_COST_ROW = _c.kind.in_(("charge", "refund"))
+# Rows of the current budget period: charged at or after ``since``.
+_IN_PERIOD = _c.charged_at >= sa.bindparam("since")
+
+
+def _sums() -> list[sa.ColumnElement[object]]:
+    return [
         sa.func.coalesce(sa.func.sum(_c.epsilon), 0.0).label("epsilon"),
         sa.func.coalesce(sa.func.sum(_c.delta), 0.0).label("delta"),
         sa.func.coalesce(sa.func.sum(_c.rho), 0.0).label("rho"),
         sa.func.coalesce(sa.func.sum(_c.selection_delta), 0.0).label("selection_delta"),
-        sa.func.coalesce(sa.func.sum(sa.case((_c.kind == "charge", 1), else_=-1)), 0).label("n"),
+        sa.func.coalesce(sa.func.sum(_LIVE), 0).label("n"),
+        sa.func.coalesce(sa.func.sum(_GAUSSIAN), 0).label("gaussian"),
+    ]
+
+
+# Every cost-bearing row (all analysts: the global budget), all time or in one period.
+SPENT_ALL = sa.select(*_sums()).where(_COST_ROW)
+SPENT_ALL_SINCE = SPENT_ALL.where(_IN_PERIOD)
+_cp = schema.checkpoints
+
+
+def _spent_analyst(period: bool) -> sa.Select[tuple[object, ...]]:
+    """Σ of one analyst's rows after their latest checkpoint (of the same period start),
+    and that checkpoint, in one statement (so both come from one snapshot)."""
+    since = _cp.c.since == sa.bindparam("since") if period else _cp.c.since.is_(None)
+    latest = (
+        sa.select(_cp)
+        .where(_cp.c.analyst_id == sa.bindparam("analyst_id"), since)
+        .order_by(_cp.c.id.desc())
+        .limit(1)
+        .subquery("cp")
+    )
+    rows = sa.select(
+        *_sums(),
         sa.func.count(_c.id).label("rows"),
         sa.func.max(_c.id).label("max_id"),
-    )
-    .where(
-        _c.kind.in_(("charge", "refund")),
+    ).where(
+        _COST_ROW,
         _c.analyst_id == sa.bindparam("analyst_id"),
-        _c.id
-        > sa.func.coalesce(
-            sa.select(_LATEST_CHECKPOINT.c.upto_id).scalar_subquery(), sa.literal(0)
-        ),
+        _c.id > sa.func.coalesce(sa.select(latest.c.upto_id).scalar_subquery(), sa.literal(0)),
     )
-    .subquery("since")
-)
-# One statement, so the checkpoint and the rows after it come from one snapshot.
-SPENT_ANALYST = sa.select(
-    _SINCE_CHECKPOINT,
-    _LATEST_CHECKPOINT.c.upto_id.label("cp_upto"),
-    _LATEST_CHECKPOINT.c.epsilon.label("cp_epsilon"),
-    _LATEST_CHECKPOINT.c.delta.label("cp_delta"),
-    _LATEST_CHECKPOINT.c.rho.label("cp_rho"),
-    _LATEST_CHECKPOINT.c.selection_delta.label("cp_selection_delta"),
-    _LATEST_CHECKPOINT.c.charges.label("cp_charges"),
-).select_from(_SINCE_CHECKPOINT.outerjoin(_LATEST_CHECKPOINT, sa.true()))
+    if period:
+        rows = rows.where(_IN_PERIOD)
+    after = rows.subquery("since")
+    return sa.select(
+        after,
+        latest.c.upto_id.label("cp_upto"),
+        latest.c.epsilon.label("cp_epsilon"),
+        latest.c.delta.label("cp_delta"),
+        latest.c.rho.label("cp_rho"),
+        latest.c.selection_delta.label("cp_selection_delta"),
+        latest.c.charges.label("cp_charges"),
+        latest.c.gaussian.label("cp_gaussian"),
+        latest.c.id.label("cp_id"),
+    ).select_from(after.outerjoin(latest, sa.true()))
+
+
+SPENT_ANALYST = _spent_analyst(period=False)
+SPENT_ANALYST_SINCE = _spent_analyst(period=True)
 INSERT_CHECKPOINT = sa.insert(_cp)
 # A refund locks its analyst like a charge does: every cost-bearing row of an analyst is
 # then appended under that analyst's lock, which is what makes checkpoints exact.
@@ -76,9 +95,9 @@ LOCK_ANALYST_OF_RESERVATION = (
     )
     .with_for_update()
 )
-LOCK_GLOBAL = (
-    sa.select(schema.global_lock.c.id).where(schema.global_lock.c.id == 1).with_for_update()
-)
+_g = schema.global_lock.c
+GLOBAL_BUDGET = sa.select(_g.epsilon, _g.delta, _g.period).where(_g.id == 1)
+LOCK_GLOBAL = GLOBAL_BUDGET.with_for_update()
 INSERT_ENTRY = sa.insert(t_ledger)
 _SETTLE_COLUMNS = [
     "reservation_id",
@@ -96,6 +115,7 @@ _SETTLE_COLUMNS = [
     "release",
     "reason",
     "created_at",
+    "charged_at",
 ]
 # An outcome row copies its charge's identity; a refund also negates its cost (sign −1).
 SETTLE = sa.insert(t_ledger).from_select(
@@ -116,6 +136,7 @@ SETTLE = sa.insert(t_ledger).from_select(
         sa.bindparam("release", type_=sa.Text),
         sa.bindparam("reason", type_=sa.Text),
         sa.bindparam("now", type_=sa.DateTime),
+        _c.created_at,
     ).where(_c.reservation_id == sa.bindparam("rid"), _c.kind == "charge"),
 )
 INSERT_REQUEST = sa.insert(schema.audit_log)

@@ -67,16 +67,22 @@ class Client:
         delta: float | None = None,
         mechanism: Mechanism | str | None = None,
         dry_run: bool = False,
+        accuracy: float | None = None,
     ) -> QueryResult:
         """Run one counting query; the answer is charged to the analyst's budget.
 
-        Parameters left as ``None`` take the gateway's configured defaults. With
-        ``dry_run=True`` nothing is read or spent: the result carries the plan, the
-        cost and the expected accuracy, and no rows.
+        Parameters left as ``None`` take the gateway's configured defaults. ``accuracy``
+        (instead of ``epsilon``) asks for a 95% half-width: the gateway uses the
+        smallest ε whose interval of every COUNT and SUM is at most ± that, or refuses
+        and says what it would cost. With ``dry_run=True`` nothing is read or spent: the
+        result carries the plan, the cost (``charge``, in budget units), how many such
+        queries the budget still admits and the expected accuracy, and no rows.
         """
         body: dict[str, Any] = {"sql": sql}
         if epsilon is not None:
             body["epsilon"] = epsilon
+        if accuracy is not None:
+            body["accuracy"] = {"ci95_halfwidth": accuracy}
         if delta is not None:
             body["delta"] = delta
         if mechanism is not None:
@@ -88,7 +94,8 @@ class Client:
         return QueryResult.from_json(payload, dry_run=dry_run)
 
     def budget(self) -> Budget:
-        """The analyst's budget: total, spent, remaining and the composition rule."""
+        """The analyst's budget: total, spent, remaining, the composition rule and when it
+        renews (``period``, ``period_ends_at``)."""
         payload = self._transport.request("GET", "/v1/budget")
         budget = Budget.from_json(payload)
         assert budget is not None  # payload is a mapping: the transport checked

@@ -149,7 +149,12 @@ class Privacy:
 
 @dataclass(frozen=True)
 class Budget:
-    """The analyst's privacy budget as the gateway reports it (missing fields are None)."""
+    """The analyst's privacy budget as the gateway reports it (missing fields are None).
+
+    ``epsilon_spent`` is in the budget's own units (the smaller of the basic-composition
+    and zCDP totals: ``basis`` says which); ``period`` is ``day``, ``week``, ``month`` or
+    ``none``, and ``period_ends_at`` when the budget renews (None without a period).
+    """
 
     epsilon_total: float | None = None
     epsilon_spent: float | None = None
@@ -161,6 +166,9 @@ class Budget:
     analyst: str | None = None
     queries: int | None = None
     max_next_laplace_epsilon: float | None = None
+    period: str | None = None
+    period_ends_at: dt.datetime | None = None
+    basis: str | None = None
     raw: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
     @classmethod
@@ -198,8 +206,20 @@ class Budget:
             analyst=str(analyst) if isinstance(analyst, str) else None,
             queries=queries if isinstance(queries, int) and not isinstance(queries, bool) else None,
             max_next_laplace_epsilon=pick("max_next_laplace_epsilon"),
+            period=str(data["period"]) if isinstance(data.get("period"), str) else None,
+            period_ends_at=_time(data.get("period_ends_at")),
+            basis=str(data["basis"]) if isinstance(data.get("basis"), str) else None,
             raw=_frozen({k: v for k, v in data.items() if k != "ok"}),
         )
+
+
+def _time(value: Any) -> dt.datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -209,8 +229,12 @@ class QueryResult:
     ``accuracy`` maps a noisy column's name to its ``Accuracy``; exact columns (group
     keys released from a declared domain) have none. ``privacy`` is the cost of this
     answer (``epsilon == 0`` for cached answers and free probes), ``budget`` the
-    analyst's budget after it. A dry run has no rows; its plan is in ``plan`` and
-    ``would_fit`` says whether the budget admits it now. ``partition_selection`` is set
+    analyst's budget after it, and ``charge`` what it added to the budget's ε and δ spent
+    (``{"epsilon", "delta"}``, in the budget's units; None for cached answers). A dry run
+    has no rows; its plan is in ``plan``, ``would_fit`` says whether the budget admits it
+    now, ``charge`` what it would add and ``queries_remaining`` how many such queries the
+    budget still admits. ``accuracy_target`` is set for a query asked with ``accuracy=``:
+    the half-width asked for and the ε chosen. ``partition_selection`` is set
     when the groups were released through DP partition selection (GROUP BY keys whose
     values are not declared public): ``threshold`` is the noisy number of people a group
     needed to be released, and ``note`` says so in words.
@@ -227,6 +251,9 @@ class QueryResult:
     plan: Mapping[str, Any] | None = None
     would_fit: bool | None = None
     partition_selection: Mapping[str, Any] | None = None
+    charge: Mapping[str, Any] | None = None
+    queries_remaining: int | None = None
+    accuracy_target: Mapping[str, Any] | None = None
     raw: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
     @classmethod
@@ -255,6 +282,9 @@ class QueryResult:
         plan = data.get("plan")
         selection = data.get("partition_selection")
         would_fit = data.get("would_fit")
+        charge = data.get("charge")
+        remaining = data.get("queries_remaining")
+        target = data.get("accuracy_target")
         return cls(
             columns=columns,
             rows=tuple(rows),
@@ -267,6 +297,11 @@ class QueryResult:
             plan=_frozen(plan) if isinstance(plan, Mapping) else None,
             would_fit=would_fit if isinstance(would_fit, bool) else None,
             partition_selection=_frozen(selection) if isinstance(selection, Mapping) else None,
+            charge=_frozen(charge) if isinstance(charge, Mapping) else None,
+            queries_remaining=remaining
+            if isinstance(remaining, int) and not isinstance(remaining, bool)
+            else None,
+            accuracy_target=_frozen(target) if isinstance(target, Mapping) else None,
             raw=_frozen({k: v for k, v in data.items() if k != "ok"}),
         )
 

@@ -127,16 +127,8 @@ class Charges:
         with ledger_errors():
             return self.ledger.budget_status(analyst)
 
-    def would_fit(self, status: budget.BudgetStatus, cost: PrivacyCost, mechanism: str) -> bool:
-        """Whether the analyst's own budget admits ``cost`` now (the global cap aside)."""
-        pure = status.composition == "pure"
-        spent = PrivacyCost(
-            epsilon=status.epsilon_spent if pure else 0.0,
-            delta=0.0,
-            rho=status.rho_spent,
-            selection_delta=status.delta_spent,
-        )
-        refusal = budget.accountant(status.composition).refusal(
-            status.epsilon, status.delta, spent, cost, mechanism
-        )
-        return refusal is None
+    def quote(self, analyst: str, cost: PrivacyCost, mechanism: str) -> budget.Quote:
+        """What ``cost`` would do to the analyst's own budget (the global cap aside):
+        whether it fits, its charge in budget units, how many such queries remain."""
+        with ledger_errors():
+            return self.ledger.quote(analyst, cost, mechanism)

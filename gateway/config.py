@@ -20,6 +20,11 @@ import yaml
 ColumnType = Literal["integer", "real", "text", "boolean", "date"]
 COLUMN_TYPES: tuple[str, ...] = ("integer", "real", "text", "boolean", "date")
 MECHANISMS = ("laplace", "gaussian")
+# budget.COMPOSITIONS and budget.PERIODS (not imported: the auditor imports this module and
+# must load nothing that reaches a database; tests/test_budget_periods.py checks they
+# agree).
+COMPOSITIONS = ("combined", "zcdp", "pure")
+PERIODS = ("none", "day", "week", "month")
 
 
 class ConfigError(Exception):
@@ -110,10 +115,22 @@ class PrivacyConfig:
     epsilon: float = 0.1
     max_epsilon_per_query: float = 1.0
     delta: float = 1e-7
-    composition: Literal["zcdp", "pure"] = "zcdp"
+    composition: Literal["combined", "zcdp", "pure"] = "combined"
     global_budget: tuple[float, float] | None = None
     min_epsilon_per_query: float = 0.01
     min_rho_per_query: float | None = None
+    global_period: Literal["none", "day", "week", "month"] = "none"
+    # The share of each δ budget that partition selection may spend (budget/accountants).
+    selection_delta_share: float = 0.5
+
+    def ledger_options(self) -> dict[str, Any]:
+        """The keyword arguments ``budget.Ledger`` takes from this section."""
+        return {
+            "composition": self.composition,
+            "global_budget": self.global_budget,
+            "global_period": self.global_period,
+            "selection_share": self.selection_delta_share,
+        }
 
     @property
     def min_rho(self) -> float:
@@ -200,6 +217,7 @@ class AnalystBootstrap:
     name: str
     epsilon: float
     delta: float
+    period: Literal["none", "day", "week", "month"] = "none"
 
 
 @dataclass(frozen=True)
@@ -383,22 +401,32 @@ def _privacy(v: _Validator, pr: Mapping[str, Any]) -> PrivacyConfig:
             "delta",
             "composition",
             "global_budget",
+            "selection_delta_share",
         },
     )
     gb_raw = pr.get("global_budget")
     global_budget: tuple[float, float] | None = None
+    global_period = "none"
     if gb_raw is not None:
         if not isinstance(gb_raw, Mapping):
-            v.problem("privacy.global_budget: must be a mapping {epsilon, delta}")
+            v.problem("privacy.global_budget: must be a mapping {epsilon, delta, period}")
         else:
+            v.no_unknown(gb_raw, "privacy.global_budget", {"epsilon", "delta", "period"})
             global_budget = (
                 v.number(gb_raw, "privacy.global_budget.epsilon", None, positive=True) or 0.0,
                 v.number(gb_raw, "privacy.global_budget.delta", 0.0, unit=True) or 0.0,
             )
+            global_period = (
+                v.choice(gb_raw, "privacy.global_budget.period", PERIODS, "none") or "none"
+            )
     mechanism = v.choice(pr, "privacy.mechanism", MECHANISMS, "laplace")
-    composition = v.choice(pr, "privacy.composition", ("zcdp", "pure"), "zcdp")
+    composition = v.choice(pr, "privacy.composition", COMPOSITIONS, "combined")
     if composition == "pure" and mechanism == "gaussian":
-        v.problem("privacy.mechanism: gaussian needs composition zcdp (pure admits Laplace only)")
+        v.problem(
+            "privacy.mechanism: gaussian needs composition combined or zcdp "
+            "(pure admits Laplace only)"
+        )
+    share = v.number(pr, "privacy.selection_delta_share", 0.5, unit=True)
     epsilon = v.number(pr, "privacy.epsilon", 0.1, positive=True) or 0.1
     max_eps = v.number(pr, "privacy.max_epsilon_per_query", 1.0, positive=True) or 1.0
     if epsilon > max_eps:
@@ -419,6 +447,8 @@ def _privacy(v: _Validator, pr: Mapping[str, Any]) -> PrivacyConfig:
         global_budget=global_budget,
         min_epsilon_per_query=min_eps,
         min_rho_per_query=min_rho,
+        global_period=global_period or "none",  # type: ignore[arg-type]
+        selection_delta_share=0.5 if share is None else share,
     )
 
 
@@ -560,7 +590,7 @@ def _analysts(v: _Validator, raw: Any) -> tuple[AnalystBootstrap, ...]:
     if raw is None:
         return ()
     if not isinstance(raw, list):
-        v.problem("analysts: must be a list of {name, epsilon, delta}")
+        v.problem("analysts: must be a list of {name, epsilon, delta, period}")
         return ()
     out = []
     for i, a in enumerate(raw):
@@ -568,12 +598,20 @@ def _analysts(v: _Validator, raw: Any) -> tuple[AnalystBootstrap, ...]:
         if not isinstance(a, Mapping):
             v.problem(f"{path}: must be a mapping")
             continue
-        v.no_unknown(a, path, {"name", "epsilon", "delta"})
+        v.no_unknown(a, path, {"name", "epsilon", "delta", "period"})
         name = v.string(a, f"{path}.name", required=True)
         eps = v.number(a, f"{path}.epsilon", None, positive=True)
         delta = v.number(a, f"{path}.delta", 0.0, unit=True)
+        period = v.choice(a, f"{path}.period", PERIODS, "none") or "none"
         if name and eps is not None:
-            out.append(AnalystBootstrap(name=name, epsilon=eps, delta=delta or 0.0))
+            out.append(
+                AnalystBootstrap(
+                    name=name,
+                    epsilon=eps,
+                    delta=delta or 0.0,
+                    period=period,  # type: ignore[arg-type]
+                )
+            )
     return tuple(out)
 
 

@@ -1,6 +1,7 @@
-"""A dry run: what a query would cost and how accurate it would be, before anything is
-spent. Public information only — the plan, the calibration, the analyst's own budget
-and the configured release deadline; the protected database is never touched."""
+"""A dry run: what a query would cost (in the analyst's budget units, and how many such
+queries remain) and how accurate it would be, before anything is spent. Public
+information only — the plan, the calibration, the analyst's own budget and the
+configured release deadline; the protected database is never touched."""
 
 from __future__ import annotations
 
@@ -23,8 +24,7 @@ def dry_run(
     tables: Mapping[str, TableConfig],
 ) -> Release:
     plan, calibration = planned.plan, planned.calibration
-    status = charges.status(analyst)
-    fits = charges.would_fit(status, calibration.cost, planned.request.mechanism)
+    quote = charges.quote(analyst, calibration.cost, planned.request.mechanism)
     return Release(
         query_id="dry-run",
         cached=False,
@@ -32,10 +32,13 @@ def dry_run(
         rows=(),
         accuracy=expected_accuracy(plan, calibration),
         privacy=privacy_spent(planned),
-        budget=status,
+        budget=quote.budget,
         extra={
             "dry_run": True,
-            "would_fit": fits,
+            "would_fit": quote.would_fit,
+            # what it would cost, in the analyst's budget units, and how many such fit
+            "charge": quote.charge.to_json(),
+            "queries_remaining": quote.queries_remaining,
             "plan": describe(planned),
             # When the answer would leave after its execution starts (public: config).
             "release_deadline_ms": deadline_ms(execution, tables[plan.table]),

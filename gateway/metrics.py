@@ -13,6 +13,7 @@ and analysts by name (never by key), so label sets stay small and secret-free.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -23,6 +24,10 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+import budget
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
@@ -50,9 +55,10 @@ QUERY_LATENCY = Histogram(
     ["outcome"],
     buckets=_LATENCY_BUCKETS,
 )
-EPSILON_SPENT = Counter(
-    "dpgate_epsilon_spent",
-    "Privacy budget (ε as charged per query) spent, by analyst.",
+EPSILON_CHARGED = Counter(
+    "dpgate_epsilon_charged",
+    "ε charged by answered (not cached) queries, by analyst, in budget units: the sum of "
+    "the rises of epsilon_spent. What is spent now is dpgate_budget_epsilon_spent.",
     ["analyst"],
 )
 BACKEND_ERRORS = Counter(
@@ -108,7 +114,7 @@ def record_query(
     QUERIES.labels(name, outcome).inc()
     QUERY_LATENCY.labels(outcome).observe(duration_s)
     if epsilon_spent:
-        EPSILON_SPENT.labels(name).inc(epsilon_spent)
+        EPSILON_CHARGED.labels(name).inc(epsilon_spent)
 
 
 def record_release_wait(seconds: float) -> None:
@@ -123,13 +129,66 @@ def record_rate_limited(scope: str) -> None:
     RATE_LIMITED.labels(scope).inc()
 
 
-def render() -> tuple[bytes, str]:
-    """The exposition text of every metric (summed over workers) and its content type."""
+class _BudgetCollector(Collector):
+    """Gauges of every budget as the ledger reports it now (read at scrape time, so every
+    worker shows the same figures as ``/v1/budget``, the CLI and the client)."""
+
+    def __init__(self, statuses: Sequence[budget.BudgetStatus]) -> None:
+        self.statuses = statuses
+
+    def collect(self) -> Iterator[Metric]:
+        what = "by analyst ((global): the dataset-wide budget), in its current period"
+        families = {
+            "epsilon": GaugeMetricFamily(
+                "dpgate_budget_epsilon", f"The ε budget, {what}.", labels=["analyst"]
+            ),
+            "epsilon_spent": GaugeMetricFamily(
+                "dpgate_budget_epsilon_spent",
+                f"ε spent in budget units (what /v1/budget reports), {what}.",
+                labels=["analyst"],
+            ),
+            "epsilon_remaining": GaugeMetricFamily(
+                "dpgate_budget_epsilon_remaining", f"ε remaining, {what}.", labels=["analyst"]
+            ),
+            "delta_spent": GaugeMetricFamily(
+                "dpgate_budget_delta_spent",
+                f"δ spent by partition selection, {what}.",
+                labels=["analyst"],
+            ),
+            "queries": GaugeMetricFamily(
+                "dpgate_budget_queries", f"Queries charged, {what}.", labels=["analyst"]
+            ),
+        }
+        ends = GaugeMetricFamily(
+            "dpgate_budget_period_end_timestamp_seconds",
+            "When the budget renews (Unix time), by analyst; absent without a period.",
+            labels=["analyst"],
+        )
+        for status in self.statuses:
+            for field, family in families.items():
+                family.add_metric([status.name], float(getattr(status, field)))
+            if status.period_ends_at is not None:
+                ends.add_metric([status.name], status.period_ends_at.timestamp())
+        yield from families.values()
+        yield ends
+
+
+def render(budgets: Sequence[budget.BudgetStatus] = ()) -> tuple[bytes, str]:
+    """The exposition text of every metric (summed over workers) and its content type.
+
+    ``budgets``: the ledger's budget statuses, shown as ``dpgate_budget_*`` gauges.
+    """
     if multiprocess_dir():
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-        return generate_latest(registry), CONTENT_TYPE_LATEST
-    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+        text = generate_latest(registry)
+    else:
+        text = generate_latest(REGISTRY)
+    if budgets:
+        gauges = CollectorRegistry()
+        gauges.register(_BudgetCollector(budgets))
+        text += generate_latest(gauges)
+    return text, CONTENT_TYPE_LATEST
 
 
 def mark_process_dead(pid: int) -> None:

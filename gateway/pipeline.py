@@ -93,13 +93,11 @@ class Gateway:
         self.config = config = replace(config, tables=with_nullability(config.tables, nullable))
         self.unique_units = units_unique_by_schema(self.engine, config.tables)
         self.ledger = ledger or budget.Ledger.from_url(
-            config.ledger.url,
-            composition=config.privacy.composition,
-            global_budget=config.privacy.global_budget,
+            config.ledger.url, **config.privacy.ledger_options()
         )
         self.ledger.migrate()
         for a in config.analysts:
-            self.ledger.ensure_analyst(a.name, a.epsilon, a.delta)
+            self.ledger.ensure_analyst(a.name, a.epsilon, a.delta, a.period)
         data_version = config.database.data_version
         self.planner = Planner(config.tables, config.privacy, data_version)
         self.charges = Charges(self.ledger, data_version)
@@ -275,6 +273,7 @@ class Gateway:
             privacy=privacy_spent(planned),
             budget=reservation.budget,
             extra=_selection_extra(planned, len(answer.rows)),
+            charge=reservation.charge,
         )
         record = release.answer_json()
         record["audit_cells"] = cells_json

@@ -127,10 +127,15 @@ class ProbePlan:
 
 @dataclass(frozen=True)
 class QueryRequest:
-    """An analyst's request, validated: the SQL and the privacy parameters it asks for."""
+    """An analyst's request, validated: the SQL and the privacy parameters it asks for.
+
+    ``accuracy`` is a target 95% half-width asked for instead of ε: the pipeline then
+    replaces ``epsilon`` with the smallest ε that meets it (``gateway.accuracy_target``).
+    """
 
     sql: str
     epsilon: float
     delta: float
     mechanism: MechanismName
     dry_run: bool = False
+    accuracy: float | None = None

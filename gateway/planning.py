@@ -10,9 +10,10 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from gateway.accuracy_target import request_for_target
 from gateway.analyze import analyze
 from gateway.analyze.aggregates import contribution_bounds
 from gateway.config import PrivacyConfig, TableConfig
@@ -25,7 +26,8 @@ PLAN_CACHE_SIZE = 1024
 
 @dataclass(frozen=True)
 class PlannedQuery:
-    """A request that will reach the data: its plan, calibration and cache key."""
+    """A request that will reach the data: its plan, calibration and cache key
+    (``request.epsilon`` is the ε chosen for an accuracy target, if it had one)."""
 
     request: QueryRequest
     plan: QueryPlan
@@ -64,7 +66,12 @@ class Planner:
         plan = self.analyze(request.sql)
         if isinstance(plan, ProbePlan):
             return plan
+        if request.accuracy is not None:  # the smallest ε meeting the accuracy asked for
+            request = request_for_target(plan, request, self.privacy, self._calibrator(plan))
         return PlannedQuery(request, plan, self.calibrate(plan, request), self.key(plan, request))
+
+    def _calibrator(self, plan: QueryPlan) -> Callable[[QueryRequest], QueryCalibration]:
+        return lambda request: self.calibrate(plan, request)
 
     def calibrate(self, plan: QueryPlan, request: QueryRequest) -> QueryCalibration:
         """Noise for every measure (and partition selection) at the request's (ε, δ)."""
@@ -92,7 +99,7 @@ class Planner:
                 f"epsilon {request.epsilon!r} is too small to calibrate noise for"
             ) from None
         min_rho = self.privacy.min_rho
-        if self.privacy.composition == "zcdp" and calibration.cost.rho < min_rho:
+        if self.privacy.composition != "pure" and calibration.cost.rho < min_rho:
             raise InvalidPrivacyParameters(
                 f"this query would cost ρ={calibration.cost.rho:.3g}, below this gateway's "
                 f"minimum per query (ρ={min_rho:.3g}): ask for a larger epsilon or a smaller "

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from budget import BudgetStatus
+from budget import BudgetStatus, Charge
 from gateway.planning import PlannedQuery
 
 
@@ -64,6 +64,9 @@ class Release:
     privacy: PrivacySpent
     budget: BudgetStatus
     extra: dict[str, Any] = field(default_factory=dict)
+    # What this answer added to the analyst's budget figures (budget units), when it was
+    # charged now; never part of the answer identical requests share.
+    charge: Charge | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -77,12 +80,14 @@ class Release:
             "budget": self.budget.to_json(),
         }
         body.update(self.extra)
+        if self.charge is not None:
+            body["charge"] = self.charge.to_json()
         return body
 
     def answer_json(self) -> dict[str, Any]:
         """The part of the body that identical requests share (what the cache stores)."""
         body = self.to_json()
-        for key in ("ok", "cached", "budget"):
+        for key in ("ok", "cached", "budget", "charge"):
             body.pop(key, None)
         return body
 

@@ -15,7 +15,7 @@ from gateway.config import PrivacyConfig
 from gateway.errors import InvalidPrivacyParameters, InvalidRequest
 from gateway.plan import QueryRequest
 
-QUERY_FIELDS = frozenset({"sql", "epsilon", "delta", "mechanism", "dry_run"})
+QUERY_FIELDS = frozenset({"sql", "epsilon", "delta", "mechanism", "dry_run", "accuracy"})
 MAX_SQL_CHARS = 100_000
 
 
@@ -36,6 +36,9 @@ def parse_request(body: Any, raw: bytes, defaults: PrivacyConfig) -> QueryReques
     sql = body.get("sql")
     if not isinstance(sql, str):
         raise InvalidRequest("'sql' is required and must be a string")
+    accuracy = _accuracy(body)
+    if accuracy is not None and body.get("epsilon") is not None:
+        raise InvalidPrivacyParameters("give either 'epsilon' or 'accuracy', not both")
     epsilon = _number(body, "epsilon", defaults.epsilon)
     mechanism = body.get("mechanism")
     if mechanism is None:  # absent or JSON null: the config's default
@@ -49,7 +52,12 @@ def parse_request(body: Any, raw: bytes, defaults: PrivacyConfig) -> QueryReques
     if not isinstance(dry_run, bool):
         raise InvalidRequest("'dry_run' must be true or false")
     request = QueryRequest(
-        sql=sql, epsilon=epsilon, delta=delta, mechanism=mechanism, dry_run=dry_run
+        sql=sql,
+        epsilon=epsilon,
+        delta=delta,
+        mechanism=mechanism,
+        dry_run=dry_run,
+        accuracy=accuracy,
     )
     check_request(request, defaults)
     return request
@@ -85,6 +93,23 @@ def check_request(request: QueryRequest, limits: PrivacyConfig) -> None:
         )
     if request.mechanism == "gaussian" and delta <= 0:
         raise InvalidPrivacyParameters("the gaussian mechanism needs delta > 0")
+
+
+def _accuracy(body: dict[str, Any]) -> float | None:
+    """The target 95% half-width of ``"accuracy": {"ci95_halfwidth": X}``, if given (the
+    planner then picks ε: ``gateway.accuracy_target``)."""
+    raw = body.get("accuracy")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"ci95_halfwidth"}:
+        raise InvalidPrivacyParameters(
+            "'accuracy' must be an object {\"ci95_halfwidth\": X}, X > 0 in the units of the "
+            "released values"
+        )
+    value = _number(raw, "ci95_halfwidth", None)
+    if value is None or value <= 0:
+        raise InvalidPrivacyParameters("'accuracy.ci95_halfwidth' must be a number > 0")
+    return float(value)
 
 
 def _number(body: dict[str, Any], key: str, default: float | None) -> Any:

@@ -88,6 +88,7 @@ def test_audit_log_command(cli: click.Group, config: str, tmp_path: Path) -> Non
         error_code="budget_exhausted",
         status=403,
     )
+    ledger.close()  # a SQLite ledger writes the request log in its next batch: flush it
     out = run(cli, config, "audit-log")
     assert "403 budget_exhausted" in out and "SELECT COUNT(*) FROM t" in out
     assert "budget_exhausted budget_exhausted" not in out  # the code is printed once
@@ -120,3 +121,25 @@ def test_bad_config_is_a_clear_error(cli: click.Group, tmp_path: Path) -> None:
     bad.write_text("ledger: {}\n")
     result = CliRunner().invoke(cli, ["analyst", "list", "--config", str(bad)])
     assert result.exit_code != 0 and "invalid config" in result.output
+
+
+def test_periods_and_the_global_budget(cli: click.Group, config: str) -> None:
+    run(cli, config, "analyst", "add", "pat", "--epsilon", "1", "--delta", "0", "--period", "day")
+    shown = json.loads(run(cli, config, "budget", "show", "pat", "--json"))[0]
+    assert shown["period"] == "day" and shown["period_ends_at"]
+    assert "period: day, renews" in run(cli, config, "budget", "show", "pat")
+    out = run(cli, config, "budget", "set", "pat", "--period", "month")
+    assert "period: month, renews" in out
+    # the global budget: the config's (ε 50) until an admin sets one in the ledger
+    out = run(cli, config, "budget", "set", "--global", "--epsilon", "40", "--period", "week")
+    assert out.startswith("(global)") and "period: week" in out and "of 40" in out
+    everything = json.loads(run(cli, config, "budget", "show", "--json"))
+    assert everything[-1]["name"] == "(global)" and everything[-1]["epsilon"] == 40.0
+    for wrong in (
+        ["budget", "set", "--epsilon", "1"],  # neither a name nor --global
+        ["budget", "set", "pat", "--global", "--epsilon", "1"],
+        ["budget", "set", "pat"],  # nothing to set
+        ["analyst", "add", "x", "--epsilon", "1", "--delta", "0", "--period", "year"],
+    ):
+        result = CliRunner().invoke(cli, [*wrong, "--config", config])
+        assert result.exit_code != 0, wrong

@@ -169,3 +169,55 @@ def test_audit_log_endpoint(client: FlaskClient, ledger: Ledger) -> None:
     for bad in ("limit=0", "limit=x", "since=yesterday"):
         r = client.get(f"/v1/admin/audit-log?{bad}", headers=admin())
         assert r.status_code == 400 and error_code(r) == "invalid_request"
+
+
+# -- budget periods and the global budget (issue 15) -------------------------------------
+
+
+def test_analysts_get_a_period_on_create_and_patch(client: FlaskClient) -> None:
+    r = client.post(
+        "/v1/admin/analysts",
+        json={"name": "pat", "epsilon": 1.0, "delta": 1e-6, "period": "week"},
+        headers=admin(),
+    )
+    assert r.status_code == 201
+    budget = r.get_json()["budget"]
+    assert budget["period"] == "week" and budget["period_ends_at"].endswith("+00:00")
+    r = client.patch("/v1/admin/analysts/pat", json={"period": "none"}, headers=admin())
+    assert r.status_code == 200
+    analyst = r.get_json()["analyst"]
+    assert analyst["period"] == "none" and analyst["period_ends_at"] is None
+    r = client.patch("/v1/admin/analysts/pat", json={"period": "year"}, headers=admin())
+    assert r.status_code == 400 and error_code(r) == "invalid_request"
+    assert r.get_json()["error"]["detail"]["field"] == "period"
+    r = client.post(
+        "/v1/admin/analysts",
+        json={"name": "quinn", "epsilon": 1.0, "delta": 0.0},
+        headers=admin(),
+    )
+    assert r.get_json()["budget"]["period"] == "none"  # the default
+
+
+def test_the_global_budget_over_http(client: FlaskClient) -> None:
+    r = client.get("/v1/admin/budget", headers=admin())
+    assert r.status_code == 200 and r.get_json() == {"ok": True, "budget": None}
+    r = client.patch("/v1/admin/budget", json={"period": "month"}, headers=admin())
+    assert r.status_code == 400 and error_code(r) == "invalid_request"
+    r = client.patch(
+        "/v1/admin/budget",
+        json={"epsilon": 5.0, "delta": 1e-6, "period": "month"},
+        headers=admin(),
+    )
+    assert r.status_code == 200
+    budget = r.get_json()["budget"]
+    assert (budget["name"], budget["epsilon"], budget["period"]) == ("(global)", 5.0, "month")
+    assert budget["period_ends_at"] is not None
+    r = client.patch("/v1/admin/budget", json={"epsilon": 6.0}, headers=admin())
+    assert r.get_json()["budget"]["epsilon"] == 6.0
+    assert r.get_json()["budget"]["period"] == "month"
+    listed = client.get("/v1/admin/analysts", headers=admin()).get_json()
+    assert listed["global"]["epsilon"] == 6.0
+    assert client.get("/v1/admin/budget", headers=admin()).get_json()["budget"] == listed["global"]
+    r = client.patch("/v1/admin/budget", json={"colour": "red"}, headers=admin())
+    assert r.status_code == 400
+    assert client.get("/v1/admin/budget", headers=admin("wrong")).status_code == 401

@@ -127,11 +127,18 @@ def count_admitted(
 
 
 def test_zcdp_filter_admits_exactly_the_queries_that_fit() -> None:
+    # With no δ set aside for partition selection, the conversion uses all of δ_B ...
     eps_b = cks_epsilon(100 * 0.005, 1e-6) * (1 + 1e-12)
-    assert count_admitted(ZcdpFilter(), eps_b, 1e-6, laplace(0.1)) == 100
-    report = ZcdpFilter().report(eps_b, 1e-6, PrivacyCost(10.0, 0.0, 0.5))
+    assert count_admitted(ZcdpFilter(selection_share=0.0), eps_b, 1e-6, laplace(0.1)) == 100
+    report = ZcdpFilter(selection_share=0.0).report(eps_b, 1e-6, PrivacyCost(10.0, 0.0, 0.5))
     assert report.epsilon_spent == pytest.approx(5.2215, abs=1e-3)
     assert report.max_next_laplace_epsilon == pytest.approx(0.0, abs=1e-5)
+    # ... by default half of δ_B is partition selection's, and Σρ is converted at the rest.
+    eps_b = cks_epsilon(100 * 0.005, 5e-7) * (1 + 1e-12)
+    assert count_admitted(ZcdpFilter(), eps_b, 1e-6, laplace(0.1)) == 100
+    assert ZcdpFilter().report(eps_b, 1e-6, PrivacyCost(10.0, 0.0, 0.5)).epsilon_spent == (
+        pytest.approx(cks_epsilon(0.5, 5e-7))
+    )
 
 
 def test_zcdp_reports_the_largest_next_laplace_query() -> None:
@@ -141,19 +148,22 @@ def test_zcdp_reports_the_largest_next_laplace_query() -> None:
     nxt = report.max_next_laplace_epsilon
     assert acc.refusal(2.0, 1e-6, spent, laplace(nxt * (1 - 1e-9)), "laplace") is None
     assert acc.refusal(2.0, 1e-6, spent, laplace(nxt * (1 + 1e-6)), "laplace") is not None
-    assert report.rho_budget == pytest.approx(zcdp_rho_budget(2.0, 1e-6))
+    assert report.rho_budget == pytest.approx(zcdp_rho_budget(2.0, 5e-7))
 
 
-def test_zcdp_selection_delta_is_added_on_top() -> None:
-    acc = ZcdpFilter()
-    # Selection δ is taken out of the δ the conversion may use ...
-    with_sel = acc.report(1.0, 1e-6, PrivacyCost(0.0, 0.0, 0.01, 5e-7))
-    assert with_sel.epsilon_spent == pytest.approx(cks_epsilon(0.01, 5e-7))
-    assert with_sel.delta_spent == 5e-7
-    assert with_sel.rho_budget == pytest.approx(zcdp_rho_budget(1.0, 5e-7))
-    # ... and a query whose selection δ does not fit is refused whatever its ρ.
-    cost = PrivacyCost(0.01, 0.0, 0.00005, 6e-7)
-    assert acc.refusal(1.0, 1e-6, PrivacyCost(0.0, 0.0, 0.0, 5e-7), cost, "laplace") is not None
+def test_zcdp_selection_delta_has_a_fixed_share_of_the_delta_budget() -> None:
+    acc = ZcdpFilter(selection_share=0.4)
+    # Σρ is converted at δ_B − 0.4 δ_B, whatever partition selection spent so far ...
+    for sel in (0.0, 2e-7, 4e-7):
+        report = acc.report(1.0, 1e-6, PrivacyCost(0.0, 0.0, 0.01, sel))
+        assert report.epsilon_spent == pytest.approx(cks_epsilon(0.01, 6e-7))
+        assert report.rho_budget == pytest.approx(zcdp_rho_budget(1.0, 6e-7))
+        assert report.delta_spent == sel
+        assert report.delta_remaining == pytest.approx(4e-7 - sel)
+    # ... and a query whose selection δ does not fit in 0.4 δ_B is refused whatever its ρ.
+    cost = PrivacyCost(0.01, 0.0, 0.00005, 2e-7)
+    assert acc.refusal(1.0, 1e-6, PrivacyCost(0.0, 0.0, 0.0, 2e-7), cost, "laplace") is None
+    assert acc.refusal(1.0, 1e-6, PrivacyCost(0.0, 0.0, 0.0, 3e-7), cost, "laplace") is not None
 
 
 def test_gaussian_cost_is_accounted_by_rho_under_zcdp() -> None:
@@ -161,7 +171,7 @@ def test_gaussian_cost_is_accounted_by_rho_under_zcdp() -> None:
     spent = PrivacyCost.zero()
     assert ZcdpFilter().refusal(1.0, 1e-6, spent, gaussian, "gaussian") is None
     assert ZcdpFilter().report(1.0, 1e-6, gaussian).epsilon_spent == pytest.approx(
-        cks_epsilon(0.02, 1e-6)
+        cks_epsilon(0.02, 5e-7)
     )
 
 

@@ -10,7 +10,10 @@ import budget
 def test_public_names_are_pinned() -> None:
     assert sorted(budget.__all__) == sorted(
         [
+            "COMPOSITIONS",
+            "DEFAULT_SELECTION_SHARE",
             "GLOBAL_NAME",
+            "PERIODS",
             "SCHEMA_VERSION",
             "SLACK",
             "Accountant",
@@ -22,6 +25,8 @@ def test_public_names_are_pinned() -> None:
             "BudgetExhausted",
             "BudgetStatus",
             "CacheProbe",
+            "Charge",
+            "CombinedFilter",
             "CompositionName",
             "HistoryEntry",
             "HistoryOutcome",
@@ -30,12 +35,15 @@ def test_public_names_are_pinned() -> None:
             "LedgerUnavailable",
             "Lookup",
             "Outcome",
+            "Period",
             "PureFilter",
+            "Quote",
             "Refusal",
             "ReleaseEntry",
             "Reservation",
             "ReservationSettled",
             "SchemaTooNew",
+            "Spent",
             "UnknownAnalyst",
             "UnsupportedCost",
             "ZcdpFilter",
@@ -59,8 +67,12 @@ def test_ledger_signatures_match_the_architecture_contract() -> None:
     assert params(L.commit) == ["self", "reservation", "release", "outcome", "reason"]
     assert params(L.refund) == ["self", "reservation", "reason"]
     assert params(L.find_release) == ["self", "query_key", "analyst", "data_version"]
-    assert params(L.create_analyst) == ["self", "name", "epsilon", "delta"]
-    assert params(L.update_analyst) == ["self", "name", "epsilon", "delta", "disabled"]
+    assert params(L.create_analyst) == ["self", "name", "epsilon", "delta", "period"]
+    assert params(L.update_analyst) == [
+        "self", "name", "epsilon", "delta", "disabled", "period"
+    ]  # fmt: skip
+    assert params(L.quote) == ["self", "analyst", "cost", "mechanism"]
+    assert params(L.set_global_budget) == ["self", "epsilon", "delta", "period"]
     assert params(L.audit_log) == ["self", "analyst", "since", "until", "limit"]
     assert params(L.log_request)[1:] == [
         "request_id", "analyst", "endpoint", "sql", "outcome", "error_code", "status"

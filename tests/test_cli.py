@@ -52,7 +52,7 @@ def test_config_check_lists_every_problem_with_its_path(tmp_path: Path) -> None:
         "ledger: missing",
         "database.colour: unknown setting",
         "privacy.epsilon: must be > 0",
-        "privacy.composition: 'basic' is not one of zcdp, pure",
+        "privacy.composition: 'basic' is not one of combined, zcdp, pure",
         "audit.mode: 'maybe' is not one of refuse, flag, off",
         "tables.t.privacy_unit: 'uid' is not a declared column",
         "tables.t.columns.age: lower (10.0) is above upper (5.0)",

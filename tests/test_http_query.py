@@ -128,6 +128,7 @@ def test_response_shape_matches_the_contract(ask: Ask) -> None:
         "accuracy",
         "privacy",
         "budget",
+        "charge",
     }
     assert body["columns"] == [{"name": "sex", "type": "text"}, {"name": "n", "type": "integer"}]
     assert set(body["accuracy"]["n"]) == {"ci95_halfwidth", "stddev"}
@@ -135,6 +136,8 @@ def test_response_shape_matches_the_contract(ask: Ask) -> None:
     assert {"epsilon_spent", "epsilon_remaining", "delta_spent", "delta_remaining"} <= set(
         body["budget"]
     )
+    assert {"period", "period_ends_at"} <= set(body["budget"])
+    assert body["charge"] == {"epsilon": 0.5, "delta": 0.0}  # the budget's ε spent rose 0.5
 
 
 # -- errors -------------------------------------------------------------------------------

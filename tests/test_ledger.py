@@ -176,17 +176,24 @@ def test_budget_status_follows_the_accountant(ledger: Ledger) -> None:
     for i in range(3):
         ledger.commit(charge(ledger, "alice", laplace(0.1), key=f"q{i}"), {"rows": []}, "answered")
     s = ledger.budget_status("alice")
-    assert s.composition == "zcdp"
+    assert s.composition == "combined"
     assert s.rho_spent == pytest.approx(0.015)
-    assert s.epsilon_spent == pytest.approx(cks_epsilon(0.015, 1e-6))
+    # the smaller of the basic-composition total (0.3) and the zCDP one (CKS at δ_B/2)
+    assert s.epsilon_spent_zcdp == pytest.approx(cks_epsilon(0.015, 5e-7))
+    assert s.epsilon_spent_basic == pytest.approx(0.3) == s.epsilon_spent
+    assert s.basis == "basic" and s.epsilon_spent_zcdp > s.epsilon_spent
     assert s.epsilon_remaining == pytest.approx(10.0 - s.epsilon_spent)
-    assert s.delta_spent == 0.0 and s.delta_remaining == 1e-6
-    assert s.max_next_laplace_epsilon == pytest.approx((2 * s.rho_remaining) ** 0.5)
+    assert s.delta_spent == 0.0 and s.delta_remaining == 5e-7 == s.selection_delta_budget
+    assert s.max_next_laplace_epsilon == pytest.approx(9.7)  # basic composition's
+    zcdp = Ledger(ledger.engine, composition="zcdp").budget_status("alice")
+    assert zcdp.epsilon_spent == pytest.approx(cks_epsilon(0.015, 5e-7))
+    assert zcdp.max_next_laplace_epsilon == pytest.approx((2 * zcdp.rho_remaining) ** 0.5)
 
 
 def test_exactly_the_budget_is_admitted_then_budget_exhausted(ledger: Ledger) -> None:
     n = 25
-    eps_b = cks_epsilon(n * 0.005, 1e-6) * (1 + 1e-12)
+    eps_b = cks_epsilon(n * 0.005, 5e-7) * (1 + 1e-12)  # below 25 × 0.1: zCDP decides
+    assert eps_b < n * 0.1
     ledger.create_analyst("alice", eps_b, 1e-6)
     for i in range(n):
         charge(ledger, "alice", laplace(0.1), key=f"q{i}")

@@ -158,7 +158,7 @@ def test_metrics_count_requests_queries_refusals_and_backend_errors(tmp_path: Pa
 
     assert delta("dpgate_queries_total", analyst="alice", outcome="answered") == 1
     assert delta("dpgate_queries_total", analyst="alice", outcome="budget_exhausted") == 1
-    assert delta("dpgate_epsilon_spent_total", analyst="alice") == pytest.approx(0.25)
+    assert delta("dpgate_epsilon_charged_total", analyst="alice") == pytest.approx(0.25)
     assert delta("dpgate_backend_errors_total", backend="database") == 1
     assert delta("dpgate_http_requests_total", endpoint="/v1/query", status="403") == 1
     assert delta("dpgate_http_request_duration_seconds_count", endpoint="/v1/query") == 3

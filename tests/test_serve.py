@@ -288,7 +288,7 @@ def test_metrics_add_up_across_workers(server: Server) -> None:
             server.metric("dpgate_queries_total", analyst="alice", outcome="answered") - answered
             == 3
         )
-    assert server.metric("dpgate_epsilon_spent_total", analyst="alice") >= 0.6 - 1e-9
+    assert server.metric("dpgate_epsilon_charged_total", analyst="alice") >= 0.6 - 1e-9
 
 
 def test_logs_carry_the_failed_request_id_and_no_protected_value(server: Server) -> None:

@@ -203,6 +203,12 @@ def _make_or(make_variable: str, option: str) -> str:
 @click.option("--url", envvar="DPGATE_URL", default="http://127.0.0.1:8080", show_default=True)
 @click.option("--key", envvar="DPGATE_KEY", required=True, help="analyst API key ($DPGATE_KEY)")
 @click.option("--epsilon", type=float, default=None)
+@click.option(
+    "--accuracy",
+    type=float,
+    default=None,
+    help="instead of --epsilon: the 95%% half-width wanted; the smallest ε meeting it is used",
+)
 @click.option("--delta", type=float, default=None)
 @click.option("--mechanism", type=click.Choice(["laplace", "gaussian"]), default=None)
 @click.option("--dry-run", is_flag=True)
@@ -212,6 +218,7 @@ def query(
     url: str,
     key: str,
     epsilon: float | None,
+    accuracy: float | None,
     delta: float | None,
     mechanism: str | None,
     dry_run: bool,
@@ -225,6 +232,8 @@ def query(
     for name, value in (("epsilon", epsilon), ("delta", delta), ("mechanism", mechanism)):
         if value is not None:
             body[name] = value
+    if accuracy is not None:
+        body["accuracy"] = {"ci95_halfwidth": accuracy}
     req = urllib.request.Request(
         url.rstrip("/") + "/v1/query",
         data=json.dumps(body).encode(),

@@ -1,12 +1,16 @@
 """Admin commands: analysts, keys, budgets and the audit log, straight on the ledger.
 
-    dpgate analyst add NAME --epsilon E --delta D     prints the new API key (once)
+    dpgate analyst add NAME --epsilon E --delta D [--period P]   prints the new API key (once)
     dpgate analyst list [--json]
     dpgate analyst disable NAME / analyst enable NAME
     dpgate key rotate NAME                            prints the new API key (once)
     dpgate budget show [NAME] [--json]                one analyst, or all (+ the global budget)
-    dpgate budget set NAME [--epsilon E] [--delta D]
+    dpgate budget set NAME [--epsilon E] [--delta D] [--period P]
+    dpgate budget set --global [--epsilon E] [--delta D] [--period P]
     dpgate audit-log [--analyst A] [--since T] [--until T] [--limit N] [--json]
+
+``--period`` is ``day``, ``week``, ``month`` or ``none`` (the default): the budget renews
+at the end of each period (UTC).
 
 Each takes ``--config FILE`` (or ``DPGATE_CONFIG``): the ledger URL, the composition and
 the global budget come from it. They work while the gateway is serving: the ledger
@@ -24,7 +28,7 @@ from typing import Any
 import click
 
 import budget
-from gateway.cli.render import number
+from gateway.cli.render import number, period_line
 from gateway.config import ConfigError, load_config
 
 CONFIG_OPTION = click.option(
@@ -38,6 +42,16 @@ CONFIG_OPTION = click.option(
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 
 
+def _period_option(default: str | None) -> Any:
+    return click.option(
+        "--period",
+        type=click.Choice(budget.PERIODS),
+        default=default,
+        show_default=default is not None,
+        help="Renew the budget at the end of each day, week or month (UTC); none: never.",
+    )
+
+
 def open_ledger(config_path: str) -> budget.Ledger:
     """The ledger a config names, migrated (so admin commands work on a fresh database)."""
     try:
@@ -46,8 +60,7 @@ def open_ledger(config_path: str) -> budget.Ledger:
         raise click.ClickException(str(e)) from None
     ledger = budget.Ledger.from_url(
         config.ledger.url,
-        composition=config.privacy.composition,
-        global_budget=config.privacy.global_budget,
+        **config.privacy.ledger_options(),
     )
     with _ledger_errors():
         ledger.migrate()
@@ -65,9 +78,11 @@ def _ledger_errors() -> Iterator[None]:
 def _print_status(status: budget.BudgetStatus) -> None:
     state = " (disabled)" if status.disabled else ""
     click.echo(f"{status.name}{state}  [{status.composition}]  queries: {status.queries}")
+    click.echo("  " + period_line(status.to_json()))
     click.echo(
         f"  ε: {number(status.epsilon_spent)} spent of {number(status.epsilon)}, "
-        f"{number(status.epsilon_remaining)} remaining"
+        f"{number(status.epsilon_remaining)} remaining "
+        f"({_basis(status)})"
     )
     click.echo(
         f"  δ: {number(status.delta_spent)} spent of {number(status.delta)}, "
@@ -77,6 +92,17 @@ def _print_status(status: budget.BudgetStatus) -> None:
         f"  ρ: {number(status.rho_spent)} spent of {number(status.rho_budget)}; largest next "
         f"Laplace query: ε = {number(status.max_next_laplace_epsilon)}"
     )
+
+
+def _basis(status: budget.BudgetStatus) -> str:
+    """Which total ε spent is, and the other one."""
+    basic, zcdp = number(status.epsilon_spent_basic), number(status.epsilon_spent_zcdp)
+    if status.composition == "pure":
+        return "basic composition"
+    if status.composition == "zcdp":
+        return "zCDP"
+    chosen = "basic composition" if status.basis == "basic" else "zCDP"
+    return f"{chosen}; basic composition: {basic}, zCDP: {zcdp}"
 
 
 def _print_statuses(statuses: list[budget.BudgetStatus], as_json: bool) -> None:
@@ -98,12 +124,13 @@ def analyst_group() -> None:
 @click.argument("name")
 @click.option("--epsilon", type=float, required=True, help="Total ε budget.")
 @click.option("--delta", type=float, required=True, help="Total δ budget.")
+@_period_option("none")
 @CONFIG_OPTION
-def analyst_add(name: str, epsilon: float, delta: float, config_path: str) -> None:
+def analyst_add(name: str, epsilon: float, delta: float, period: str, config_path: str) -> None:
     """Create analyst NAME with budget (ε, δ); prints their API key (shown only once)."""
     ledger = open_ledger(config_path)
     with _ledger_errors():
-        key = ledger.create_analyst(name, epsilon, delta)
+        key = ledger.create_analyst(name, epsilon, delta, period)  # type: ignore[arg-type]
     click.echo(f"created analyst {name}; API key (shown once, store it now):", err=True)
     click.echo(key)
 
@@ -177,16 +204,45 @@ def budget_show(name: str | None, config_path: str, as_json: bool) -> None:
 
 
 @budget_group.command("set")
-@click.argument("name")
+@click.argument("name", required=False)
+@click.option(
+    "--global",
+    "is_global",
+    is_flag=True,
+    help="Set the dataset-wide budget (all analysts together) instead of an analyst's.",
+)
 @click.option("--epsilon", type=float, default=None, help="New total ε budget.")
 @click.option("--delta", type=float, default=None, help="New total δ budget.")
+@_period_option(None)
 @CONFIG_OPTION
-def budget_set(name: str, epsilon: float | None, delta: float | None, config_path: str) -> None:
-    """Set analyst NAME's total budget (what is spent stays spent)."""
-    if epsilon is None and delta is None:
-        raise click.UsageError("give --epsilon and/or --delta")
+def budget_set(
+    name: str | None,
+    is_global: bool,
+    epsilon: float | None,
+    delta: float | None,
+    period: str | None,
+    config_path: str,
+) -> None:
+    """Set analyst NAME's budget or period, or the global one (what is spent stays spent)."""
+    if is_global == (name is not None):
+        raise click.UsageError("give an analyst NAME or --global (not both)")
+    if epsilon is None and delta is None and period is None:
+        raise click.UsageError("give --epsilon, --delta and/or --period")
+    ledger = open_ledger(config_path)
     with _ledger_errors():
-        status = open_ledger(config_path).update_analyst(name, epsilon=epsilon, delta=delta)
+        if name is None:
+            status = ledger.set_global_budget(
+                epsilon=epsilon,
+                delta=delta,
+                period=period,  # type: ignore[arg-type]
+            )
+        else:
+            status = ledger.update_analyst(
+                name,
+                epsilon=epsilon,
+                delta=delta,
+                period=period,  # type: ignore[arg-type]
+            )
     _print_status(status)
 
 

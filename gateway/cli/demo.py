@@ -50,11 +50,7 @@ def prepare(directory: Path, *, fresh: bool = False, postgres_port: int | None =
         build(db)
     config_path.write_text(config_yaml(str(db), str(ledger_path), postgres_port))
     config = load_config(config_path)
-    ledger = budget.Ledger.from_url(
-        config.ledger.url,
-        composition=config.privacy.composition,
-        global_budget=config.privacy.global_budget,
-    )
+    ledger = budget.Ledger.from_url(config.ledger.url, **config.privacy.ledger_options())
     try:
         ledger.migrate()
         resumed = None

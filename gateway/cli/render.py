@@ -24,11 +24,34 @@ def number(value: Any) -> str:
 
 
 def budget_line(budget: Mapping[str, Any]) -> str:
-    """``budget: ε 0.5 spent of 10, 9.5 remaining`` from a budget JSON object."""
-    return (
+    """``budget: ε 0.5 spent of 10, 9.5 remaining`` (and when it renews) from a budget
+    JSON object."""
+    line = (
         f"budget: ε {number(budget.get('epsilon_spent'))} spent of "
         f"{number(budget.get('epsilon'))}, {number(budget.get('epsilon_remaining'))} remaining"
     )
+    if budget.get("period_ends_at"):
+        line += f"; renews {budget['period_ends_at']} ({budget.get('period')})"
+    return line
+
+
+def period_line(budget: Mapping[str, Any]) -> str:
+    """``period: month, renews 2026-02-01T00:00:00+00:00`` or ``period: none (…)``."""
+    period = budget.get("period") or "none"
+    if period == "none" or not budget.get("period_ends_at"):
+        return "period: none (the budget does not renew)"
+    return f"period: {period}, renews {budget['period_ends_at']}"
+
+
+def charge_line(answer: Mapping[str, Any]) -> str | None:
+    """``charged: ε 0.5 of your budget`` from an answer's ``charge`` (None if absent)."""
+    charge = answer.get("charge")
+    if not isinstance(charge, Mapping):
+        return None
+    line = f"ε {number(charge.get('epsilon'))}"
+    if charge.get("delta"):
+        line += f", δ {number(charge.get('delta'))}"
+    return line
 
 
 def cost_line(privacy: Mapping[str, Any]) -> str:
@@ -89,6 +112,15 @@ def print_answer(answer: Mapping[str, Any]) -> None:
         click.echo("cached: the identical earlier answer, at no charge")
     else:
         click.echo(cost_line(answer.get("privacy") or {}))
+        charged = charge_line(answer)
+        if charged is not None:
+            click.echo(f"charged to your budget: {charged}")
+    target = answer.get("accuracy_target")
+    if isinstance(target, Mapping):
+        click.echo(
+            f"ε {number(target.get('epsilon'))} chosen for ± {number(target.get('ci95_halfwidth'))}"
+            " (95%)"
+        )
     click.echo(budget_line(answer.get("budget") or {}))
 
 
@@ -97,11 +129,23 @@ def print_dry_run(answer: Mapping[str, Any]) -> None:
     click.echo("dry run: nothing was read from the data and nothing was charged")
     click.echo("columns: " + ", ".join(str(c["name"]) for c in answer.get("columns") or []))
     click.echo("would " + cost_line(answer.get("privacy") or {}))
+    charged = charge_line(answer)
+    if charged is not None:
+        click.echo(f"would charge your budget: {charged}")
     fits = answer.get("would_fit")
     click.echo(
         "would fit your budget: "
         + ("yes" if fits else "no (the query would be refused)" if fits is False else "?")
     )
+    remaining = answer.get("queries_remaining")
+    if isinstance(remaining, int):
+        click.echo(f"such queries your budget still admits: {remaining}")
+    target = answer.get("accuracy_target")
+    if isinstance(target, Mapping):
+        click.echo(
+            f"ε {number(target.get('epsilon'))} chosen for ± {number(target.get('ci95_halfwidth'))}"
+            " (95%)"
+        )
     for name, acc in (answer.get("accuracy") or {}).items():
         if acc.get("ci95_halfwidth") is not None:
             click.echo(f"  {name}: ± {number(acc['ci95_halfwidth'])} (95%) expected")

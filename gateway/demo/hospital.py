@@ -185,7 +185,7 @@ privacy:
   epsilon: 0.1
   max_epsilon_per_query: 1.0
   delta: 1.0e-7
-  composition: zcdp
+  composition: combined   # the smaller of basic composition and zCDP (docs/accounting.md)
   min_epsilon_per_query: 0.01
 audit:
   mode: refuse

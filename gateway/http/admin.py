@@ -5,12 +5,17 @@
 the environment (compared in constant time): no key or a wrong key is ``unauthenticated``
 (401); an analyst's key is ``forbidden`` (403).
 
-    POST  /v1/admin/analysts                  {name, epsilon, delta} → the new API key (201)
+    POST  /v1/admin/analysts                  {name, epsilon, delta, period?} → the new key (201)
     GET   /v1/admin/analysts                  every analyst's budget status (+ the global one)
     GET   /v1/admin/analysts/<name>           one analyst's budget status
-    PATCH /v1/admin/analysts/<name>           {epsilon?, delta?, disabled?}
+    PATCH /v1/admin/analysts/<name>           {epsilon?, delta?, period?, disabled?}
     POST  /v1/admin/analysts/<name>/keys      rotate: a new API key, the old one stops working
+    GET   /v1/admin/budget                    the dataset-wide budget (null if none)
+    PATCH /v1/admin/budget                    {epsilon?, delta?, period?}
     GET   /v1/admin/audit-log                 ?analyst=&since=&until=&limit=
+
+``period`` is ``day``, ``week``, ``month`` or ``none`` (the default): the budget renews at
+the end of each period (UTC; ``budget/periods.py``).
 
 Each admin request is itself appended to the ledger's audit log (``gateway.observation``).
 """
@@ -46,12 +51,22 @@ _BUDGET_STATUS = register_schema(
     "BudgetStatus",
     {
         "type": "object",
-        "description": "A budget as its accountant reports it (zcdp: ε spent is the CKS "
-        "conversion of Σρ; δ spent is partition-selection δ).",
+        "description": "A budget as its accountant reports it, in its current period: ε "
+        "spent is the smaller of the basic-composition total (Σε, while no Gaussian query "
+        "was charged) and the zCDP total (the CKS conversion of Σρ); `basis` says which. "
+        "δ spent is partition-selection δ (docs/accounting.md).",
         "properties": {
             "name": {"type": "string"},
             "disabled": {"type": "boolean"},
-            "composition": {"enum": ["zcdp", "pure"]},
+            "composition": {"enum": ["combined", "zcdp", "pure"]},
+            "basis": {"enum": ["basic", "zcdp"]},
+            "period": {"enum": ["none", "day", "week", "month"]},
+            "period_started_at": {"type": ["string", "null"], "format": "date-time"},
+            "period_ends_at": {
+                "type": ["string", "null"],
+                "format": "date-time",
+                "description": "when the budget renews (UTC); null without a period",
+            },
             **{
                 k: {"type": ["number", "null"]}
                 for k in (
@@ -65,6 +80,9 @@ _BUDGET_STATUS = register_schema(
                     "rho_spent",
                     "rho_remaining",
                     "max_next_laplace_epsilon",
+                    "epsilon_spent_basic",
+                    "epsilon_spent_zcdp",
+                    "selection_delta_budget",
                 )
             },
             "queries": {"type": "integer"},
@@ -87,6 +105,11 @@ _NEW_KEY = register_schema(
 _BUDGET_FIELDS = {
     "epsilon": {"type": "number", "minimum": 0},
     "delta": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+    "period": {
+        "enum": list(budget.PERIODS),
+        "description": "the budget renews at the end of each day, week or month (UTC); "
+        "none (the default): never",
+    },
 }
 
 
@@ -128,6 +151,15 @@ def _number(body: Mapping[str, Any], name: str) -> float | None:
     return float(value)
 
 
+def _period(body: Mapping[str, Any]) -> budget.Period | None:
+    value = body.get("period")
+    if value is None:
+        return None
+    if value not in budget.PERIODS:
+        raise InvalidRequest(f"period must be one of {', '.join(budget.PERIODS)}", field="period")
+    return value
+
+
 def _status_json(status: budget.BudgetStatus) -> dict[str, Any]:
     return status.to_json()
 
@@ -148,16 +180,17 @@ def _status_json(status: budget.BudgetStatus) -> dict[str, Any]:
     tags=["admin"],
 )
 def create_analyst() -> tuple[Response, int]:
-    body = _json_body({"name", "epsilon", "delta"}, {"name", "epsilon", "delta"})
+    body = _json_body({"name", "epsilon", "delta", "period"}, {"name", "epsilon", "delta"})
     name = body["name"]
     if not isinstance(name, str):
         raise InvalidRequest("name must be a string", field="name")
     epsilon, delta = _number(body, "epsilon"), _number(body, "delta")
     if epsilon is None or delta is None:
         raise InvalidRequest("epsilon and delta must be numbers", fields=["epsilon", "delta"])
+    period = _period(body) or "none"
     ledger = _ledger()
     with _ledger_errors():
-        key = ledger.create_analyst(name, epsilon, delta)
+        key = ledger.create_analyst(name, epsilon, delta, period)
         status = ledger.budget_status(name)
     return jsonify({"ok": True, "name": name, "api_key": key, "budget": _status_json(status)}), 201
 
@@ -217,9 +250,10 @@ def get_analyst(name: str) -> Response:
 
 @admin_bp.patch("/analysts/<name>")
 @document(
-    summary="Change an analyst's budget or disable / enable them",
+    summary="Change an analyst's budget or period, or disable / enable them",
     description="Lowering a budget below what is already spent is allowed: nothing more "
-    "is admitted. A disabled analyst's key is refused with `forbidden`.",
+    "is admitted. A new period counts the charges made since the start of the current "
+    "one. A disabled analyst's key is refused with `forbidden`.",
     auth="admin",
     request={
         "type": "object",
@@ -231,7 +265,7 @@ def get_analyst(name: str) -> Response:
     tags=["admin"],
 )
 def update_analyst(name: str) -> Response:
-    body = _json_body({"epsilon", "delta", "disabled"})
+    body = _json_body({"epsilon", "delta", "period", "disabled"})
     disabled = body.get("disabled")
     if disabled is not None and not isinstance(disabled, bool):
         raise InvalidRequest("disabled must be true or false", field="disabled")
@@ -241,8 +275,53 @@ def update_analyst(name: str) -> Response:
             epsilon=_number(body, "epsilon"),
             delta=_number(body, "delta"),
             disabled=disabled,
+            period=_period(body),
         )
     return jsonify({"ok": True, "analyst": _status_json(status)})
+
+
+_GLOBAL = {
+    "type": "object",
+    "required": ["ok", "budget"],
+    "properties": {
+        "ok": {"const": True},
+        "budget": {"oneOf": [_BUDGET_STATUS, {"type": "null"}]},
+    },
+}
+
+
+@admin_bp.get("/budget")
+@document(
+    summary="The dataset-wide budget, which caps all analysts together (null if none)",
+    auth="admin",
+    responses={200: _GLOBAL},
+    errors=[LedgerUnavailable],
+    tags=["admin"],
+)
+def get_global_budget() -> Response:
+    with _ledger_errors():
+        status = _ledger().global_status()
+    return jsonify({"ok": True, "budget": None if status is None else _status_json(status)})
+
+
+@admin_bp.patch("/budget")
+@document(
+    summary="Set the dataset-wide budget or its period",
+    description="Stored in the ledger, where it then wins over `privacy.global_budget` of "
+    "the config. Without a global budget yet, give both epsilon and delta.",
+    auth="admin",
+    request={"type": "object", "additionalProperties": False, "properties": _BUDGET_FIELDS},
+    responses={200: _GLOBAL},
+    errors=[LedgerUnavailable],
+    tags=["admin"],
+)
+def set_global_budget() -> Response:
+    body = _json_body({"epsilon", "delta", "period"})
+    with _ledger_errors():
+        status = _ledger().set_global_budget(
+            epsilon=_number(body, "epsilon"), delta=_number(body, "delta"), period=_period(body)
+        )
+    return jsonify({"ok": True, "budget": _status_json(status)})
 
 
 @admin_bp.post("/analysts/<name>/keys")

@@ -48,10 +48,20 @@ register_schema(
         "examples": [
             {"sql": "SELECT COUNT(*) FROM patients", "epsilon": 0.1},
             {"sql": "SELECT sex, AVG(age) FROM patients GROUP BY sex", "epsilon": 0.2},
+            {"sql": "SELECT COUNT(*) FROM patients", "accuracy": {"ci95_halfwidth": 10}},
         ],
         "properties": {
             "sql": {"type": "string", "description": "one aggregate SELECT"},
             "epsilon": {"type": "number", "exclusiveMinimum": 0},
+            "accuracy": {
+                "type": "object",
+                "description": "instead of epsilon: the gateway picks the smallest ε whose "
+                "95% interval of every COUNT and SUM is at most ±ci95_halfwidth, or "
+                "refuses and says what it would cost",
+                "required": ["ci95_halfwidth"],
+                "additionalProperties": False,
+                "properties": {"ci95_halfwidth": {"type": "number", "exclusiveMinimum": 0}},
+            },
             "delta": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
             "mechanism": {"type": "string", "enum": ["laplace", "gaussian"]},
             "dry_run": {"type": "boolean"},
@@ -90,6 +100,23 @@ register_schema(
             "budget": {"type": "object"},
             "dry_run": {"type": "boolean"},
             "would_fit": {"type": "boolean"},
+            "charge": {
+                "type": "object",
+                "description": "what this query adds (a dry run: would add) to the analyst's "
+                "epsilon_spent and delta_spent, in their budget's units",
+                "properties": {
+                    "epsilon": {"type": ["number", "null"]},
+                    "delta": {"type": ["number", "null"]},
+                },
+            },
+            "queries_remaining": {
+                "type": "integer",
+                "description": "dry run: how many such queries the budget still admits",
+            },
+            "accuracy_target": {
+                "type": "object",
+                "description": "the accuracy asked for and the ε chosen to meet it",
+            },
             "plan": {"type": "object"},
             "release_deadline_ms": {"type": ["integer", "null"]},
             "partition_selection": {
@@ -147,14 +174,20 @@ def query() -> Response:
     rec.sql = req.sql
     _, release = gw.answer(bearer_key(), req, admit=admitted)
     rec.outcome = "cached" if release.cached else ("dry_run" if req.dry_run else "answered")
-    if not release.cached and not req.dry_run:
-        rec.epsilon_spent = req.epsilon
-    return jsonify(release.to_json())
+    if release.charge is not None:  # in budget units: what /v1/budget's ε spent rose by
+        rec.epsilon_spent = release.charge.epsilon
+    body = release.to_json()
+    if req.accuracy is not None:
+        body["accuracy_target"] = {
+            "ci95_halfwidth": req.accuracy,
+            "epsilon": release.privacy.epsilon,  # the ε the target was met with
+        }
+    return jsonify(body)
 
 
 @bp.get("/v1/budget")
 @document(
-    summary="The analyst's privacy budget: total, spent, remaining, composition",
+    summary="The analyst's privacy budget: total, spent, remaining, composition, period",
     auth="analyst",
     responses={200: ref("Budget")},
     errors=(Unauthenticated, Forbidden, LedgerUnavailable),

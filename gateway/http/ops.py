@@ -256,8 +256,23 @@ def readyz() -> Response:
     rate_limited=False,
 )
 def metrics_endpoint() -> Response:
-    body, content_type = metrics.render()
+    body, content_type = metrics.render(_budgets())
     return Response(body, content_type=content_type)
+
+
+def _budgets() -> list[Any]:
+    """Every budget as the ledger reports it now (none if there is no ledger, or it fails:
+    the other metrics are still worth a scrape)."""
+    ledger = getattr(current_app.extensions.get("dpgate"), "ledger", None)
+    if ledger is None or not callable(getattr(ledger, "list_analysts", None)):
+        return []
+    try:
+        statuses = list(ledger.list_analysts())
+        global_status = ledger.global_status()
+    except Exception:
+        log.warning("could not read the budgets for /metrics", exc_info=True)
+        return []
+    return statuses + ([global_status] if global_status is not None else [])
 
 
 @bp.get("/openapi.json")

@@ -350,7 +350,6 @@ def test_the_gauge_says_how_many_more_queries_fit_and_exactly_that_many_do(
     watched.assert_clean(dave)
 
 
-@pytest.mark.xfail(strict=True, reason="needs issue 15 budget periods")
 def test_the_admin_sets_a_budget_period_and_the_analyst_sees_it(
     served: Served, watched: Watched
 ) -> None:
