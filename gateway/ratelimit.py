@@ -38,6 +38,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
+from budget import Ledger
+from gateway.config import LimitsConfig
 from gateway.errors import LedgerUnavailable, RateLimited
 
 Scope = Literal["address", "analyst"]
@@ -160,3 +162,16 @@ class RateLimiter:
             except IntegrityError:
                 continue  # a concurrent request inserted this window first: count again
         raise LedgerUnavailable("could not update the rate-limit counters", component="rate_limits")
+
+
+def limiter_for_ledger(ledger: Ledger, limits: LimitsConfig) -> RateLimiter | None:
+    """The rate limiter of a gateway whose counters live in its ledger (written through
+    the ledger's unsynced, group-committed batches); ``None`` when no limit is set."""
+    if limits.analyst_per_minute is None and limits.address_per_minute is None:
+        return None
+    return RateLimiter(
+        ledger.engine,
+        address_per_minute=limits.address_per_minute,
+        analyst_per_minute=limits.analyst_per_minute,
+        write=lambda fn: ledger.write(fn, durable=False),
+    )

@@ -23,12 +23,13 @@ from typing import Any
 from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from sqlalchemy import Engine, create_engine, literal, select
 
+from budget import Ledger
 from gateway import metrics
 from gateway.errors import DatabaseUnavailable, GatewayError, LedgerUnavailable
 from gateway.logs import configure_logging
 from gateway.observation import RequestRecord, observe
 from gateway.openapi import build_spec, document, register_schema
-from gateway.ratelimit import RateLimiter
+from gateway.ratelimit import RateLimiter, limiter_for_ledger
 
 EXTENSION = "dpgate_ops"
 QUERY_RULE = "/v1/query"
@@ -80,14 +81,16 @@ def _make_limiter(app: Flask) -> RateLimiter | None:
     limits = getattr(config, "limits", None)
     if limits is None or (limits.analyst_per_minute is None and limits.address_per_minute is None):
         return None
-    engine = _ledger_engine(gateway) or create_engine(config.ledger.url)  # type: ignore[union-attr]
     ledger = getattr(gateway, "ledger", None)
-    limiter = RateLimiter(
-        engine,
-        address_per_minute=limits.address_per_minute,
-        analyst_per_minute=limits.analyst_per_minute,
-        write=None if ledger is None else lambda fn: ledger.write(fn, durable=False),
-    )
+    if isinstance(ledger, Ledger):
+        limiter = limiter_for_ledger(ledger, limits)
+        assert limiter is not None
+    else:  # an app without a ledger of its own: counters in the configured database
+        limiter = RateLimiter(
+            _ledger_engine(gateway) or create_engine(config.ledger.url),  # type: ignore[union-attr]
+            address_per_minute=limits.address_per_minute,
+            analyst_per_minute=limits.analyst_per_minute,
+        )
     try:
         limiter.ensure_schema()
     except Exception:  # the ledger may come up later; hit() retries and fails closed

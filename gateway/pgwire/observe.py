@@ -22,7 +22,7 @@ from gateway.identity import Principal
 from gateway.logs import RequestLog, log_request
 from gateway.observation import RequestRecord, observe
 from gateway.pipeline import Gateway
-from gateway.ratelimit import RateLimiter
+from gateway.ratelimit import RateLimiter, limiter_for_ledger
 
 if TYPE_CHECKING:
     from gateway.pgwire.session import Outcome, Session
@@ -42,16 +42,7 @@ class Observer:
 
     def __init__(self, gateway: Gateway, config: Config) -> None:
         self.gateway = gateway
-        limits = config.limits
-        self.limiter: RateLimiter | None = None
-        if limits.analyst_per_minute is not None or limits.address_per_minute is not None:
-            ledger = gateway.ledger
-            self.limiter = RateLimiter(
-                ledger.engine,
-                address_per_minute=limits.address_per_minute,
-                analyst_per_minute=limits.analyst_per_minute,
-                write=lambda fn: ledger.write(fn, durable=False),
-            )
+        self.limiter: RateLimiter | None = limiter_for_ledger(gateway.ledger, config.limits)
 
     def check_address(self, peer: str) -> None:
         """Count a connection attempt against the source address's limit."""
