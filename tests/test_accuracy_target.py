@@ -134,3 +134,42 @@ def test_smallest_epsilon_is_a_checked_bisection() -> None:
     assert smallest_epsilon(widths, 0.5, 0.01, 100.0) is None
     assert smallest_epsilon(widths, 1e6, 0.01, 100.0) == 0.01
     assert smallest_epsilon(lambda e: None, 1.0, 0.01, 100.0) is None
+
+
+def test_the_chosen_epsilon_depends_on_public_facts_only(
+    make_gateway: Callable[..., Any],
+) -> None:
+    """The attack: ask for an accuracy and read the ε (and the cost, the refusal) it was
+    given, hoping it moved with the data. On two neighbouring databases — one patient's
+    rows removed from the second — every target gets the same ε, the same charge and
+    the same refusal: they are computed from the plan and the config, never from rows."""
+    import sqlite3
+
+    from gateway.errors import GatewayError
+    from gateway.plan import QueryRequest
+
+    full, neighbour = make_gateway(), make_gateway()
+    db = neighbour.config.database.url.removeprefix("sqlite:///")
+    with sqlite3.connect(db) as conn:
+        (pid,) = conn.execute("SELECT patient_id FROM patients LIMIT 1").fetchone()
+        for table in ("visits", "patients"):
+            conn.execute(f"DELETE FROM {table} WHERE patient_id = ?", (pid,))
+    seen = []
+    for gw in (full, neighbour):
+        gw.ledger.create_analyst("mallory", 100.0, 1e-6)
+        outcomes = []
+        for sql, target in [
+            ("SELECT COUNT(*) AS n FROM patients", 5.0),
+            ("SELECT sex, SUM(age) AS s FROM patients GROUP BY sex", 800.0),
+            ("SELECT COUNT(*) AS n FROM patients WHERE age > 60", 0.01),  # unreachable
+        ]:
+            request = QueryRequest(sql, 1.0, 1e-6, "laplace", accuracy=target)
+            try:
+                release = gw.query("mallory", request)
+                outcomes.append((release.privacy.epsilon, release.privacy.rho))
+            except GatewayError as e:
+                outcomes.append((e.code, e.detail.get("epsilon_needed")))
+        seen.append(outcomes)
+    # the targets, not the placeholder ε = 1, set the cost; the last one is out of reach
+    assert seen[0][0][0] != 1.0 and seen[0][2][0] == "invalid_privacy_parameters", seen[0]
+    assert seen[0] == seen[1]
