@@ -71,6 +71,7 @@ def _cks_epsilon_at(t: float, rho: float, log_inv_delta: float) -> float:
     return alpha * rho + (log_inv_delta - log_alpha) / alpha_minus_1 + t - log_alpha
 
 
+@lru_cache(maxsize=4096)  # each charge reports the budget before and after it
 def cks_epsilon(rho: float, delta: float) -> float:
     """The smallest ε such that ρ-zCDP implies (ε, δ)-DP, by the CKS conversion.
 

@@ -232,8 +232,10 @@ class Ledger:
             conn.execute(sa.select(schema.schema_version.c.version).limit(1))
 
     def _analyst_row(self, conn: Connection, name: str, *, lock: bool = False) -> Any:
-        query = st.ANALYST_FOR_UPDATE if lock else st.ANALYST
-        row = conn.execute(query, {"name": name}).first()
+        if lock:
+            row = st.HOT_ANALYST_FOR_UPDATE.first(conn, {"name": name})
+        else:
+            row = conn.execute(st.ANALYST, {"name": name}).first()
         if row is None:
             raise UnknownAnalyst(f"no analyst named {name!r}")
         return row
@@ -265,7 +267,7 @@ class Ledger:
         params: dict[str, Any] = {"analyst_id": analyst_id}
         if period:
             params["since"] = since
-        r = conn.execute(st.SPENT_ANALYST_SINCE if period else st.SPENT_ANALYST, params).one()
+        r = (st.SPENT_ANALYST_SINCE if period else st.SPENT_ANALYST).first(conn, params)
         eps = (r.cp_epsilon or 0.0) + r.epsilon
         delta = (r.cp_delta or 0.0) + r.delta
         rho = (r.cp_rho or 0.0) + r.rho
@@ -353,7 +355,7 @@ class Ledger:
         self, conn: Connection, *, lock: bool = False
     ) -> tuple[float, float, Period] | None:
         """The global budget: the one an admin set in the ledger, else the config's."""
-        row = conn.execute(st.LOCK_GLOBAL if lock else st.GLOBAL_BUDGET).first()
+        row = (st.LOCK_GLOBAL if lock else st.GLOBAL_BUDGET).first(conn)
         if row is not None and row.epsilon is not None:
             return float(row.epsilon), float(row.delta or 0.0), _period_of(row)
         if self.global_budget is None:
@@ -431,7 +433,7 @@ class Ledger:
             return Lookup(None)
         now = self._now()
         with self._transaction(write=False) as conn:
-            row = conn.execute(st.ANALYST_BY_KEY, {"key_hash": key_hash(key)}).first()
+            row = st.HOT_ANALYST_BY_KEY.first(conn, {"key_hash": key_hash(key)})
             if row is None:
                 return Lookup(None)
             analyst = Analyst(row.name, bool(row.disabled), row.epsilon, row.delta, _period_of(row))
@@ -613,8 +615,8 @@ class Ledger:
                 g_eps, g_delta, g_period = global_budget
                 global_spent, _ = self._spent(conn, None, since=period_start(g_period, now))
                 self._admit("global", g_eps, g_delta, g_period, global_spent, cost, mechanism, now)
-            conn.execute(
-                st.INSERT_ENTRY,
+            st.INSERT_ENTRY.run(
+                conn,
                 {
                     "reservation_id": reservation_id,
                     "settles": None,
@@ -746,8 +748,7 @@ class Ledger:
         def settle(conn: Connection) -> None:
             if kind == "refund":
                 conn.execute(st.LOCK_ANALYST_OF_RESERVATION, {"rid": reservation.id}).first()
-            result = conn.execute(st.SETTLE, params)
-            if result.rowcount == 0:
+            if st.SETTLE.run(conn, params) == 0:
                 raise ValueError(f"no reservation {reservation.id!r} in this ledger")
 
         try:
@@ -874,7 +875,7 @@ class Ledger:
             "status": int(status),
             "created_at": self._now(),
         }
-        self.write(lambda conn: conn.execute(st.INSERT_REQUEST, row), durable=False, wait=False)
+        self.write(lambda conn: st.INSERT_REQUEST.run(conn, row), durable=False, wait=False)
 
     def audit_log(
         self,

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from budget import schema
+from budget.prepared import Prepared
 from budget.records import AuditEntry, HistoryEntry, Refusal, ReleaseEntry
 from mechanisms.types import PrivacyCost
 
@@ -45,7 +46,7 @@ _HISTORY = (
 )
 
 # The cache lookup runs on every query: built once, bound parameters only.
-_FIND_RELEASE = (
+_FIND = (
     sa.select(_c.release)
     .where(
         _c.kind == "answered",
@@ -55,11 +56,14 @@ _FIND_RELEASE = (
     .order_by(_c.id)
     .limit(1)
 )
-_FIND_RELEASE_OF = _FIND_RELEASE.where(
-    _c.analyst_id
-    == sa.select(t_analysts.c.id)
-    .where(t_analysts.c.name == sa.bindparam("analyst"))
-    .scalar_subquery()
+_FIND_RELEASE = Prepared(_FIND)
+_FIND_RELEASE_OF = Prepared(
+    _FIND.where(
+        _c.analyst_id
+        == sa.select(t_analysts.c.id)
+        .where(t_analysts.c.name == sa.bindparam("analyst"))
+        .scalar_subquery()
+    )
 )
 
 _RELEASES = (
@@ -185,9 +189,9 @@ def find_release(
     """The first answered release with this key and data version (of ``analyst`` or any)."""
     params = {"query_key": query_key, "data_version": data_version}
     if analyst is None:
-        release = conn.execute(_FIND_RELEASE, params).scalar()
+        release = _FIND_RELEASE.scalar(conn, params)
     else:
-        release = conn.execute(_FIND_RELEASE_OF, {**params, "analyst": analyst}).scalar()
+        release = _FIND_RELEASE_OF.scalar(conn, {**params, "analyst": analyst})
     return None if release is None else dict(json.loads(release))
 
 

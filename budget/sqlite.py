@@ -16,6 +16,8 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from budget.prepared import driver_errors
+
 _hooked_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
@@ -36,14 +38,20 @@ def install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
+        # On the driver's connection: these run on every ledger transaction, and
+        # SQLAlchemy's statement path would cost more than SQLite spends on them.
+        raw = conn.connection.dbapi_connection
+        assert raw is not None
         options = conn.get_execution_options()
         if not options.get("dpgate_write", False):
-            conn.exec_driver_sql("BEGIN DEFERRED")
+            with driver_errors(conn.dialect, "BEGIN DEFERRED"):
+                raw.execute("BEGIN DEFERRED")
             return
         # Charges and admin changes are fsynced at commit; outcomes and the request log
         # may ride on the next fsync (a crash of the process loses nothing either way).
         level = synchronous if options.get("dpgate_durable", True) else "NORMAL"
-        if conn.info.get("dpgate_synchronous") != level:
-            conn.exec_driver_sql(f"PRAGMA synchronous = {level}")
-            conn.info["dpgate_synchronous"] = level
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        with driver_errors(conn.dialect, "BEGIN IMMEDIATE"):
+            if conn.info.get("dpgate_synchronous") != level:
+                raw.execute(f"PRAGMA synchronous = {level}")
+                conn.info["dpgate_synchronous"] = level
+            raw.execute("BEGIN IMMEDIATE")
