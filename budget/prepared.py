@@ -51,7 +51,7 @@ def driver_errors(dialect: Dialect, sql: str) -> Iterator[None]:
 class Prepared:
     """One statement, compiled once per dialect, executed on the raw DBAPI cursor."""
 
-    def __init__(self, statement: sa.Executable) -> None:
+    def __init__(self, statement: sa.ClauseElement) -> None:
         self.statement = statement
         self._by_dialect: dict[str, _Compiled] = {}
         self._row_types: dict[tuple[str, ...], Any] = {}
@@ -105,9 +105,9 @@ class Prepared:
             names = tuple(d[0] for d in cursor.description)
         finally:
             cursor.close()
-        row_type = self._row_types.get(names)
+        row_type: Any = self._row_types.get(names)
         if row_type is None:
-            row_type = namedtuple("Row", names, rename=True)  # type: ignore[misc]
+            row_type = namedtuple("Row", names, rename=True)  # type: ignore[misc,no-redef]
             self._row_types[names] = row_type
         return [row_type(*r) for r in raw]
 
