@@ -67,7 +67,7 @@ class Prepared:
             raise ValueError("a Prepared statement cannot hold an expanding IN (...)")
         processors = getattr(c, "_bind_processors", {}) or {}
         named = dialect.paramstyle in ("named", "pyformat")
-        positions = tuple(c.positiontup or ()) if not named else ()
+        positions = tuple(getattr(c, "positiontup", None) or ()) if not named else ()
         compiled = _Compiled(
             sql=str(c),
             names=positions,
