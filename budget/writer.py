@@ -42,6 +42,8 @@ from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection
 
+from budget.prepared import driver_errors
+
 try:  # POSIX only; without it, writers of other processes meet SQLite's busy handler
     import fcntl
 except ImportError:  # pragma: no cover
@@ -198,16 +200,31 @@ class WriteQueue:
 
 
 def _run_in_savepoint(conn: Connection, op: _Op) -> None:
-    """Run one operation of a batch; its error rolls back only its own writes."""
-    savepoint = conn.begin_nested()
+    """Run one operation of a batch; its error rolls back only its own writes.
+
+    The savepoint is the driver's own (``SAVEPOINT``/``RELEASE``/``ROLLBACK TO``, the
+    same SQL on SQLite and PostgreSQL), not SQLAlchemy's ``begin_nested``: a batch runs
+    one per operation, and SQLAlchemy's bookkeeping would cost more than the operation.
+    """
+    raw = conn.connection.dbapi_connection
+    assert raw is not None
+    cursor = raw.cursor()
     try:
-        op.value = op.fn(conn)
-    except Exception as exc:  # reported to its caller, not here
-        savepoint.rollback()
-        op.value = exc
-    else:
-        savepoint.commit()
-        op.ok = True
+        with driver_errors(conn.dialect, "SAVEPOINT"):
+            cursor.execute("SAVEPOINT dpgate_op")
+        try:
+            op.value = op.fn(conn)
+        except Exception as exc:  # reported to its caller, not here
+            with driver_errors(conn.dialect, "ROLLBACK TO SAVEPOINT"):
+                cursor.execute("ROLLBACK TO SAVEPOINT dpgate_op")
+                cursor.execute("RELEASE SAVEPOINT dpgate_op")
+            op.value = exc
+        else:
+            with driver_errors(conn.dialect, "RELEASE SAVEPOINT"):
+                cursor.execute("RELEASE SAVEPOINT dpgate_op")
+            op.ok = True
+    finally:
+        cursor.close()
 
 
 def flush_all() -> None:
