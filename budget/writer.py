@@ -160,29 +160,31 @@ class WriteQueue:
             self._timer = None
 
     def _drive(self, op: _Op | None) -> None:
-        """Queue ``op`` (if any) and wait until it is done, leading batches as needed."""
+        """Queue ``op`` (if any) and wait until it is done, leading batches as needed
+        (without ``op``: until nothing is queued)."""
         with self._cv:
             self._reset_after_fork()
             if op is not None:
                 self._pending.append(op)
-            while True:
-                if op is not None and op.done:
-                    return
-                if not self._leading:
-                    if not self._pending:
-                        return
-                    self._leading = True
-                    batch, self._pending = self._pending[:MAX_BATCH], self._pending[MAX_BATCH:]
-                    break
-                self._cv.wait()
-        try:
-            self._commit(batch)
-        finally:
+        while True:  # queued behind a full batch (or draining): lead or wait again
             with self._cv:
-                self._leading = False
-                self._cv.notify_all()
-        if op is None or not op.done:
-            self._drive(op)  # queued behind a full batch (or draining): lead or wait again
+                while True:
+                    if op is not None and op.done:
+                        return
+                    if not self._leading:
+                        if not self._pending:
+                            return
+                        self._leading = True
+                        batch = self._pending[:MAX_BATCH]
+                        self._pending = self._pending[MAX_BATCH:]
+                        break
+                    self._cv.wait()
+            try:
+                self._commit(batch)
+            finally:
+                with self._cv:
+                    self._leading = False
+                    self._cv.notify_all()
 
     def _commit(self, batch: list[_Op]) -> None:
         try:

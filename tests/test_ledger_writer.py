@@ -154,3 +154,24 @@ def test_an_unawaited_write_rides_on_the_next_batch_or_the_linger_timer(tmp_path
     while db.values() != [1, 2, 3] and time.monotonic() < deadline:
         time.sleep(0.01)  # nobody writes: the linger timer does, without a flush
     assert db.values() == [1, 2, 3] and db.transactions == 2
+
+
+def test_a_long_drain_leads_batch_after_batch_without_recursion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Draining leads one batch after another in a loop: with more consecutive batches
+    than Python's recursion limit, every queued write is still committed (a recursive
+    drain raised RecursionError in the timer thread under sustained load)."""
+    import sys
+
+    import budget.writer as writer
+
+    monkeypatch.setattr(writer, "MAX_BATCH", 2)
+    db = Counted(tmp_path / "w.db")
+    queue = WriteQueue(db.transaction)
+    n = 2 * (sys.getrecursionlimit() + 200)
+    for v in range(n):
+        queue.submit(_insert(v), durable=False)
+    queue.flush()
+    assert db.values() == list(range(n))
+    assert db.transactions >= n // 2
