@@ -71,7 +71,7 @@ def compile_plan(
     """
     keys = [_group_key(k, table, dialect) for k in plan.group_keys]
     where = portable(plan.where, table, dialect) if plan.where is not None else None
-    domain = row_filter(table)
+    domain = _domain_placeholder(table, dialect)
     inputs = [_measure_input(m, table, dialect) for m in plan.measures]
     rows_bound = table.max_rows_per_unit if table.privacy_unit else None
     if unit_unique and rows_bound == 1:
@@ -89,14 +89,52 @@ def compile_plan(
         )
     if keys:
         query = query.group_by(*[exp.column(f"k{i}", quoted=True) for i in range(len(keys))])
+    # The tree is this call's own (no node of the plan is in it), so the generator may
+    # work on it in place: copying it cost a third of compiling.
+    sql = query.sql(dialect=dialect, copy=False)
+    if domain is not None:
+        sql = _with_domain_filter(sql, table, dialect, query)
     return CompiledQuery(
-        # The tree is this call's own (no node of the plan is in it), so the generator
-        # may work on it in place: copying it cost a third of compiling.
-        sql=query.sql(dialect=dialect, copy=False),
+        sql=sql,
         n_keys=len(plan.group_keys),
         n_measures=len(plan.measures),
         has_unit_count=selection,
     )
+
+
+# The domain filter (gateway/domain.py) depends on the table only, yet generating its
+# SQL — an IN list per declared column — was a third of compiling a query. Each
+# statement carries this placeholder column where the filter goes; the filter's own
+# SQL, generated once per table and dialect, then replaces it. The placeholder holds a
+# quote character, which the generator escapes inside any string literal or identifier,
+# so its rendering can appear in a statement only where it was put.
+_DOMAIN_MARK = "dp'domain_filter"
+_domain_sql: dict[tuple[int, str], tuple[TableConfig, str]] = {}
+
+
+def _domain_placeholder(table: TableConfig, dialect: str) -> exp.Expr | None:
+    """The placeholder of ``table``'s domain filter (None: every row is in the domain)."""
+    key = (id(table), dialect)
+    cached = _domain_sql.get(key)
+    if cached is None or cached[0] is not table:
+        condition = row_filter(table)
+        if condition is None:
+            return None
+        cached = (table, exp.Paren(this=condition).sql(dialect=dialect))
+        _domain_sql[key] = cached
+    return exp.column(_DOMAIN_MARK, quoted=True)
+
+
+def _with_domain_filter(sql: str, table: TableConfig, dialect: str, query: exp.Expr) -> str:
+    """``sql`` with the domain filter's SQL in place of its placeholder."""
+    mark = exp.column(_DOMAIN_MARK, quoted=True).sql(dialect=dialect)
+    filter_sql = _domain_sql[(id(table), dialect)][1]
+    if sql.count(mark) != 1:  # e.g. a comment quoting it: generate the filter in place
+        for node in list(query.find_all(exp.Column)):
+            if node.name == _DOMAIN_MARK:
+                node.replace(exp.Paren(this=row_filter(table)))
+        return query.sql(dialect=dialect, copy=False)
+    return sql.replace(mark, filter_sql)
 
 
 def _unbounded(

@@ -164,6 +164,35 @@ def test_a_unique_unit_column_is_recognised_from_the_schema(demo_db: Path) -> No
     assert "ROW_NUMBER" not in sql
 
 
+def test_the_domain_filter_is_generated_once_and_put_only_in_its_place(demo_db: Path) -> None:
+    """The compiler generates each table's domain filter once and puts its SQL where its
+    placeholder is; a string literal (or comment) spelling the placeholder stays as
+    written, and each statement holds the filter exactly once."""
+    from gateway.compile import _DOMAIN_MARK
+    from gateway.domain import row_filter
+
+    config = demo_config(f"sqlite:///{demo_db}")
+    table = config.tables["patients"]
+    condition = row_filter(table)
+    assert condition is not None
+    expected = f"({condition.sql(dialect='sqlite')})"
+    quoted = _DOMAIN_MARK.replace("'", "''")
+    for sql in (
+        "SELECT COUNT(*) FROM patients WHERE age > 30",
+        f"SELECT COUNT(*) FROM patients WHERE city = '\"{quoted}\"'",
+        f"SELECT COUNT(*) FROM patients /* \"{_DOMAIN_MARK}\" */ WHERE city = 'x'",
+    ):
+        plan = analyze(sql, config.tables)
+        assert isinstance(plan, QueryPlan)
+        for _ in range(2):  # the second compile uses the cached filter
+            compiled = compile_plan(plan, table, "sqlite").sql
+            assert compiled.count(expected) == 1, compiled
+            assert f'"{_DOMAIN_MARK}"' not in compiled.replace(f"'\"{quoted}\"'", "")
+    literal = analyze(f"SELECT COUNT(*) FROM patients WHERE city = '\"{quoted}\"'", config.tables)
+    assert isinstance(literal, QueryPlan)
+    assert f"'\"{quoted}\"'" in compile_plan(literal, table, "sqlite").sql
+
+
 # -- read-only and timeouts -----------------------------------------------------------------
 
 
