@@ -35,6 +35,7 @@ from fractions import Fraction
 
 from sqlglot import exp
 
+from gateway import dialects
 from gateway.config import TableConfig
 from gateway.domain import row_filter
 from gateway.plan import GroupKey, Measure, QueryPlan
@@ -91,7 +92,7 @@ def compile_plan(
         query = query.group_by(*[exp.column(f"k{i}", quoted=True) for i in range(len(keys))])
     # The tree is this call's own (no node of the plan is in it), so the generator may
     # work on it in place: copying it cost a third of compiling.
-    sql = query.sql(dialect=dialect, copy=False)
+    sql = query.sql(dialect=dialects.dialect(dialect), copy=False)
     if domain is not None:
         sql = _with_domain_filter(sql, table, dialect, query)
     return CompiledQuery(
@@ -120,20 +121,20 @@ def _domain_placeholder(table: TableConfig, dialect: str) -> exp.Expr | None:
         condition = row_filter(table)
         if condition is None:
             return None
-        cached = (table, exp.Paren(this=condition).sql(dialect=dialect))
+        cached = (table, exp.Paren(this=condition).sql(dialect=dialects.dialect(dialect)))
         _domain_sql[key] = cached
     return exp.column(_DOMAIN_MARK, quoted=True)
 
 
 def _with_domain_filter(sql: str, table: TableConfig, dialect: str, query: exp.Expr) -> str:
     """``sql`` with the domain filter's SQL in place of its placeholder."""
-    mark = exp.column(_DOMAIN_MARK, quoted=True).sql(dialect=dialect)
+    mark = exp.column(_DOMAIN_MARK, quoted=True).sql(dialect=dialects.dialect(dialect))
     filter_sql = _domain_sql[(id(table), dialect)][1]
     if sql.count(mark) != 1:  # e.g. a comment quoting it: generate the filter in place
         for node in list(query.find_all(exp.Column)):
             if node.name == _DOMAIN_MARK:
                 node.replace(exp.Paren(this=row_filter(table)))
-        return query.sql(dialect=dialect, copy=False)
+        return query.sql(dialect=dialects.dialect(dialect), copy=False)
     return sql.replace(mark, filter_sql)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from gateway.audit import AnsweredCell, CountNoise
 from gateway.compile import CompiledQuery
+from gateway.dialects import dialect
 from gateway.plan import Measure, OutputColumn, QueryPlan
 from mechanisms import Noise, QueryCalibration, accuracy, ratio_interval, sample
 
@@ -151,7 +152,9 @@ def _cell(
                 n = calibration.noises[j]
                 noise = CountNoise(n.mechanism, float(n.scale))
     sums = {
-        (m.expression.sql() if m.expression is not None else f"m{j}"): float(_scaled(noisy[j], m))
+        (m.expression.sql(dialect=dialect(None)) if m.expression is not None else f"m{j}"): float(
+            _scaled(noisy[j], m)
+        )
         for j, m in enumerate(plan.measures)
         if m.kind == "sum"
     }

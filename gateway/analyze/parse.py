@@ -12,11 +12,11 @@ from __future__ import annotations
 import difflib
 
 from sqlglot import exp
-from sqlglot.dialects.dialect import Dialect
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
 from gateway.analyze.malformed import check_tokens, syntax_error
+from gateway.dialects import dialect as shared_dialect
 from gateway.errors import SqlSyntaxError, UnsupportedQuery
 
 #: Analysts write PostgreSQL-flavoured SQL: double-quoted identifiers, typed division.
@@ -75,7 +75,7 @@ def parse_select(sql: str) -> exp.Select:
     """Parse ``sql`` into a single SELECT; raise ``SqlSyntaxError`` or ``UnsupportedQuery``."""
     if not sql.strip():
         raise SqlSyntaxError("the query is empty", line=1, column=1)
-    dialect = Dialect.get_or_raise(READ_DIALECT)
+    dialect = shared_dialect(READ_DIALECT)
     try:
         tokens = dialect.tokenize(sql)
     except TokenError as e:
@@ -115,8 +115,10 @@ def _check_first_word(sql: str, tokens: list[Token]) -> None:
     """A statement starts with a keyword; a plain word there is a misspelt one (SELEC)."""
     starts = [t for i, t in enumerate(tokens) if i == 0 or tokens[i - 1].token_type == SEMICOLON]
     for token in starts:
+        if token.token_type != TokenType.VAR:
+            continue
         close = difflib.get_close_matches(token.text.upper(), ("SELECT", "WITH"), 1, 0.75)
-        if token.token_type == TokenType.VAR and close:
+        if close:
             raise syntax_error(sql, token, f"not a keyword (did you mean {close[0]}?)")
 
 

@@ -25,6 +25,7 @@ from gateway.analyze.parse import READ_DIALECT
 from gateway.analyze.resolve import ALLOWED_NODES, resolve_row_expression, resolve_table
 from gateway.analyze.wrapper import OuterQuery, limit_value
 from gateway.config import TableConfig
+from gateway.dialects import dialect
 from gateway.errors import GatewayError, UnsupportedQuery
 from gateway.plan import GroupKey, Measure, OrderKey, OutputColumn, ProbePlan, QueryPlan
 
@@ -47,7 +48,8 @@ class _Builder:
     aggregate_outputs: dict[str, int] = field(default_factory=dict)
 
     def measure(self, m: Measure) -> int:
-        key = f"{m.kind}:{m.expression.sql() if m.expression is not None else ''}"
+        shown = m.expression.sql(dialect=dialect(None)) if m.expression is not None else ""
+        key = f"{m.kind}:{shown}"
         if key in self.measure_keys:
             return self.measure_keys.index(key)
         self.measure_keys.append(key)
@@ -108,13 +110,15 @@ def _replace(out: OutputColumn, **changes: object) -> OutputColumn:
 
 
 def _canonical(node: exp.Expr) -> str:
-    return node.sql(dialect=READ_DIALECT, normalize=True)
+    return node.sql(dialect=dialect(READ_DIALECT), normalize=True)
 
 
 def canonical_sql(select: exp.Expr) -> str:
     """The normalised text of a statement: the cache key and the ledger's record of it."""
-    normalized = normalize_identifiers(select.copy(), dialect=READ_DIALECT)
-    return normalized.sql(dialect=READ_DIALECT, normalize=True, copy=False)  # already a copy
+    normalized = normalize_identifiers(select.copy(), dialect=dialect(READ_DIALECT))
+    return normalized.sql(
+        dialect=dialect(READ_DIALECT), normalize=True, copy=False
+    )  # already a copy
 
 
 def _contains_aggregate(node: exp.Expr) -> bool:
@@ -275,7 +279,7 @@ def _add_select_item(b: _Builder, item: exp.Expr) -> None:
     ):
         raise UnsupportedQuery(f"SELECT * returns rows. {ROWS_HINT}", construct="SELECT *")
     if isinstance(node, AGGREGATES):
-        b.aggregate_output(node, alias or node.sql(dialect=READ_DIALECT), hidden=False)
+        b.aggregate_output(node, alias or node.sql(dialect=dialect(READ_DIALECT)), hidden=False)
         return
     if _contains_aggregate(node):
         raise UnsupportedQuery(
@@ -301,7 +305,7 @@ def _add_select_item(b: _Builder, item: exp.Expr) -> None:
     resolved = resolve_row_expression(node, b.table, b.alias, where="SELECT")
     index = b.find_group(resolved)
     if index is None:
-        shown = node.sql(dialect=READ_DIALECT)
+        shown = node.sql(dialect=dialect(READ_DIALECT))
         raise UnsupportedQuery(
             f"'{shown}' is neither aggregated nor in GROUP BY. {ROWS_HINT}",
             construct="non-aggregated column",
