@@ -5,9 +5,9 @@ arithmetic only), so the three backends hold identical data and the exact answer
 Generation happens inside each database (recursive CTE / ``range`` / ``generate_series``),
 never row by row from Python, and the result is cached:
 
-- SQLite: ``bench/.data/scale_v1_<N>.sqlite``
-- DuckDB: ``bench/.data/scale_v1_<N>.duckdb``
-- PostgreSQL: table ``dpgate_bench_v1_<N>`` in the database of ``DPGATE_BENCH_PG_URL``
+- SQLite: ``bench/.data/scale_v2_<N>.sqlite``
+- DuckDB: ``bench/.data/scale_v2_<N>.duckdb``
+- PostgreSQL: table ``dpgate_bench_v2_<N>`` in the database of ``DPGATE_BENCH_PG_URL``
   (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``)
 
 A database is rebuilt only when its row count is not N.
@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from bench.common import DATA_DIR, log
 
-VERSION = "v1"
+VERSION = "v2"
 PG_URL = os.environ.get("DPGATE_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 BACKENDS = ("sqlite", "duckdb", "postgresql")
 
@@ -40,6 +40,15 @@ EXPRS = {
     "married": "((x * 22695477 + 1) % 4294967291) % 2",
 }
 SELECT_LIST = ", ".join(f"{e} AS {c}" for c, e in EXPRS.items())
+# The declared value lists as CHECK constraints, as a production table would hold its
+# domain: dpgate then reads them from the catalogue and filters nothing on those columns
+# (gateway/constraints.py). v2: v1 tables had none.
+CHECKS = {
+    "sex": " CHECK (sex IN (0, 1))",
+    "educ": f" CHECK (educ IN ({', '.join(str(i) for i in range(1, 17))}))",
+    "race": " CHECK (race IN (1, 2, 3, 4, 5, 6))",
+    "married": " CHECK (married IN (0, 1))",
+}
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,7 @@ def ensure(backend: str, rows: int) -> ScaleTable:
             return t
         log(f"generating {rows:,} rows in {backend} ({t.table}) …")
         started = time.perf_counter()
-        cols = ", ".join(f"{c} BIGINT NOT NULL" for c in EXPRS)
+        cols = ", ".join(f"{c} BIGINT NOT NULL{CHECKS.get(c, '')}" for c in EXPRS)
         with engine.begin() as c:
             c.execute(sa.text(f"DROP TABLE IF EXISTS {t.table}"))
             c.execute(sa.text(f"CREATE TABLE {t.table} ({cols})"))

@@ -45,6 +45,10 @@ class ColumnConfig:
     upper: float | None = None
     values: tuple[Any, ...] | None = None
     nullable: bool | None = None  # None: not declared (the catalogue decides, else True)
+    # The database itself keeps the column inside its declared domain (catalogue NOT NULL
+    # where NULL is outside it, CHECK constraints admitting declared values only), so the
+    # compiled SQL does not filter on it (gateway/constraints.py). Read, never declared.
+    enforced: bool = False
 
     @property
     def may_be_null(self) -> bool:
@@ -580,6 +584,22 @@ def with_nullability(
         known = {c.lower(): n for c, n in catalogue.get(key, {}).items()}
         columns = {
             name: c if c.nullable is not None else replace(c, nullable=known.get(name, True))
+            for name, c in t.columns.items()
+        }
+        out[key] = replace(t, columns=columns)
+    return out
+
+
+def with_enforced_domains(
+    tables: Mapping[str, TableConfig], enforced: Mapping[str, set[str]]
+) -> dict[str, TableConfig]:
+    """``tables`` with the columns whose domain the database enforces (table → columns,
+    from the catalogue) marked ``enforced``."""
+    out: dict[str, TableConfig] = {}
+    for key, t in tables.items():
+        marked = enforced.get(key, set())
+        columns = {
+            name: replace(c, enforced=True) if name in marked else c
             for name, c in t.columns.items()
         }
         out[key] = replace(t, columns=columns)

@@ -44,9 +44,13 @@ def declared_values(col: ColumnConfig) -> tuple[Any, ...] | None:
 
 def row_filter(table: TableConfig) -> exp.Expr | None:
     """The condition every row of ``table`` must meet to be part of any query (None:
-    every row is). Built over quoted column names; the same for every dialect."""
+    every row is). Built over quoted column names; the same for every dialect. A column
+    whose domain the database enforces (``enforced``, read from its catalogue) needs no
+    condition: every row already meets it."""
     parts: list[exp.Expr] = []
     for name, col in table.columns.items():
+        if col.enforced:  # the database keeps it in its domain (gateway/constraints.py)
+            continue
         column = exp.column(name, quoted=True)
         values = declared_values(col)
         if values is not None:

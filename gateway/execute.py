@@ -31,6 +31,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from gateway.config import TableConfig
+from gateway.constraints import enforced_columns
+from gateway.domain import declared_values
 from gateway.errors import DatabaseUnavailable
 
 log = logging.getLogger("dpgate.execute")
@@ -79,6 +81,13 @@ def open_protected_engine(url: str, *, statement_timeout_ms: int) -> sa.Engine:
         options = (
             f"-c default_transaction_read_only=on -c statement_timeout={int(statement_timeout_ms)}"
         )
+        # The URL's own options (a search_path, say) are kept: connect_args would replace
+        # them, so they go first and dpgate's after them (a later -c wins).
+        own = parsed.query.get("options")
+        if own:
+            own_text = own if isinstance(own, str) else " ".join(own)
+            options = f"{own_text} {options}"
+            parsed = parsed.difference_update_query(["options"])
         return sa.create_engine(
             parsed, connect_args={"options": options}, pool_pre_ping=True, pool_size=4
         )
@@ -357,6 +366,96 @@ def _duckdb_nullability(
             if rows:
                 out[key] = {str(name).lower(): bool(nullable) for name, nullable in rows}
     return out
+
+
+def domains_enforced_by_schema(
+    engine: sa.Engine, tables: Mapping[str, TableConfig]
+) -> dict[str, set[str]]:
+    """Per table, the declared columns whose domain the database itself enforces: NOT
+    NULL in the catalogue where the declared domain has no NULL, and CHECK constraints
+    that admit only declared values (``gateway/constraints.py``). The compiled SQL then
+    leaves them out of its domain filter. Read once, at start-up, from the catalogue
+    (constraint and column metadata, never rows); anything unreadable keeps the filter.
+    """
+    out: dict[str, set[str]] = {}
+    dialect = sqlglot_dialect(engine)
+    try:
+        for key, t in tables.items():
+            facts = (
+                _duckdb_column_facts(engine, t)
+                if engine.dialect.name == "duckdb"
+                else _column_facts(engine, t)
+            )
+            if facts is None:
+                continue
+            catalogue, checks = facts
+            declared = {name: (declared_values(c), c.may_be_null) for name, c in t.columns.items()}
+            out[key] = enforced_columns(declared, catalogue, checks, dialect)
+    except (sa.exc.SQLAlchemyError, NotImplementedError):
+        log.warning("could not read the protected database's constraints; filtering in SQL")
+    return out
+
+
+_Facts = tuple[dict[str, tuple[bool, bool, bool]], list[str]]
+
+
+def _column_facts(engine: sa.Engine, t: TableConfig) -> _Facts | None:
+    """(column → (NOT NULL, integral storage, boolean storage), CHECK texts) through
+    SQLAlchemy's reflection. SQLite's column types are affinities: 1.5 fits in an
+    INTEGER column, so no SQLite column counts as integral."""
+    inspector = sa.inspect(engine)
+    if not inspector.has_table(t.sql_name, schema=t.schema):
+        return None
+    pk = inspector.get_pk_constraint(t.sql_name, schema=t.schema)
+    keys = {str(c).lower() for c in pk.get("constrained_columns") or []}
+    sqlite = engine.dialect.name == "sqlite"
+    catalogue = {}
+    for c in inspector.get_columns(t.sql_name, schema=t.schema):
+        name = str(c["name"]).lower()
+        ctype = c["type"]
+        not_null = not c.get("nullable", True) or (name in keys and not sqlite)
+        integral = isinstance(ctype, sa.Integer) and not sqlite
+        boolean = isinstance(ctype, sa.Boolean) and not sqlite
+        catalogue[name] = (not_null, integral, boolean)
+    checks = [str(c["sqltext"]) for c in inspector.get_check_constraints(t.sql_name, t.schema)]
+    return catalogue, checks
+
+
+_DUCKDB_INTEGERS = (
+    "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT",
+    "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT",
+)  # fmt: skip
+
+
+def _duckdb_column_facts(engine: sa.Engine, t: TableConfig) -> _Facts | None:
+    """The same from DuckDB's catalogue functions (its dialect reflects no CHECKs)."""
+    schema = t.schema or "main"
+    with engine.connect() as conn:
+        columns = conn.execute(
+            sa.text(
+                "SELECT column_name, is_nullable, data_type FROM duckdb_columns() "
+                "WHERE table_name = :t AND schema_name = :s"
+            ),
+            {"t": t.sql_name, "s": schema},
+        ).fetchall()
+        checks = conn.execute(
+            sa.text(
+                "SELECT expression FROM duckdb_constraints() "
+                "WHERE table_name = :t AND schema_name = :s AND constraint_type = 'CHECK'"
+            ),
+            {"t": t.sql_name, "s": schema},
+        ).fetchall()
+    if not columns:
+        return None
+    catalogue = {
+        str(name).lower(): (
+            not nullable,
+            str(dtype).upper() in _DUCKDB_INTEGERS,
+            str(dtype).upper() == "BOOLEAN",
+        )
+        for name, nullable, dtype in columns
+    }
+    return catalogue, [str(e) for (e,) in checks if e]
 
 
 def ping(engine: sa.Engine) -> bool:

@@ -40,11 +40,12 @@ from gateway.audit_policy import AuditPolicy
 from gateway.catalog import public_schema
 from gateway.charges import Charges
 from gateway.compile import CompiledQuery, compile_plan
-from gateway.config import Config, with_nullability
+from gateway.config import Config, with_enforced_domains, with_nullability
 from gateway.dry_run import dry_run
 from gateway.errors import DatabaseUnavailable, Forbidden, GatewayError
 from gateway.execute import (
     StatementFailed,
+    domains_enforced_by_schema,
     nullability_by_schema,
     open_protected_engine,
     ping,
@@ -90,7 +91,10 @@ class Gateway:
         self.dialect = sqlglot_dialect(self.engine)
         # undeclared ``nullable:`` comes from the catalogue (gateway/domain.py)
         nullable = nullability_by_schema(self.engine, config.tables)
-        self.config = config = replace(config, tables=with_nullability(config.tables, nullable))
+        tables = with_nullability(config.tables, nullable)
+        # columns the database keeps in their domain need no filter (gateway/constraints.py)
+        tables = with_enforced_domains(tables, domains_enforced_by_schema(self.engine, tables))
+        self.config = config = replace(config, tables=tables)
         self.unique_units = units_unique_by_schema(self.engine, config.tables)
         self.ledger = ledger or budget.Ledger.from_url(
             config.ledger.url, **config.privacy.ledger_options()
