@@ -145,3 +145,73 @@ def ratio_interval(num: int, num_noise: Noise, den: int, den_noise: Noise) -> tu
     lo = min(s_lo / c_lo, s_lo / c_hi)
     hi = max(s_hi / c_lo, s_hi / c_hi)
     return (lo, hi)
+
+
+# -- sums of independent noises (nested aggregation) ---------------------------------------
+
+# The Chernoff bound's λ is searched on this many points of a golden-section search.
+_CHERNOFF_STEPS = 200
+
+
+def sum_accuracy(noise: Noise, k: int) -> Accuracy:
+    """Standard deviation and a 95% half-width for the sum of ``k`` independent draws of
+    ``noise`` (a SUM, over released rows, of k values each noised once).
+
+    Guarantee: stddev is exact (variances of independent noises add: √k·σ₁). The half-width
+    h satisfies P(|X₁+…+X_k| ≤ h) ≥ 0.95; for k = 1 it is the exact one of ``accuracy``,
+    for k > 1 the smaller of two valid bounds: the union bound (each |Xᵢ| within its
+    1 − 0.05/k half-width, so the sum within k times that) and a Chernoff bound — the
+    discrete Gaussian is σ-subgaussian, E[e^{λX}] ≤ e^{λ²σ²/2} (Canonne, Kamath, Steinke
+    2020, Cor. 9), giving h = σ·√(2k·ln 40); the discrete Laplace with q = e^{−1/t} has
+    E[e^{λX}] = (1−q)²/((1−qe^λ)(1−qe^{−λ})) for |λ| < 1/t, and P(|S| ≥ h) ≤
+    2·min_λ e^{−λh}·E[e^{λX}]^k. Conservative (wider than the exact 95% interval), never
+    narrower. A function of public noise parameters and of k (a count of released rows),
+    so free post-processing under add/remove-one-unit DP.
+    """
+    if k < 1:
+        raise ValueError("a sum of noises needs k ≥ 1")
+    one = accuracy(noise)
+    if k == 1:
+        return one
+    stddev = math.sqrt(k) * one.stddev
+    union = k * halfwidth(noise, 1 - 0.05 / k)
+    if noise.mechanism == "gaussian":
+        chernoff = math.sqrt(_sigma2(noise)) * math.sqrt(2 * k * math.log(40))
+    else:
+        chernoff = _laplace_sum_chernoff(float(noise.scale), k, 0.05)
+    return Accuracy(stddev, float(min(union, math.ceil(chernoff))))
+
+
+def _laplace_sum_chernoff(scale: float, k: int, tail: float) -> float:
+    """Smallest h (to within 1e-9 relative) with 2·min_λ e^{−λh}·M(λ)^k ≤ tail, M the
+    discrete Laplace moment generating function."""
+    log_q = -1 / scale
+    one_minus_q = -math.expm1(log_q)
+
+    def log_bound(h: float) -> float:
+        def g(lam: float) -> float:  # convex in λ on (0, 1/t)
+            m = 2 * math.log(one_minus_q) - math.log1p(-math.exp(log_q + lam))
+            m -= math.log1p(-math.exp(log_q - lam))
+            return -lam * h + k * m
+
+        lo, hi = 0.0, (1 / scale) * (1 - 1e-12)
+        ratio = (math.sqrt(5) - 1) / 2
+        for _ in range(_CHERNOFF_STEPS):
+            a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+            if g(a) < g(b):
+                hi = b
+            else:
+                lo = a
+        return math.log(2) + g((lo + hi) / 2)
+
+    target = math.log(tail)
+    lo, hi = 0.0, 1.0
+    while log_bound(hi) > target:
+        hi *= 2
+    while hi - lo > 1e-9 * hi:
+        mid = (lo + hi) / 2
+        if log_bound(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
