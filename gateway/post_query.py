@@ -39,7 +39,7 @@ def run_post_query(planned: PlannedQuery, release: Release) -> Release:
     plan = planned.plan
     post = plan.post_query
     assert post is not None
-    note = {
+    note: dict[str, Any] = {
         "inner_sql": plan.canonical_sql,
         "note": (
             "computed by dpgate from the released answer of the inner query, which is what "
@@ -135,4 +135,3 @@ def _per_row(
         "ci95_halfwidth_per_row": halfwidths,
         "ci95_intervals": intervals,
     }
-

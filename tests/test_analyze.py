@@ -49,9 +49,8 @@ def test_supported(case: dict[str, Any], demo_config: Config) -> None:
     if "post" in case:  # nested aggregation: the outer query's columns and accuracy rule
         assert plan.post_query is not None
         post = plan.post_query
-        assert [
-            f"{name}:{rule.kind}" for (name, _), rule in zip(post.columns, post.accuracy)
-        ] == case["post"]
+        pairs = zip(post.columns, post.accuracy, strict=True)
+        assert [f"{name}:{rule.kind}" for (name, _), rule in pairs] == case["post"]
     elif "inner_sql" not in case:
         assert plan.post_query is None
     if "inner_sql" in case:  # what is charged, audited and cached: the inner query alone

@@ -433,7 +433,7 @@ def test_a_chart_over_a_virtual_dataset_through_sqlalchemy_costs_the_dataset_que
     # Another chart over the same dataset (AVG, filtered) is free.
     with engine.connect() as conn:
         by_sex = conn.exec_driver_sql(
-            f"SELECT sex AS sex, AVG(n) AS \"AVG(n)\" FROM ({inner}) AS virtual_table "
+            f'SELECT sex AS sex, AVG(n) AS "AVG(n)" FROM ({inner}) AS virtual_table '
             "WHERE disease IN ('Crohn', 'Influenza') GROUP BY sex ORDER BY sex LIMIT 10000"
         ).all()
     assert [r[0] for r in by_sex] == ["F", "M"]

@@ -195,7 +195,8 @@ def _is_bi_wrapper(select: exp.Select) -> bool:
             return False  # ordering over a cut subquery: the post-query gets it right
         for ordered in order.expressions:
             node = ordered.this
-            if not (isinstance(node, exp.Column) or (isinstance(node, exp.Literal) and node.is_int)):
+            positional = isinstance(node, exp.Literal) and node.is_int
+            if not (isinstance(node, exp.Column) or positional):
                 return False
     return True
 
@@ -280,9 +281,7 @@ def bind_post_query(nested: NestedQuery, plan: QueryPlan) -> PostQuery:
     # Rows chosen or grouped by noisy values: a SUM over them is not a sum of
     # independent, centred noises any more.
     grouping = [_group_item(g, outer) for g in (group.expressions if group else [])]
-    selection_by_noise = bool(where is not None and noisy(where)) or any(
-        noisy(g) for g in grouping
-    )
+    selection_by_noise = bool(where is not None and noisy(where)) or any(noisy(g) for g in grouping)
     inner_cut = plan.having is not None or plan.limit is not None or bool(plan.offset)
     rows_exact = not inner_cut and not plan.needs_partition_selection and not selection_by_noise
     aggregated = bool(group) or any(
@@ -291,7 +290,7 @@ def bind_post_query(nested: NestedQuery, plan: QueryPlan) -> PostQuery:
     # Unnamed items are named by their text, as the inner query's are ("SUM(n)").
     items = [
         item
-        if isinstance(item, exp.Alias) or isinstance(item, exp.Column)
+        if isinstance(item, exp.Alias | exp.Column)
         else exp.alias_(item, item.sql(dialect=READ_DIALECT), quoted=True)
         for item in outer.expressions
     ]
