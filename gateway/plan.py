@@ -116,6 +116,14 @@ class QueryPlan:
     def visible_outputs(self) -> tuple[OutputColumn, ...]:
         return tuple(o for o in self.outputs if not o.hidden)
 
+    @property
+    def result_columns(self) -> tuple[tuple[str, ValueType], ...]:
+        """(name, type) of what the analyst receives: the outer query's columns for a
+        nested aggregation, else the visible outputs."""
+        if self.post_query is not None:
+            return self.post_query.columns
+        return tuple((o.name, o.type) for o in self.visible_outputs)
+
 
 # -- nested aggregation ----------------------------------------------------------------
 
