@@ -227,6 +227,23 @@ def test_evaluations_do_not_see_each_other() -> None:
     assert rows == [(0,)]
 
 
+def test_a_time_grain_over_a_date_key_runs_as_superset_writes_it() -> None:
+    """Superset's month grain over a date group key (PostgreSQL spelling, transpiled the
+    way ``gateway.analyze.nested`` does): dates in, ISO dates out."""
+    import datetime
+
+    import sqlglot
+
+    sql = sqlglot.parse_one(
+        "SELECT DATE_TRUNC('month', d) AS m, SUM(n) AS s FROM released GROUP BY 1 ORDER BY 1",
+        read="postgres",
+    ).sql(dialect="duckdb")
+    rows = [("2024-01-05", 3), (datetime.date(2024, 1, 20), 4), ("2024-02-01", 5)]
+    columns, out = evaluate(sql, [("d", "date"), ("n", "integer")], rows)
+    assert columns == (("m", "date"), ("s", "integer"))
+    assert out == [("2024-01-01", 7), ("2024-02-01", 5)]
+
+
 # --- accuracy of a sum of k noises: at least 95% coverage ---------------------------------
 
 
