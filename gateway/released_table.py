@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import duckdb
+import numpy as np
 
 from gateway.plan import ValueType
 
@@ -40,11 +41,14 @@ _SETTINGS = (
     "SET enable_external_access = false",
     "SET autoinstall_known_extensions = false",
     "SET autoload_known_extensions = false",
+    # No Python variable is readable as a table by its name: only what is registered.
+    "SET python_enable_replacements = false",
     # x / 0 is NULL (or ±inf for reals, released as NULL), not an error: a division in
     # a dashboard's metric should not fail on one noisy zero.
     "SET error_on_division_by_zero = false",
     "SET lock_configuration = true",
 )
+_SOURCE = "dpgate_released_rows"
 _base: duckdb.DuckDBPyConnection | None = None
 _base_lock = threading.Lock()
 
@@ -77,8 +81,18 @@ def evaluate(
         spec = ", ".join(f"{_quote(name)} {_DUCKDB_TYPES[vtype]}" for name, vtype in columns)
         conn.execute(f"CREATE TEMP TABLE {TABLE} ({spec})")
         if rows:
-            marks = ", ".join("?" for _ in columns)
-            conn.executemany(f"INSERT INTO {TABLE} VALUES ({marks})", [list(r) for r in rows])
+            # The rows go in as columns of Python objects (NULLs kept), cast to the
+            # declared types by DuckDB: one statement, whatever the number of rows.
+            source = {
+                f"c{i}": np.array([_stored_value(r[i], vtype) for r in rows], dtype=object)
+                for i, (_, vtype) in enumerate(columns)
+            }
+            conn.register(_SOURCE, source)
+            casts = ", ".join(
+                f"CAST(c{i} AS {_DUCKDB_TYPES[vtype]})" for i, (_, vtype) in enumerate(columns)
+            )
+            conn.execute(f"INSERT INTO {TABLE} SELECT {casts} FROM {_SOURCE}")
+            conn.unregister(_SOURCE)
         result = conn.sql(sql)
         if result is None:  # pragma: no cover - the analyzer only lets SELECTs through
             raise OuterQueryFailed("the outer query returned no result")
@@ -111,6 +125,21 @@ def _value_type(duckdb_type: str) -> ValueType:
     if upper in ("FLOAT", "DOUBLE", "REAL") or upper.startswith("DECIMAL"):
         return "real"
     return "text"
+
+
+def _stored_value(value: Any, vtype: ValueType) -> Any:
+    """One Python type per column, so DuckDB's look at a sample of it cannot mislead it."""
+    if value is None:
+        return None
+    if vtype == "date":  # ISO text: DuckDB casts it exactly (date and datetime alike)
+        return value.isoformat() if isinstance(value, datetime.date) else str(value)
+    if vtype == "real":
+        return float(value)
+    if vtype == "integer":
+        return int(value)
+    if vtype == "boolean":
+        return bool(value)
+    return str(value)
 
 
 def _json_value(value: Any) -> Any:
