@@ -232,6 +232,18 @@ def test_evaluations_do_not_see_each_other() -> None:
     assert rows == [(0,)]
 
 
+def test_concurrent_evaluations_keep_their_own_rows() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def total(i: int) -> Any:
+        rows = [(i,)] * (50 + i)
+        return evaluate("SELECT SUM(n) FROM released", [("n", "integer")], rows)[1][0][0]
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(total, range(64)))
+    assert results == [i * (50 + i) for i in range(64)]
+
+
 def test_a_time_grain_over_a_date_key_runs_as_superset_writes_it() -> None:
     """Superset's month grain over a date group key (PostgreSQL spelling, transpiled the
     way ``gateway.analyze.nested`` does): dates in, ISO dates out."""
