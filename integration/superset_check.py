@@ -63,6 +63,21 @@ with app.test_client() as client:
     token = login.get_json()["access_token"]
     headers = {"Authorization": f"Bearer {token}"}
 
+    def chart_data(dataset_id: int, query: dict[str, Any], result_type: str) -> Any:
+        """One chart's data through Superset's own query path (QueryContext →
+        SqlaTable.get_sqla_query → dpgate dialect → DB-API cursor)."""
+        return client.post(
+            "/api/v1/chart/data",
+            json={
+                "datasource": {"id": dataset_id, "type": "table"},
+                "force": True,
+                "queries": [query],
+                "result_format": "json",
+                "result_type": result_type,
+            },
+            headers=headers,
+        )
+
     step(
         "test connection",
         client.post(
@@ -127,17 +142,7 @@ with app.test_client() as client:
         for result_type in ("query", "full"):
             step(
                 f"bar chart COUNT(*) BY disease (chart/data, result_type={result_type})",
-                client.post(
-                    "/api/v1/chart/data",
-                    json={
-                        "datasource": {"id": ds_id, "type": "table"},
-                        "force": True,
-                        "queries": [query],
-                        "result_format": "json",
-                        "result_type": result_type,
-                    },
-                    headers=headers,
-                ),
+                chart_data(ds_id, query, result_type),
             )
     if ds_id is not None:
         step(
@@ -208,17 +213,7 @@ with app.test_client() as client:
             for result_type in ("query", "full"):
                 body = step(
                     f"{name} (chart/data, result_type={result_type})",
-                    client.post(
-                        "/api/v1/chart/data",
-                        json={
-                            "datasource": {"id": vds_id, "type": "table"},
-                            "force": True,
-                            "queries": [query],
-                            "result_format": "json",
-                            "result_type": result_type,
-                        },
-                        headers=headers,
-                    ),
+                    chart_data(vds_id, query, result_type),
                 )
                 result = (body.get("result") or [{}])[0] if isinstance(body, dict) else {}
                 if result_type == "query":

@@ -31,6 +31,7 @@ from sqlglot import exp
 
 from gateway.analyze.aggregates import AGGREGATES
 from gateway.analyze.parse import READ_DIALECT
+from gateway.analyze.resolve import ALLOWED_NODES
 from gateway.errors import UnknownColumn, UnsupportedQuery
 from gateway.plan import OutputColumn, PostAccuracy, PostQuery, QueryPlan
 from gateway.released_table import TABLE, OuterQueryFailed, evaluate
@@ -48,8 +49,11 @@ _REFUSED_CLAUSES = {
     "locks": "FOR UPDATE",
     "into": "INTO",
 }
+# Row expressions dpgate accepts anywhere (``resolve.ALLOWED_NODES``: arithmetic,
+# comparisons, CASE, CAST, COALESCE, rounding, text functions), plus the clauses of a
+# query, a few functions of released values and the aggregates.
 _ALLOWED = (
-    # structure
+    *ALLOWED_NODES,
     exp.Select,
     exp.From,
     exp.Where,
@@ -60,60 +64,17 @@ _ALLOWED = (
     exp.Limit,
     exp.Offset,
     exp.Alias,
-    exp.Column,
-    exp.Identifier,
     exp.Star,
     exp.TableAlias,
     exp.Distinct,
-    exp.Literal,
-    exp.Boolean,
-    exp.Null,
-    exp.Paren,
-    exp.DataType,
     exp.DataTypeParam,
-    exp.Var,
-    # scalar expressions over the released columns
-    exp.And,
-    exp.Or,
-    exp.Not,
-    exp.EQ,
-    exp.NEQ,
-    exp.GT,
-    exp.GTE,
-    exp.LT,
-    exp.LTE,
-    exp.Add,
-    exp.Sub,
-    exp.Mul,
-    exp.Div,
-    exp.IntDiv,
-    exp.Mod,
-    exp.Neg,
-    exp.Between,
-    exp.In,
-    exp.Is,
-    exp.Like,
-    exp.ILike,
-    exp.Case,
-    exp.If,
-    exp.Coalesce,
-    exp.Nullif,
-    exp.Cast,
     exp.TryCast,
-    exp.Abs,
-    exp.Round,
-    exp.Floor,
-    exp.Ceil,
+    exp.Nullif,
     exp.Greatest,
     exp.Least,
-    exp.Lower,
-    exp.Upper,
-    exp.DPipe,
-    exp.Concat,
     exp.DateTrunc,
     exp.TimestampTrunc,
     exp.Extract,
-    # aggregates of released values
     exp.Sum,
     exp.Count,
     exp.Avg,
