@@ -299,3 +299,22 @@ def test_the_sum_half_width_is_exact_where_the_support_is_small() -> None:
     for noise in (Noise("laplace", Fraction(10)), Noise("gaussian", Fraction(10), Fraction(100))):
         acc = sum_accuracy(noise, 50)
         assert acc.ci95_halfwidth <= 1.02 * 1.96 * acc.stddev
+
+
+def test_a_nested_answer_matches_the_documented_release_schema(
+    ask: Ask, client: Any, auth: dict[str, str]
+) -> None:
+    from tests.test_openapi import validator
+
+    spec = client.get("/openapi.json").get_json()
+    schema = spec["paths"]["/v1/query"]["post"]["responses"]["200"]["content"]["application/json"][
+        "schema"
+    ]
+    status, body = ask(
+        f"SELECT department, SUM(n) AS total, MAX(n) AS top FROM ({INNER}) AS t "
+        "GROUP BY department",
+        epsilon=0.5,
+    )
+    assert status == 200 and body["accuracy"]["top"] is None
+    assert [str(e) for e in validator(spec, schema).iter_errors(body)] == []
+    assert "post_processing" in spec["components"]["schemas"]["Release"]["properties"]
