@@ -8,7 +8,8 @@ mechanism), ``planning`` (plan cache, calibration, cache key), ``identity`` with
 ``answer_cache`` (who is asking, and a release they may reuse, in one read),
 ``audit_policy`` (``audit.mode``, scope locks, pre- and post-audit), ``charges`` (reserve,
 outcome, refund; the ledger's errors), ``compile`` and ``execute``, ``noising``,
-``postprocess``, ``release``.
+``postprocess``, ``release``; a nested aggregation's outer query runs last, on the
+inner query's release (``post_query``).
 
 Invariants kept here (docs/design.md): nothing computed from protected rows leaves
 except as a noisy value whose cost was durably reserved in the ledger first (1); every
@@ -57,6 +58,7 @@ from gateway.identity import Principal, identify
 from gateway.noising import add_noise, selection_note
 from gateway.plan import ProbePlan, QueryRequest
 from gateway.planning import PLAN_CACHE_SIZE, PlannedQuery, Planner
+from gateway.post_query import run_post_query
 from gateway.postprocess import finish
 from gateway.release import NO_PRIVACY_SPENT, ColumnInfo, Release, privacy_spent
 from gateway.request import check_request
@@ -156,8 +158,8 @@ class Gateway:
         if not request.dry_run:
             cached = self.cache.lookup(analyst, planned)
             if cached is not None:
-                return cached
-        return self._answer(analyst, planned)
+                return _post_process(planned, cached)
+        return _post_process(planned, self._answer(analyst, planned))
 
     def answer(
         self,
@@ -190,8 +192,8 @@ class Gateway:
         if isinstance(planned, ProbePlan):
             return principal, self._probe(self.charges.status(principal.name), planned)
         if lookup.release is not None and lookup.budget is not None:
-            return principal, self.cache.hit(lookup.release, lookup.budget)
-        return principal, self._answer(principal.name, planned)
+            return principal, _post_process(planned, self.cache.hit(lookup.release, lookup.budget))
+        return principal, _post_process(planned, self._answer(principal.name, planned))
 
     def _answer(self, analyst: str, planned: PlannedQuery) -> Release:
         """A planned request that is not in the cache: a dry run, or the data's turn."""
@@ -312,6 +314,14 @@ class Gateway:
             privacy=NO_PRIVACY_SPENT,
             budget=status,
         )
+
+
+def _post_process(planned: PlannedQuery, release: Release) -> Release:
+    """A nested aggregation's outer query, run on the (inner) release just obtained —
+    fresh, cached or a dry run; post-processing of noisy values only."""
+    if planned.plan.post_query is None:
+        return release
+    return run_post_query(planned, release)
 
 
 def _selection_extra(planned: PlannedQuery, rows: int | None) -> dict[str, Any]:

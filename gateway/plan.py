@@ -105,6 +105,8 @@ class QueryPlan:
     limit: int | None
     offset: int
     canonical_sql: str
+    # Nested aggregation: an outer query run on this plan's released rows (see PostQuery).
+    post_query: PostQuery | None = None
 
     @property
     def needs_partition_selection(self) -> bool:
@@ -113,6 +115,57 @@ class QueryPlan:
     @property
     def visible_outputs(self) -> tuple[OutputColumn, ...]:
         return tuple(o for o in self.outputs if not o.hidden)
+
+    @property
+    def result_columns(self) -> tuple[tuple[str, ValueType], ...]:
+        """(name, type) of what the analyst receives: the outer query's columns for a
+        nested aggregation, else the visible outputs."""
+        if self.post_query is not None:
+            return self.post_query.columns
+        return tuple((o.name, o.type) for o in self.visible_outputs)
+
+
+# -- nested aggregation ----------------------------------------------------------------
+
+PostAccuracyKind = Literal["exact", "inherit", "sum", "avg", "rows", "unknown"]
+
+
+@dataclass(frozen=True)
+class PostAccuracy:
+    """How accurate one column of a post-query's result is, from the inner noise alone.
+
+    - ``exact``: computed from group keys and literals only (no noise; no entry);
+    - ``inherit``: a count or sum column of the inner query passed through unchanged;
+    - ``sum`` / ``avg``: SUM / AVG of the inner noisy column ``inner`` over the rows
+      counted by the hidden result column ``rows_column`` (independent noises add);
+    - ``rows``: COUNT of released inner rows, exact when which rows exist is public;
+    - ``unknown``: anything else over noisy values (MIN, MAX, expressions…): reported
+      as null rather than guessed.
+    """
+
+    kind: PostAccuracyKind
+    inner: int | None = None  # index into the inner plan's outputs
+    rows_column: int | None = None  # index into the post-query's result row
+
+
+@dataclass(frozen=True)
+class PostQuery:
+    """The outer query of ``SELECT … FROM (<aggregate query>) AS t …`` (nested
+    aggregation): post-processing run on the inner query's released (noisy) rows only,
+    never on the protected database, so it costs nothing more.
+
+    ``sql`` is DuckDB SQL over one table, ``released``, whose columns are
+    ``inner_columns`` (the inner plan's visible outputs, in order); its result has the
+    ``columns`` the analyst sees, then ``hidden`` helper columns (row counts for the
+    accuracy of SUM and AVG). ``accuracy`` has one entry per visible column.
+    """
+
+    sql: str
+    inner_columns: tuple[tuple[str, ValueType], ...]
+    columns: tuple[tuple[str, ValueType], ...]
+    accuracy: tuple[PostAccuracy, ...]
+    hidden: int
+    rows_exact: bool  # which inner rows exist is public (declared keys, no HAVING/LIMIT)
 
 
 @dataclass(frozen=True)

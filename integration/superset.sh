@@ -15,8 +15,9 @@
 # the dpgate demo and serve it on a free port → initialise Superset (SQLite metadata) →
 # run integration/superset_check.py: test connection, register dpgate by URL, list
 # schemas/tables, read table metadata, create a dataset, run a bar-chart GROUP BY via
-# /api/v1/chart/data and an aggregate via SQL Lab. The SQL Superset sent is printed from
-# the dpgate_client debug log and dpgate's own request history.
+# /api/v1/chart/data, create a virtual (SQL-defined) dataset and chart SUM/AVG over it
+# (nested aggregation), and an aggregate via SQL Lab. The SQL Superset sent is printed
+# from the dpgate_client debug log and dpgate's own request history.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

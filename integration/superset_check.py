@@ -10,10 +10,13 @@ What it does, as a user would in the UI:
   5. runs a bar-chart query (COUNT(*) by disease, ordered, row limit) through
      ``POST /api/v1/chart/data`` — Superset's own query path (QueryContext →
      SqlaTable.get_sqla_query → dpgate dialect → DB-API cursor),
-  6. runs an aggregate through SQL Lab (``POST /api/v1/sqllab/execute/``), and a
+  6. creates a virtual dataset (defined by an aggregate SQL query) and charts SUM(n)
+     and AVG(n) over it — the nested aggregation Superset generates for virtual
+     datasets, answered as post-processing of the dataset query's release,
+  7. runs an aggregate through SQL Lab (``POST /api/v1/sqllab/execute/``), and a
      row-level ``SELECT *`` that dpgate must refuse, showing what the user sees,
 and writes every response (plus the SQL Superset generated) to REPORT_JSON.
-Exit status 0 only if steps 1–5 succeed.
+Exit status 0 only if steps 1–6 succeed.
 """
 
 from __future__ import annotations
@@ -59,6 +62,21 @@ with app.test_client() as client:
     )
     token = login.get_json()["access_token"]
     headers = {"Authorization": f"Bearer {token}"}
+
+    def chart_data(dataset_id: int, query: dict[str, Any], result_type: str) -> Any:
+        """One chart's data through Superset's own query path (QueryContext →
+        SqlaTable.get_sqla_query → dpgate dialect → DB-API cursor)."""
+        return client.post(
+            "/api/v1/chart/data",
+            json={
+                "datasource": {"id": dataset_id, "type": "table"},
+                "force": True,
+                "queries": [query],
+                "result_format": "json",
+                "result_type": result_type,
+            },
+            headers=headers,
+        )
 
     step(
         "test connection",
@@ -124,17 +142,7 @@ with app.test_client() as client:
         for result_type in ("query", "full"):
             step(
                 f"bar chart COUNT(*) BY disease (chart/data, result_type={result_type})",
-                client.post(
-                    "/api/v1/chart/data",
-                    json={
-                        "datasource": {"id": ds_id, "type": "table"},
-                        "force": True,
-                        "queries": [query],
-                        "result_format": "json",
-                        "result_type": result_type,
-                    },
-                    headers=headers,
-                ),
+                chart_data(ds_id, query, result_type),
             )
     if ds_id is not None:
         step(
@@ -154,6 +162,68 @@ with app.test_client() as client:
             refusal=True,
         )
         print("  samples pane shows:", json.dumps(samples, ensure_ascii=False)[:400])
+    # A virtual dataset (defined by SQL) and a chart over it: Superset wraps the
+    # dataset's SQL as a subquery and aggregates over it (nested aggregation). dpgate
+    # answers (and charges) the dataset's query once; the charts are post-processing.
+    virtual = step(
+        "create virtual dataset (SQL: disease, sex, COUNT(*) AS n FROM patients)",
+        client.post(
+            "/api/v1/dataset/",
+            json={
+                "database": db_id,
+                "schema": "main",
+                "table_name": "patients_by_disease_sex",
+                "sql": "SELECT disease, sex, COUNT(*) AS n FROM patients GROUP BY disease, sex",
+            },
+            headers=headers,
+        ),
+    )
+    vds_id = virtual.get("id") if isinstance(virtual, dict) else None
+    if vds_id is not None:
+        sum_n = {
+            "expressionType": "SIMPLE",
+            "column": {"column_name": "n", "type": "INTEGER"},
+            "aggregate": "SUM",
+            "label": "SUM(n)",
+        }
+        charts = {
+            "bar chart SUM(n) BY disease over the virtual dataset": {
+                "columns": ["disease"],
+                "metrics": [sum_n],
+                "orderby": [[sum_n, False]],
+                "row_limit": 10000,
+            },
+            "bar chart SUM(n), AVG(n) BY sex over the virtual dataset, filtered": {
+                "columns": ["sex"],
+                "metrics": [
+                    sum_n,
+                    {
+                        "expressionType": "SIMPLE",
+                        "column": {"column_name": "n", "type": "INTEGER"},
+                        "aggregate": "AVG",
+                        "label": "AVG(n)",
+                    },
+                ],
+                "orderby": [["sex", True]],
+                "row_limit": 10000,
+                "filters": [{"col": "disease", "op": "IN", "val": ["Crohn", "Influenza"]}],
+            },
+        }
+        for name, query in charts.items():
+            for result_type in ("query", "full"):
+                body = step(
+                    f"{name} (chart/data, result_type={result_type})",
+                    chart_data(vds_id, query, result_type),
+                )
+                result = (body.get("result") or [{}])[0] if isinstance(body, dict) else {}
+                if result_type == "query":
+                    print("  SQL Superset generated:", result.get("query"))
+                else:
+                    data = result.get("data") or []
+                    print(f"  {len(data)} rows:", json.dumps(data[:4]))
+                    if not data or "SUM(n)" not in data[0]:
+                        print("  [FAIL] the chart over the virtual dataset returned no SUM(n)")
+                        failed = True
     step(
         "SQL Lab aggregate",
         client.post(

@@ -145,3 +145,120 @@ def ratio_interval(num: int, num_noise: Noise, den: int, den_noise: Noise) -> tu
     lo = min(s_lo / c_lo, s_lo / c_hi)
     hi = max(s_hi / c_lo, s_hi / c_hi)
     return (lo, hi)
+
+
+# -- sums of independent noises (nested aggregation) ---------------------------------------
+
+# The Chernoff bound's λ is searched on this many points of a golden-section search.
+_CHERNOFF_STEPS = 200
+# The exact distribution of a sum is computed (by FFT) when its support, truncated as
+# below, has at most this many points (about 0.1 s); wider sums use the bounds only.
+_SUM_EXACT_MAX_POINTS = 1 << 20
+# One discrete Laplace draw is truncated to |x| ≤ 40·t: the mass left out,
+# 2q^(T+1)/(1+q) < 2e^-40 < 1e-17, is counted against the coverage.
+_LAPLACE_TAIL_SCALES = 40
+# Allowance for floating-point error in the FFT (its absolute error is ~1e-15 here).
+_FFT_SLACK = 1e-9
+
+
+@lru_cache(maxsize=4096)
+def sum_accuracy(noise: Noise, k: int) -> Accuracy:
+    """Standard deviation and a 95% half-width for the sum of ``k`` independent draws of
+    ``noise`` (a SUM, over released rows, of k values each noised once).
+
+    Guarantee: stddev is exact (variances of independent noises add: √k·σ₁). The half-width
+    h satisfies P(|X₁+…+X_k| ≤ h) ≥ 0.95. For k = 1 it is the exact one of ``accuracy``;
+    for k > 1 it is the smallest of the valid bounds available:
+    - the exact distribution of the sum, from the PMF truncated where the mass left out
+      is below 1e-17 per draw, convolved k times by FFT; the mass left out and a margin
+      for floating-point error are charged against the 95% (when the support is small
+      enough to compute);
+    - the union bound: each |Xᵢ| within its 1 − 0.05/k half-width, so the sum within k
+      times that;
+    - a Chernoff bound: the discrete Gaussian is σ-subgaussian, E[e^{λX}] ≤ e^{λ²σ²/2}
+      (Canonne, Kamath, Steinke 2020, Cor. 9), so h = σ·√(2k·ln 40); the discrete Laplace
+      with q = e^{−1/t} has E[e^{λX}] = (1−q)²/((1−qe^λ)(1−qe^{−λ})) for |λ| < 1/t, and
+      P(|S| ≥ h) ≤ 2·min_λ e^{−λh}·E[e^{λX}]^k.
+    Never narrower than the exact 95% half-width. A function of public noise parameters
+    and of k (a count of released rows), so free post-processing under add/remove-one-unit
+    DP.
+    """
+    if k < 1:
+        raise ValueError("a sum of noises needs k ≥ 1")
+    one = accuracy(noise)
+    if k == 1:
+        return one
+    stddev = math.sqrt(k) * one.stddev
+    bounds = [k * halfwidth(noise, 1 - 0.05 / k)]
+    if noise.mechanism == "gaussian":
+        bounds.append(math.ceil(math.sqrt(_sigma2(noise)) * math.sqrt(2 * k * math.log(40))))
+    else:
+        bounds.append(math.ceil(_laplace_sum_chernoff(float(noise.scale), k, 0.05)))
+    exact = _sum_halfwidth_exact(noise, k, 0.95)
+    if exact is not None:
+        bounds.append(exact)
+    return Accuracy(stddev, float(min(bounds)))
+
+
+def _sum_halfwidth_exact(noise: Noise, k: int, coverage: float) -> int | None:
+    """Smallest h with P(|X₁+…+X_k| ≤ h) ≥ coverage from the convolved PMF, counting the
+    truncated mass and the FFT's error as outside; None when the support is too wide."""
+    if noise.mechanism == "laplace":
+        t = float(noise.scale)
+        top = math.ceil(_LAPLACE_TAIL_SCALES * t) + 1
+        q = math.exp(-1 / t)
+        left_out = 2 * math.exp((top + 1) * (-1 / t)) / (1 + q)
+    else:
+        sigma2 = _sigma2(noise)
+        top = math.ceil(_GAUSSIAN_TAIL_SIGMAS * math.sqrt(sigma2)) + 2
+        left_out = 1e-40  # exp(−98)-small: the discrete Gaussian's mass beyond 14σ
+    points = k * 2 * top + 1
+    if points > _SUM_EXACT_MAX_POINTS:
+        return None
+    x = np.arange(-top, top + 1, dtype=np.float64)
+    log_w = -np.abs(x) / t if noise.mechanism == "laplace" else -(x * x) / (2 * sigma2)
+    pmf = np.exp(log_w) / np.exp(log_w).sum()
+    size = 1 << (points - 1).bit_length()
+    summed = np.fft.irfft(np.fft.rfft(pmf, size) ** k, size)[:points]
+    cumulative = np.cumsum(np.clip(summed, 0.0, None))
+    center = k * top  # index of a sum of 0
+    h = np.arange(0, center + 1)
+    below = np.where(center - h - 1 >= 0, cumulative[np.maximum(center - h - 1, 0)], 0.0)
+    inside = cumulative[center + h] - below - k * left_out - _FFT_SLACK
+    meets = np.nonzero(inside >= coverage)[0]
+    return int(meets[0]) if meets.size else None
+
+
+def _laplace_sum_chernoff(scale: float, k: int, tail: float) -> float:
+    """Smallest h (to within 1e-9 relative) with 2·min_λ e^{−λh}·M(λ)^k ≤ tail, M the
+    discrete Laplace moment generating function."""
+    log_q = -1 / scale
+    one_minus_q = -math.expm1(log_q)
+
+    def log_bound(h: float) -> float:
+        def g(lam: float) -> float:  # convex in λ on (0, 1/t)
+            m = 2 * math.log(one_minus_q) - math.log1p(-math.exp(log_q + lam))
+            m -= math.log1p(-math.exp(log_q - lam))
+            return -lam * h + k * m
+
+        lo, hi = 0.0, (1 / scale) * (1 - 1e-12)
+        ratio = (math.sqrt(5) - 1) / 2
+        for _ in range(_CHERNOFF_STEPS):
+            a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+            if g(a) < g(b):
+                hi = b
+            else:
+                lo = a
+        return math.log(2) + g((lo + hi) / 2)
+
+    target = math.log(tail)
+    lo, hi = 0.0, 1.0
+    while log_bound(hi) > target:
+        hi *= 2
+    while hi - lo > 1e-9 * hi:
+        mid = (lo + hi) / 2
+        if log_bound(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return hi

@@ -46,6 +46,15 @@ def test_supported(case: dict[str, Any], demo_config: Config) -> None:
     for key in ("outputs", "measures", "groups"):
         if key in case:
             assert got[key] == case[key]
+    if "post" in case:  # nested aggregation: the outer query's columns and accuracy rule
+        assert plan.post_query is not None
+        post = plan.post_query
+        pairs = zip(post.columns, post.accuracy, strict=True)
+        assert [f"{name}:{rule.kind}" for (name, _), rule in pairs] == case["post"]
+    elif "inner_sql" not in case:
+        assert plan.post_query is None
+    if "inner_sql" in case:  # what is charged, audited and cached: the inner query alone
+        assert plan.canonical_sql == case["inner_sql"]
 
 
 @pytest.mark.parametrize("case", FIXTURES["refused"], ids=lambda c: c["sql"][:60] or "empty")

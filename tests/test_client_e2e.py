@@ -376,3 +376,65 @@ def test_sqlalchemy_surfaces_gateway_errors_with_the_original(server: Server, ke
         conn.exec_driver_sql("SELECT * FROM patients LIMIT 100")
     assert isinstance(caught.value.orig, errors.UnsupportedQueryError)
     assert "unsupported_query" in str(caught.value)
+
+
+# --- nested aggregation: a chart over a virtual dataset ------------------------------------
+
+
+def test_a_chart_over_a_virtual_dataset_through_sqlalchemy_costs_the_dataset_query_once(
+    server: Server, key: str
+) -> None:
+    """What Superset sends for a SUM(n) metric over a dataset defined by SQL: the
+    dataset's query is answered and charged once; every chart over it is post-processing
+    of that release (through the DB-API cursor, as Superset runs it)."""
+    client = Client(server.url, key)
+    engine = sa.create_engine(server.dpgate_url(key) + "?epsilon=0.2")
+    inner = "SELECT disease, sex, COUNT(*) AS n FROM patients GROUP BY disease, sex"
+    virtual = (
+        sa.text(inner)
+        .columns(sa.column("disease"), sa.column("sex"), sa.column("n"))
+        .subquery("virtual_table")
+    )
+    total = sa.func.sum(virtual.c.n).label("SUM(n)")
+    chart = (
+        sa.select(virtual.c.disease.label("disease"), total)
+        .group_by(virtual.c.disease)
+        .order_by(sa.desc(total))
+        .limit(10000)
+    )
+    sql = str(chart.compile(engine, compile_kwargs={"literal_binds": True}))
+    assert "FROM (SELECT disease, sex, COUNT(*) AS n" in sql and "GROUP BY" in sql
+    before = client.budget().epsilon_spent
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        cur.execute(sql)
+        rows = cur.fetchall()
+        assert [d[0] for d in cur.description] == ["disease", "SUM(n)"]
+        assert cur.privacy is not None and cur.privacy.epsilon == pytest.approx(0.2)
+        sum_accuracy = cur.accuracy["SUM(n)"]
+        assert sum_accuracy.ci95_intervals is not None and len(sum_accuracy.ci95_intervals) == len(
+            rows
+        )
+    finally:
+        raw.close()
+    after = client.budget().epsilon_spent
+    assert before is not None and after is not None and after > before
+    totals = [r[1] for r in rows]
+    assert totals == sorted(totals, reverse=True)
+    # The dataset's own query is the release that was charged: a cache hit, and the
+    # chart is its per-disease sum.
+    released = client.query(inner, epsilon=0.2)
+    assert released.cached
+    by_disease: dict[str, int] = {}
+    for disease, _, n in released.rows:
+        by_disease[disease] = by_disease.get(disease, 0) + n
+    assert dict(rows) == by_disease
+    # Another chart over the same dataset (AVG, filtered) is free.
+    with engine.connect() as conn:
+        by_sex = conn.exec_driver_sql(
+            f'SELECT sex AS sex, AVG(n) AS "AVG(n)" FROM ({inner}) AS virtual_table '
+            "WHERE disease IN ('Crohn', 'Influenza') GROUP BY sex ORDER BY sex LIMIT 10000"
+        ).all()
+    assert [r[0] for r in by_sex] == ["F", "M"]
+    assert client.budget().epsilon_spent == pytest.approx(after)

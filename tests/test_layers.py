@@ -99,6 +99,19 @@ RULES: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], str]] = [
         ("gateway", "budget", "mechanisms"),
         "the client talks HTTP only",
     ),
+    (
+        ("gateway.post_query", "gateway.released_table", "gateway.analyze.nested"),
+        (),
+        (
+            "sqlalchemy",
+            "gateway.execute",
+            "gateway.compile",
+            "gateway.pipeline",
+            "gateway.charges",
+            "budget.ledger",
+        ),
+        "a nested aggregation's outer query sees released rows only, never the database",
+    ),
 ]
 
 

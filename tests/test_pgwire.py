@@ -594,3 +594,25 @@ def test_bi_tool_catalogue_queries_are_answered(wire: tuple[WireServer, int, str
         for sql, params, expected in BI_CATALOGUE_QUERIES:
             assert len(conn.execute(sql, params).fetchall()) == expected, sql
     assert charges(server) == 0
+
+
+def test_a_nested_aggregation_over_the_wire_is_described_and_charged_as_its_inner_query(
+    wire: tuple[WireServer, int, str],
+) -> None:
+    """Described (extended protocol) with the outer query's columns, answered as
+    post-processing of the inner query, which alone is charged."""
+    server, port, key = wire
+    inner = "SELECT disease, sex, COUNT(*) AS n FROM patients GROUP BY disease, sex"
+    outer = f'SELECT sex, SUM(n) AS "SUM(n)" FROM ({inner}) AS t GROUP BY sex ORDER BY sex'
+    with connect(port, key, autocommit=True) as conn:
+        cur = conn.cursor()
+        cur.execute(outer, prepare=True)
+        assert [d.name for d in cur.description or []] == ["sex", "SUM(n)"]
+        rows = cur.fetchall()
+        assert [r[0] for r in rows] == ["F", "M"]
+        cur.execute(inner)
+        totals: dict[str, int] = {}
+        for _, sex, n in cur.fetchall():
+            totals[sex] = totals.get(sex, 0) + n
+        assert dict(rows) == totals
+    assert charges(server) == 1  # the inner query, once; the second run was a cache hit

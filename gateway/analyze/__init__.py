@@ -6,6 +6,8 @@ The passes, each in its own module:
    ``malformed``  with what sqlglot would silently repair (``GROUP BY`` with nothing
                   after it, trailing commas, ``IN ()``) refused as syntax errors
 2. ``wrapper``    BI wrappers and connection probes
+   ``nested``     an outer query over an aggregate subquery → post-processing of the
+                  subquery's released rows (nested aggregation)
 3. ``resolve``    the table, the columns, the expression allow-list
 4. ``aggregates`` aggregate calls → measures with their sensitivities
 5. ``groups``     GROUP BY keys and their public domains
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+from gateway.analyze.nested import bind_post_query, split_nested
 from gateway.analyze.parse import parse_select
 from gateway.analyze.select import build_plan, canonical_sql, public_values_plan
 from gateway.analyze.wrapper import probe_plan, unwrap
@@ -37,6 +40,10 @@ def analyze(sql: str, tables: Mapping[str, TableConfig]) -> QueryPlan | ProbePla
     listing = public_values_plan(select, tables)
     if listing is not None:
         return listing
+    nested = split_nested(select)
+    if nested is not None:  # the inner query is the plan; the outer, its post-processing
+        plan = build_plan(nested.inner, tables)
+        return replace(plan, post_query=bind_post_query(nested, plan))
     inner, outer = unwrap(select)
     plan = build_plan(inner, tables, outer=outer)
     if outer is not None:

@@ -95,7 +95,12 @@ register_schema(
                 },
             },
             "rows": {"type": "array", "items": {"type": "array"}},
-            "accuracy": {"type": "object"},
+            "accuracy": {
+                "type": "object",
+                "description": "noisy column → its accuracy; null where it is not known "
+                "(a nested aggregation's MIN, MAX or expressions of noisy values)",
+                "additionalProperties": {"type": ["object", "null"]},
+            },
             "privacy": {"type": "object"},
             "budget": {"type": "object"},
             "dry_run": {"type": "boolean"},
@@ -119,6 +124,17 @@ register_schema(
             },
             "plan": {"type": "object"},
             "release_deadline_ms": {"type": ["integer", "null"]},
+            "post_processing": {
+                "type": "object",
+                "description": "nested aggregation: the outer query was computed from the "
+                "released answer of `inner_sql`, which alone was charged and audited",
+                "required": ["inner_sql", "note"],
+                "properties": {
+                    "inner_sql": {"type": "string"},
+                    "note": {"type": "string"},
+                    "inner_accuracy": {"type": "object"},
+                },
+            },
             "partition_selection": {
                 "type": "object",
                 "description": "present when GROUP BY keys are not declared public: groups "

@@ -526,7 +526,7 @@ class Session(SessionCommands):
         if isinstance(plan, ProbePlan):
             columns = [(n, value_type_oid(t)[0]) for n, t in plan.columns]
         else:
-            columns = [(o.name, value_type_oid(o.type)[0]) for o in plan.visible_outputs]
+            columns = [(n, value_type_oid(t)[0]) for n, t in plan.result_columns]
         return Outcome(columns, [], "SELECT 0")
 
     def _request(self, sql: str) -> QueryRequest:
