@@ -99,12 +99,13 @@ def rank_halfwidth(epsilon: Fraction, sensitivity: Fraction, candidates: int) ->
     For permute-and-flip, a candidate with utility gap g is output only if it is accepted
     when visited, which happens with probability at most exp(−ε·g/(2Δ)); a union bound
     over at most ``candidates`` of them gives P(gap ≥ G) ≤ candidates·exp(−ε·G/(2Δ)) ≤
-    5% for G = (2Δ/ε)·(ln candidates + ln 20). The best bucket holds the target (gap 0)
-    whenever there is at least one value.
+    5% for G = (2Δ/ε)·(ln candidates + ln 20). Whenever there is at least one value the
+    best bucket is within ½ of the target (which may fall between two positions in
+    different buckets), so r = ⌈G + ½⌉.
     """
     g = 2 * float(sensitivity) / float(epsilon)
     g *= math.log(candidates) + math.log(1 / (1 - float(RANK_COVERAGE)))
-    return math.ceil(g)
+    return math.ceil(g + 0.5)
 
 
 def calibrate_with_choices(
