@@ -107,9 +107,9 @@ def _quantile_call(node: exp.Expr) -> tuple[str, Fraction, exp.Expr]:
         inner = node.this
         if not isinstance(inner, exp.PercentileCont):
             raise UnsupportedQuery(
-                f"{inner.key.upper()} … WITHIN GROUP is not supported: use PERCENTILE_CONT(p) "
+                f"{inner.sql_name()} … WITHIN GROUP is not supported: use PERCENTILE_CONT(p) "
                 "WITHIN GROUP (ORDER BY col)",
-                construct=f"{inner.key.upper()} WITHIN GROUP",
+                construct=f"{inner.sql_name()} WITHIN GROUP",
             )
         p = _fraction_literal(inner.this)
         order = node.expression
@@ -125,16 +125,16 @@ def _quantile_call(node: exp.Expr) -> tuple[str, Fraction, exp.Expr]:
         return "PERCENTILE_CONT", p, key.this if isinstance(key, exp.Ordered) else key
     if node.args.get("expressions"):
         raise UnsupportedQuery(
-            f"{node.key.upper()} takes one column", construct=f"{node.key.upper()} arguments"
+            f"{node.sql_name()} takes one column", construct=f"{node.sql_name()} arguments"
         )
     p = {exp.Median: Fraction(1, 2), exp.Min: Fraction(0), exp.Max: Fraction(1)}[type(node)]
     arg = node.this
     if isinstance(arg, exp.Distinct):
         raise UnsupportedQuery(
-            f"{node.key.upper()}(DISTINCT …) is not supported",
-            construct=f"{node.key.upper()}(DISTINCT)",
+            f"{node.sql_name()}(DISTINCT …) is not supported",
+            construct=f"{node.sql_name()}(DISTINCT)",
         )
-    return node.key.upper(), p, arg
+    return node.sql_name(), p, arg
 
 
 def _fraction_literal(node: exp.Expr | None) -> Fraction:
@@ -161,7 +161,7 @@ def spread_measures(
     """The output kind of VARIANCE / STDDEV and its measures: (sum, sum of squares, count)
     of the column clamped to its declared bounds."""
     kind = _SPREAD_KINDS[type(node)]
-    name = node.key.upper()
+    name = node.sql_name()
     if isinstance(node.this, exp.Distinct):
         raise UnsupportedQuery(f"{name}(DISTINCT …) is not supported", construct=f"{name}(DISTINCT)")
     column = bounded_column(node.this, table, alias, name)
