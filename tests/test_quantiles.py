@@ -205,3 +205,27 @@ def test_quantile_utilities_score_the_bucket_holding_the_target_rank() -> None:
     # MIN (p = 0) picks the bucket of the smallest value, MAX the largest one's
     assert quantile_utilities(below, 4, Fraction(0))[0] == 0
     assert quantile_utilities(below, 4, Fraction(1))[3] == 0
+
+
+def test_quantile_and_spread_answers_match_the_published_schema(
+    client: Any, ask: Callable[..., Any]
+) -> None:
+    import json
+
+    import jsonschema_rs
+
+    spec = client.get("/openapi.json").get_json()
+
+    def local(node: Any) -> Any:
+        return json.loads(json.dumps(node).replace("#/components/schemas/", "#/$defs/"))
+
+    schemas = spec["components"]["schemas"]
+    validator = jsonschema_rs.validator_for({**local(schemas["Release"]), "$defs": local(schemas)})
+    status, body = ask(
+        "SELECT sex, MEDIAN(age) AS m, VAR_POP(glucose) AS v, AVG(age) AS a, COUNT(*) AS n "
+        "FROM patients GROUP BY sex",
+        epsilon=1.0,
+    )
+    assert status == 200, body
+    validator.validate(body)
+    assert "rank_ci95_halfwidth" in schemas["ColumnAccuracy"]["properties"]
