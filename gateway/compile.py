@@ -31,19 +31,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 
 from sqlglot import exp
 
-from gateway.config import TableConfig
-from gateway.domain import row_filter
 from gateway.compile_values import (
     clamped_value,
     fraction_literal,
     histogram_input,
-    number_literal,
     squares_input,
 )
+from gateway.config import TableConfig
+from gateway.domain import row_filter
 from gateway.plan import GroupKey, Measure, QueryPlan
 from gateway.portable import portable
 

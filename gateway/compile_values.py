@@ -75,6 +75,7 @@ def clamped_value(m: Measure, zero_below: Fraction | None) -> exp.Expr:
         )
     return exp.Case(ifs=ifs, default=value)
 
+
 def number_literal(x: float) -> exp.Expr:
     if float(x).is_integer():
         literal = exp.Literal.number(int(x))

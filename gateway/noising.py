@@ -112,7 +112,10 @@ def add_noise(
     # STDDEV outputs: they need the cell's noisy parts, which post-processing does not keep.
     all_rows = [
         (
-            *(_output_value(o, plan, keys[i], per_cell[i], chosen[i]) for o in plan.outputs),
+            *(
+                chosen[i][j] if j in chosen[i] else _output_value(o, plan, keys[i], per_cell[i])
+                for j, o in enumerate(plan.outputs)
+            ),
             _avg_intervals(plan, calibration, per_cell[i]),
         )
         for i in range(n)
@@ -132,11 +135,7 @@ def _choices(plan: QueryPlan, calibration: QueryCalibration, exact: Row) -> dict
     return chosen
 
 
-def _output_value(
-    o: OutputColumn, plan: QueryPlan, key: Row, noisy: list[int], chosen: dict[int, Any]
-) -> Any:
-    if o.quantile is not None:
-        return chosen[plan.outputs.index(o)]
+def _output_value(o: OutputColumn, plan: QueryPlan, key: Row, noisy: list[int]) -> Any:
     if o.kind in SPREAD_KINDS:
         return spread_value(o, plan, noisy)
     if o.kind == "group_key":
@@ -243,10 +242,7 @@ def _nonlinear_accuracy(
     parts = zip(("sum", "sum_squares", "count"), o.measures, strict=True)
     return {
         "method": "conservative: union bound over the three noises, interval arithmetic",
-        **{
-            name: _measure_accuracy(plan.measures[j], calibration.noises[j])
-            for name, j in parts
-        },
+        **{name: _measure_accuracy(plan.measures[j], calibration.noises[j]) for name, j in parts},
     }
 
 

@@ -86,7 +86,7 @@ def test_a_quantile_shares_the_query_epsilon_with_the_other_measures(gateway: Ga
     # four parts: COUNT(*), the median, AVG's sum and count
     (share,) = calibration.choices
     assert share == pytest.approx(Fraction(1.2) / 4, rel=1e-12) and share >= Fraction(1.2) / 4
-    assert [float(n.scale) for n in calibration.noises][0] == pytest.approx(4 / 1.2)
+    assert float(calibration.noises[0].scale) == pytest.approx(4 / 1.2)
     assert calibration.cost.epsilon == 1.2 and calibration.cost.rho == pytest.approx(0.72)
     noised = [m.sensitivity for m in plan.measures if m.noised]
     gauss = calibrate_with_choices("gaussian", 1.0, 1e-6, noised, 1)
@@ -229,3 +229,19 @@ def test_quantile_and_spread_answers_match_the_published_schema(
     assert status == 200, body
     validator.validate(body)
     assert "rank_ci95_halfwidth" in schemas["ColumnAccuracy"]["properties"]
+
+
+def test_a_dry_run_of_a_quantile_shows_its_rank_interval_and_costs_nothing(
+    ask: Callable[..., Any],
+) -> None:
+    status, body = ask(
+        "SELECT MEDIAN(age) AS m, STDDEV(age) AS s FROM patients", epsilon=0.5, dry_run=True
+    )
+    assert status == 200, body
+    assert body["accuracy"]["m"]["rank_ci95_halfwidth"] > 0
+    assert set(body["accuracy"]["s"]) >= {"sum", "sum_squares", "count"}
+    (choice,) = body["plan"]["choices"]
+    assert choice["output"] == "m" and choice["buckets"] == 101
+    assert choice["epsilon"] == pytest.approx(0.5 / 4)  # median, sum, sum of squares, count
+    assert [m["kind"] for m in body["plan"]["measures"]] == ["sum", "sum_squares", "count_values"]
+    assert body["budget"]["epsilon_spent"] == 0

@@ -61,8 +61,7 @@ def quantile_measures(
     grid = quantile_grid(col.type, float(col.lower or 0.0), float(col.upper or 0.0), p, rows)
     sensitivity = uniform_sensitivity(rows)  # of each count; they are never noised
     measures = [
-        Measure("histogram", sensitivity, expression=column, threshold=edge)
-        for edge in grid.edges
+        Measure("histogram", sensitivity, expression=column, threshold=edge) for edge in grid.edges
     ]
     measures.append(Measure("histogram", sensitivity, expression=column))
     return measures, grid
@@ -107,9 +106,9 @@ def _quantile_call(node: exp.Expr) -> tuple[str, Fraction, exp.Expr]:
         inner = node.this
         if not isinstance(inner, exp.PercentileCont):
             raise UnsupportedQuery(
-                f"{inner.sql_name()} … WITHIN GROUP is not supported: use PERCENTILE_CONT(p) "
+                f"{_name(inner)} … WITHIN GROUP is not supported: use PERCENTILE_CONT(p) "
                 "WITHIN GROUP (ORDER BY col)",
-                construct=f"{inner.sql_name()} WITHIN GROUP",
+                construct=f"{_name(inner)} WITHIN GROUP",
             )
         p = _fraction_literal(inner.this)
         order = node.expression
@@ -125,16 +124,26 @@ def _quantile_call(node: exp.Expr) -> tuple[str, Fraction, exp.Expr]:
         return "PERCENTILE_CONT", p, key.this if isinstance(key, exp.Ordered) else key
     if node.args.get("expressions"):
         raise UnsupportedQuery(
-            f"{node.sql_name()} takes one column", construct=f"{node.sql_name()} arguments"
+            f"{_name(node)} takes one column", construct=f"{_name(node)} arguments"
         )
-    p = {exp.Median: Fraction(1, 2), exp.Min: Fraction(0), exp.Max: Fraction(1)}[type(node)]
+    extremes: dict[type[exp.Expr], Fraction] = {
+        exp.Median: Fraction(1, 2),
+        exp.Min: Fraction(0),
+        exp.Max: Fraction(1),
+    }
+    p = extremes[type(node)]
     arg = node.this
     if isinstance(arg, exp.Distinct):
         raise UnsupportedQuery(
-            f"{node.sql_name()}(DISTINCT …) is not supported",
-            construct=f"{node.sql_name()}(DISTINCT)",
+            f"{_name(node)}(DISTINCT …) is not supported",
+            construct=f"{_name(node)}(DISTINCT)",
         )
-    return node.sql_name(), p, arg
+    return _name(node), p, arg
+
+
+def _name(node: exp.Expr) -> str:
+    """The SQL name of an aggregate call, as the analyst would write it."""
+    return node.sql_name() if isinstance(node, exp.Func) else node.key.upper()
 
 
 def _fraction_literal(node: exp.Expr | None) -> Fraction:
@@ -161,9 +170,11 @@ def spread_measures(
     """The output kind of VARIANCE / STDDEV and its measures: (sum, sum of squares, count)
     of the column clamped to its declared bounds."""
     kind = _SPREAD_KINDS[type(node)]
-    name = node.sql_name()
+    name = _name(node)
     if isinstance(node.this, exp.Distinct):
-        raise UnsupportedQuery(f"{name}(DISTINCT …) is not supported", construct=f"{name}(DISTINCT)")
+        raise UnsupportedQuery(
+            f"{name}(DISTINCT …) is not supported", construct=f"{name}(DISTINCT)"
+        )
     column = bounded_column(node.this, table, alias, name)
     total, count = measures_for(exp.Avg(this=node.this.copy()), table, alias, grouped)
     col = table.columns[column.name]
