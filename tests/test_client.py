@@ -105,7 +105,6 @@ def test_avg_accuracy_keeps_its_intervals_and_parts(gateway: FakeGateway) -> Non
     }
 
 
-
 def test_quantile_and_spread_accuracy_keep_their_rank_interval_and_parts(
     gateway: FakeGateway,
 ) -> None:
@@ -123,6 +122,7 @@ def test_quantile_and_spread_accuracy_keep_their_rank_interval_and_parts(
     assert median.to_dict()["rank_ci95_halfwidth"] == 8
     assert spread.sum_squares == dpgate_client.Accuracy(900.0, 300.0)
     assert spread.to_dict()["sum_squares"] == {"ci95_halfwidth": 900.0, "stddev": 300.0}
+
 
 def test_partition_selection_is_reported(gateway: FakeGateway) -> None:
     selection = {"threshold": 43, "note": "Groups need about 43 people …"}
