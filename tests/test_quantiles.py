@@ -19,7 +19,7 @@ import pytest
 
 from gateway.analyze import analyze
 from gateway.analyze.quantiles import MAX_BUCKETS, quantile_grid
-from gateway.errors import AuditRefused, GatewayError
+from gateway.errors import AuditRefused
 from gateway.pipeline import Gateway
 from gateway.plan import QueryPlan, QueryRequest
 from gateway.quantiles import spread_interval, spread_value
@@ -106,39 +106,58 @@ def test_a_quantile_shares_the_query_epsilon_with_the_other_measures(gateway: Ga
 def test_the_observables_of_a_quantile_do_not_depend_on_the_data(
     make_gateway: Callable[..., Gateway],
 ) -> None:
-    """The attack: remove one patient and compare what an analyst sees besides the chosen
-    values — status, charge, the number of rows of public groups, the accuracy. It is all
-    the same; the values themselves are DP outputs."""
+    """The attack, over HTTP: remove the oldest patient (the one MAX is about) and compare
+    what an analyst sees besides the chosen values — status, error code, charge, budget
+    left, the number of rows of public groups, the columns, the accuracy. It is all the
+    same; the values themselves are DP outputs."""
+    from gateway.http.app import create_app
+
     full, neighbour = make_gateway(), make_gateway()
     db = neighbour.config.database.url.removeprefix("sqlite:///")
     with sqlite3.connect(db) as conn:
         (pid,) = conn.execute(
             "SELECT patient_id FROM patients ORDER BY age DESC LIMIT 1"
-        ).fetchone()  # the oldest patient: the one MAX is about
+        ).fetchone()
         for table in ("visits", "patients"):
             conn.execute(f"DELETE FROM {table} WHERE patient_id = ?", (pid,))
     queries = [
-        ("SELECT MAX(age) FROM patients", 0.0),
-        ("SELECT sex, MEDIAN(age), STDDEV(glucose) FROM patients GROUP BY sex", 0.0),
-        ("SELECT MIN(income) FROM patients WHERE age > 200", 0.0),  # nobody: still answered
-        ("SELECT MEDIAN(income) FROM patients", -1.0),  # invalid ε: refused, free
+        {"sql": "SELECT MAX(age) AS m FROM patients", "epsilon": 0.5},
+        {"sql": "SELECT sex, MEDIAN(age), STDDEV(glucose) FROM patients GROUP BY sex"},
+        {"sql": "SELECT MIN(income) FROM patients WHERE age > 200"},  # nobody: still answered
+        {"sql": "SELECT MEDIAN(income) FROM patients", "epsilon": -1.0},  # refused, free
+        {"sql": "SELECT MAX(zip) FROM patients"},  # refused, free
+        {"sql": "SELECT MAX(age) AS m FROM patients", "epsilon": 0.5},  # cached, free
     ]
     seen = []
     for gw in (full, neighbour):
-        gw.ledger.create_analyst("mallory", 100.0, 1e-6)
+        key = gw.ledger.create_analyst("mallory", 100.0, 1e-6)
+        client = create_app(gw.config, gateway=gw).test_client()
         outcomes: list[Any] = []
-        for sql, epsilon in queries:
-            try:
-                release = gw.query("mallory", QueryRequest(sql, epsilon or 0.5, 0.0, "laplace"))
+        for body in queries:
+            resp = client.post("/v1/query", json=body, headers={"Authorization": f"Bearer {key}"})
+            answer = resp.get_json()
+            if answer["ok"]:
                 outcomes.append(
-                    (len(release.rows), release.privacy.epsilon, sorted(release.accuracy))
+                    (
+                        resp.status_code,
+                        answer["cached"],
+                        answer["columns"],
+                        len(answer["rows"]),
+                        {  # all but the per-row intervals (DP outputs)
+                            name: {k: v for k, v in acc.items() if k != "ci95_intervals"}
+                            for name, acc in answer["accuracy"].items()
+                        },
+                        answer.get("charge"),
+                        answer["budget"]["epsilon_spent"],
+                    )
                 )
-            except GatewayError as e:
-                outcomes.append((e.code, e.status))
-        outcomes.append(gw.ledger.budget_status("mallory").epsilon_spent)
+            else:
+                outcomes.append((resp.status_code, answer["error"]["code"]))
         seen.append(outcomes)
     assert seen[0] == seen[1]
-    assert seen[0][-2][0] == "invalid_privacy_parameters"
+    assert seen[0][3] == (400, "invalid_privacy_parameters")
+    assert seen[0][4] == (400, "unsupported_query")
+    assert seen[0][5][1] is True  # the repeated MAX is the cached answer
 
 
 def test_the_auditor_treats_a_quantile_region_like_a_sum_region(
