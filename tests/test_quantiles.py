@@ -274,3 +274,31 @@ def test_a_dry_run_of_a_quantile_shows_its_rank_interval_and_costs_nothing(
     assert choice["epsilon"] == pytest.approx(0.5 / 4)  # median, sum, sum of squares, count
     assert [m["kind"] for m in body["plan"]["measures"]] == ["sum", "sum_squares", "count_values"]
     assert body["budget"]["epsilon_spent"] == 0
+
+
+@pytest.mark.parametrize(
+    ("sql", "params"),
+    [
+        (
+            "SELECT department, MEDIAN(cost) AS m FROM visits GROUP BY department "
+            "HAVING MEDIAN(cost) > 0 ORDER BY m DESC LIMIT 3",
+            {},
+        ),
+        ("SELECT * FROM (SELECT MAX(age) AS oldest FROM patients) AS virtual_table", {}),
+        ("SELECT MEDIAN(age) AS m, COUNT(*) AS n FROM patients", {"mechanism": "gaussian"}),
+        ("SELECT MEDIAN(age) AS m FROM patients", {"mechanism": "gaussian"}),
+        ("SELECT VAR_SAMP(cost) AS v FROM visits WHERE year = 2024", {"mechanism": "gaussian"}),
+        (
+            "SELECT MEDIAN(age) AS m, COUNT(*) AS n FROM patients",
+            {"accuracy": {"ci95_halfwidth": 50}},
+        ),
+    ],
+)
+def test_quantiles_with_the_rest_of_the_language(
+    ask: Callable[..., Any], sql: str, params: dict[str, Any]
+) -> None:
+    base = {"delta": 1e-7} if "accuracy" in params else {"epsilon": 1.0, "delta": 1e-7}
+    status, body = ask(sql, **base, **params)
+    assert status == 200, body
+    assert body["rows"]
+    assert body["privacy"]["epsilon"] > 0
