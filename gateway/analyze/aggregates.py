@@ -17,7 +17,7 @@ from sqlglot import exp
 from gateway.analyze.resolve import resolve_row_expression
 from gateway.config import TableConfig
 from gateway.errors import UnsupportedQuery
-from gateway.plan import Measure
+from gateway.plan import Measure, MeasureKind
 from mechanisms import grid_resolution, grid_sensitivity
 from mechanisms.types import Sensitivity
 
@@ -66,20 +66,33 @@ def measures_for(node: exp.Expr, table: TableConfig, alias: str, grouped: bool) 
     column = bounded_column(arg, table, alias, name)
     col = table.columns[column.name]
     lower, upper = float(col.lower or 0.0), float(col.upper or 0.0)
-    resolution = value_resolution(col.type, lower, upper)
-    # From the rounding the SQL performs (clamp, then ROUND half away from zero or half to
-    # even, depending on the backend): ⌈max|bound| / resolution⌉ steps per row.
-    total = Measure(
-        "sum",
-        uniform_sensitivity(grid_sensitivity(lower, upper, resolution, rows)),
-        expression=column,
-        lower=lower,
-        upper=upper,
-        resolution=resolution,
-    )
+    total = summed_measure("sum", column, col.type, (lower, upper), (lower, upper), rows)
     if isinstance(node, exp.Sum):
         return [total]
     return [total, Measure("count_values", uniform_sensitivity(rows), expression=column)]
+
+
+def summed_measure(
+    kind: MeasureKind,
+    column: exp.Column,
+    ctype: str,
+    bounds: tuple[float, float],
+    values: tuple[float, float],
+    rows: int,
+) -> Measure:
+    """A SUM of a per-row value of ``column`` (clamped to ``bounds``) that lies in
+    ``values``, on that range's grid. From the rounding the SQL performs (clamp, then
+    ROUND half away from zero or half to even, depending on the backend): ⌈max|value| /
+    resolution⌉ steps per row."""
+    resolution = value_resolution(ctype, *values)
+    return Measure(
+        kind,
+        uniform_sensitivity(grid_sensitivity(*values, resolution, rows)),
+        expression=column,
+        lower=bounds[0],
+        upper=bounds[1],
+        resolution=resolution,
+    )
 
 
 def bounded_column(arg: exp.Expr, table: TableConfig, alias: str, name: str) -> exp.Column:

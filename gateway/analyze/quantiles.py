@@ -24,13 +24,12 @@ from gateway.analyze.aggregates import (
     bounded_column,
     contribution_bounds,
     measures_for,
+    summed_measure,
     uniform_sensitivity,
-    value_resolution,
 )
 from gateway.config import TableConfig
 from gateway.errors import UnsupportedQuery
 from gateway.plan import Measure, OutputKind, QuantileGrid
-from mechanisms import grid_sensitivity
 
 QUANTILE_AGGREGATES = (exp.WithinGroup, exp.Median, exp.Min, exp.Max)
 SPREAD_AGGREGATES = (exp.Stddev, exp.StddevPop, exp.StddevSamp, exp.Variance, exp.VariancePop)
@@ -181,14 +180,8 @@ def spread_measures(
     lower, upper = float(col.lower or 0.0), float(col.upper or 0.0)
     square_hi = max(lower * lower, upper * upper)
     square_lo = 0.0 if lower <= 0 <= upper else min(lower * lower, upper * upper)
-    resolution = value_resolution(col.type, square_lo, square_hi)
     rows, _ = contribution_bounds(table, grouped)
-    squares = Measure(
-        "sum_squares",
-        uniform_sensitivity(grid_sensitivity(square_lo, square_hi, resolution, rows)),
-        expression=column,
-        lower=lower,
-        upper=upper,
-        resolution=resolution,
+    squares = summed_measure(
+        "sum_squares", column, col.type, (lower, upper), (square_lo, square_hi), rows
     )
     return kind, [total, squares, count]
