@@ -81,7 +81,10 @@ class Accuracy:
     COUNT, so its error depends on the row: ``ci95_intervals`` holds one 95 % interval
     ``(low, high)`` per released row, in row order (None where the noisy count was not
     positive), and ``sum`` and ``count`` the accuracy of its two parts (a dry run, which
-    has no rows, gives only those).
+    has no rows, gives only those). VARIANCE and STDDEV columns are alike, with a third
+    part, ``sum_squares``. A quantile (PERCENTILE_CONT, MEDIAN, MIN, MAX) has a rank
+    interval instead: with 95 % probability the released value's bucket holds a value
+    whose rank is within ± ``rank_ci95_halfwidth`` of the target rank ``quantile``·(n−1).
     """
 
     ci95_halfwidth: float | None
@@ -89,6 +92,9 @@ class Accuracy:
     ci95_intervals: tuple[tuple[float, float] | None, ...] | None = None
     sum: Accuracy | None = None
     count: Accuracy | None = None
+    sum_squares: Accuracy | None = None
+    quantile: float | None = None
+    rank_ci95_halfwidth: int | None = None
 
     @classmethod
     def from_json(cls, data: Any) -> Accuracy:
@@ -104,6 +110,13 @@ class Accuracy:
             ),
             sum=cls.from_json(data["sum"]) if isinstance(data.get("sum"), Mapping) else None,
             count=cls.from_json(data["count"]) if isinstance(data.get("count"), Mapping) else None,
+            sum_squares=cls.from_json(data["sum_squares"])
+            if isinstance(data.get("sum_squares"), Mapping)
+            else None,
+            quantile=_float(data.get("quantile")),
+            rank_ci95_halfwidth=int(data["rank_ci95_halfwidth"])
+            if isinstance(data.get("rank_ci95_halfwidth"), int)
+            else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,6 +128,11 @@ class Accuracy:
             out["sum"] = self.sum.to_dict()
         if self.count is not None:
             out["count"] = self.count.to_dict()
+        if self.sum_squares is not None:
+            out["sum_squares"] = self.sum_squares.to_dict()
+        if self.rank_ci95_halfwidth is not None:
+            out["quantile"] = self.quantile
+            out["rank_ci95_halfwidth"] = self.rank_ci95_halfwidth
         return out
 
 

@@ -31,11 +31,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 
 from sqlglot import exp
 
 from gateway import dialects
+from gateway.compile_values import (
+    clamped_value,
+    fraction_literal,
+    histogram_input,
+    squares_input,
+)
 from gateway.config import TableConfig
 from gateway.domain import row_filter
 from gateway.plan import GroupKey, Measure, QueryPlan
@@ -413,34 +418,20 @@ def _measure_input(m: Measure, table: TableConfig, dialect: str) -> exp.Expr | N
         # COUNT(column) counts the rows where it is not NULL, and clamping (the only
         # rewrite a bare column gets) keeps NULL as NULL and nothing else.
         return exp.column(m.expression.name, quoted=True)
+    if m.kind == "histogram":
+        return histogram_input(m)
+    if m.kind == "sum_squares":
+        return squares_input(m, table)
     if m.kind != "sum":
         return portable(m.expression, table, dialect)
     # SUM reads one bare declared column (gateway/analyze/aggregates.py), clamped here,
     # once, to the measure's bounds — the column's own, so the domain's clamp is this one.
     assert isinstance(m.expression, exp.Column)
-    assert m.lower is not None and m.upper is not None
-    value = exp.column(m.expression.name, quoted=True)
-    lower, upper = _number(m.lower), _number(m.upper)
-    ifs = [
-        exp.If(this=exp.LT(this=value.copy(), expression=lower), true=lower.copy()),
-        exp.If(this=exp.GT(this=value.copy(), expression=upper), true=upper.copy()),
-    ]
     steps = 1 / m.resolution
-    if steps != 1:
-        # Values under a quarter step round to 0 anyway; sending them to 0 first keeps
-        # value × steps from underflowing, which PostgreSQL's doubles report as an error
-        # (a subnormal value times 2^-k).
-        quarter = _fraction(m.resolution / 4)
-        ifs.append(
-            exp.If(
-                this=exp.and_(
-                    exp.GT(this=value.copy(), expression=exp.Neg(this=quarter.copy())),
-                    exp.LT(this=value.copy(), expression=quarter.copy()),
-                ),
-                true=exp.Literal.number(0),
-            )
-        )
-    clamped = exp.Case(ifs=ifs, default=value)
+    # Values under a quarter step round to 0 anyway; sending them to 0 first keeps
+    # value × steps from underflowing, which PostgreSQL's doubles report as an error
+    # (a subnormal value times 2^-k).
+    clamped = clamped_value(m, m.resolution / 4 if steps != 1 else None)
     if steps == 1 and table.columns[m.expression.name].type == "integer":
         # An integer column with whole bounds (the config refuses fractional ones) on a
         # grid of 1: the clamped value lies in [lower, upper], and needs no ROUND. The
@@ -453,7 +444,7 @@ def _measure_input(m: Measure, table: TableConfig, dialect: str) -> exp.Expr | N
         return exp.Cast(this=clamped, to=exp.DataType.build("BIGINT"))
     scaled: exp.Expr = clamped
     if steps != 1:
-        scaled = exp.Mul(this=exp.Paren(this=clamped), expression=_fraction(steps))
+        scaled = exp.Mul(this=exp.Paren(this=clamped), expression=fraction_literal(steps))
     return exp.Cast(this=exp.Round(this=scaled), to=exp.DataType.build("BIGINT"))
 
 
@@ -465,20 +456,6 @@ def _aggregate(m: Measure, value: exp.Expr | None, unit: exp.Expr | None) -> exp
             return exp.Count(this=exp.Star())
         return exp.Count(this=exp.Distinct(expressions=[unit.copy()]))
     assert value is not None
-    if m.kind == "count_values":
+    if m.kind in ("count_values", "histogram"):
         return exp.Count(this=value)
     return exp.Coalesce(this=exp.Sum(this=value), expressions=[exp.Literal.number(0)])
-
-
-def _number(x: float) -> exp.Expr:
-    if float(x).is_integer():
-        literal = exp.Literal.number(int(x))
-    else:
-        literal = exp.Literal.number(repr(float(x)))
-    return exp.Neg(this=exp.Literal.number(str(literal.this).lstrip("-"))) if x < 0 else literal
-
-
-def _fraction(f: Fraction) -> exp.Expr:
-    if f.denominator == 1:
-        return exp.Literal.number(f.numerator)
-    return exp.Literal.number(repr(float(f)))  # powers of two are exact in binary floating point

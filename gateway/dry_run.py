@@ -64,7 +64,22 @@ def describe(planned: PlannedQuery) -> dict[str, Any]:
                 "sensitivity": float(m.sensitivity.l1),
                 "noise": {"mechanism": n.mechanism, "scale": float(n.scale * m.resolution)},
             }
-            for m, n in zip(plan.measures, calibration.noises, strict=True)
+            for m, n in zip([m for m in plan.measures if m.noised], calibration.noises, strict=True)
+        ],
+        # quantiles: a bucket of a public grid chosen by permute-and-flip at this ε
+        "choices": [
+            {
+                "output": o.name,
+                "quantile": float(o.quantile.p),
+                "epsilon": float(epsilon),
+                "buckets": len(o.quantile.values),
+            }
+            for o, epsilon in zip(
+                [o for o in plan.outputs if o.quantile is not None],
+                calibration.choices,
+                strict=True,
+            )
+            if o.quantile is not None
         ],
         "group_keys": [
             {

@@ -19,9 +19,18 @@ from gateway.audit import AnsweredCell, CountNoise
 from gateway.compile import CompiledQuery
 from gateway.dialects import dialect
 from gateway.plan import Measure, OutputColumn, QueryPlan
+from gateway.quantiles import (
+    choose_quantile,
+    quantile_accuracy,
+    released_quantile,
+    spread_interval,
+    spread_value,
+)
 from mechanisms import Noise, QueryCalibration, accuracy, ratio_interval, sample
 
 Row = tuple[Any, ...]
+
+SPREAD_KINDS = ("var_pop", "var_samp", "stddev_pop", "stddev_samp")
 
 
 @dataclass(frozen=True)
@@ -93,16 +102,21 @@ def add_noise(
         keys.sort(key=lambda k: tuple((v is None, str(v)) for v in k))
         exact = [tuple(by_key[k][nk : nk + nm]) for k in keys]
     n = len(keys)
+    noised = len(calibration.noises)  # the histogram measures come after, never noised
     noisy_measures: list[list[int]] = []
     for j, noise in enumerate(calibration.noises):
         draws = sample(noise, n) if n else []
         noisy_measures.append([int(exact[i][j] or 0) + draws[i] for i in range(n)])
-    per_cell = [[noisy_measures[j][i] for j in range(nm)] for i in range(n)]
-    # Each row carries, past its outputs, the 95% intervals of its AVG outputs: they need
-    # the cell's noisy SUM and COUNT, which post-processing does not keep.
+    per_cell = [[noisy_measures[j][i] for j in range(noised)] for i in range(n)]
+    chosen = [_choices(plan, calibration, exact[i]) for i in range(n)]
+    # Each row carries, past its outputs, the 95% intervals of its AVG, VARIANCE and
+    # STDDEV outputs: they need the cell's noisy parts, which post-processing does not keep.
     all_rows = [
         (
-            *(_output_value(o, plan, keys[i], per_cell[i]) for o in plan.outputs),
+            *(
+                chosen[i][j] if j in chosen[i] else _output_value(o, plan, keys[i], per_cell[i])
+                for j, o in enumerate(plan.outputs)
+            ),
             _avg_intervals(plan, calibration, per_cell[i]),
         )
         for i in range(n)
@@ -111,7 +125,20 @@ def add_noise(
     return NoisyCells(rows=tuple(all_rows), cells=cells)
 
 
+def _choices(plan: QueryPlan, calibration: QueryCalibration, exact: Row) -> dict[int, Any]:
+    """The quantile outputs of one cell, each chosen from its exact histogram counts."""
+    chosen: dict[int, Any] = {}
+    quantiles = [(i, o) for i, o in enumerate(plan.outputs) if o.quantile is not None]
+    for (i, o), epsilon in zip(quantiles, calibration.choices, strict=True):
+        assert o.quantile is not None
+        value = choose_quantile(o.quantile, [exact[j] for j in o.measures], epsilon)
+        chosen[i] = released_quantile(o, value)
+    return chosen
+
+
 def _output_value(o: OutputColumn, plan: QueryPlan, key: Row, noisy: list[int]) -> Any:
+    if o.kind in SPREAD_KINDS:
+        return spread_value(o, plan, noisy)
     if o.kind == "group_key":
         assert o.group_index is not None
         value = key[o.group_index]
@@ -166,6 +193,8 @@ def _avg_intervals(
 ) -> dict[int, list[float] | None]:
     intervals: dict[int, list[float] | None] = {}
     for i, o in enumerate(plan.outputs):
+        if o.kind in SPREAD_KINDS and not o.hidden:
+            intervals[i] = spread_interval(o, plan, calibration.noises, noisy)
         if o.kind != "avg" or o.hidden:
             continue
         s, c = o.measures
@@ -191,6 +220,11 @@ def released_accuracy(
         if o.kind in ("count", "sum"):
             out[o.name] = _measure_accuracy(m, calibration.noises[o.measures[0]])
             continue
+        if o.quantile is not None or o.kind in SPREAD_KINDS:
+            out[o.name] = _nonlinear_accuracy(plan, calibration, o)
+            if o.kind in SPREAD_KINDS:
+                out[o.name]["ci95_intervals"] = [row.get(i) for row in avg_intervals]
+            continue
         s, c = o.measures
         out[o.name] = {
             "ci95_intervals": [row.get(i) for row in avg_intervals],
@@ -198,6 +232,21 @@ def released_accuracy(
             "count": _measure_accuracy(plan.measures[c], calibration.noises[c]),
         }
     return out
+
+
+def _nonlinear_accuracy(
+    plan: QueryPlan, calibration: QueryCalibration, o: OutputColumn
+) -> dict[str, Any]:
+    """A quantile's rank interval; for VARIANCE / STDDEV, the accuracy of its parts (the
+    released rows' intervals are added from the noisy values)."""
+    if o.quantile is not None:
+        quantiles = [q for q in plan.outputs if q.quantile is not None]
+        return quantile_accuracy(o.quantile, calibration.choices[quantiles.index(o)])
+    parts = zip(("sum", "sum_squares", "count"), o.measures, strict=True)
+    return {
+        "method": "conservative: union bound over the three noises, interval arithmetic",
+        **{name: _measure_accuracy(plan.measures[j], calibration.noises[j]) for name, j in parts},
+    }
 
 
 def _measure_accuracy(m: Measure, noise: Noise) -> dict[str, float]:
@@ -214,6 +263,8 @@ def expected_accuracy(plan: QueryPlan, calibration: QueryCalibration) -> dict[st
             out[o.name] = _measure_accuracy(
                 plan.measures[o.measures[0]], calibration.noises[o.measures[0]]
             )
+        elif o.quantile is not None or o.kind in SPREAD_KINDS:
+            out[o.name] = _nonlinear_accuracy(plan, calibration, o)
         elif o.kind == "avg":
             s, c = o.measures
             out[o.name] = {

@@ -19,8 +19,22 @@ from sqlglot import exp
 
 from mechanisms.types import MechanismName, Sensitivity
 
-MeasureKind = Literal["count_rows", "count_values", "count_units", "sum"]
-OutputKind = Literal["group_key", "count", "sum", "avg", "literal"]
+MeasureKind = Literal[
+    "count_rows", "count_values", "count_units", "sum", "sum_squares", "histogram"
+]
+OutputKind = Literal[
+    "group_key",
+    "count",
+    "sum",
+    "avg",
+    "literal",
+    # quantiles and spread (gateway/analyze/quantiles.py)
+    "quantile",
+    "var_pop",
+    "var_samp",
+    "stddev_pop",
+    "stddev_samp",
+]
 ValueType = Literal["integer", "real", "text", "boolean", "date"]
 
 
@@ -32,7 +46,13 @@ class Measure:
     - ``count_values``: COUNT(expr) — rows where ``expr`` is not NULL;
     - ``count_units``: COUNT(DISTINCT privacy unit);
     - ``sum``: SUM of ``expr`` clamped to [lower, upper], rounded to multiples of
-      ``resolution`` and summed as integers (the released value is noisy sum × resolution).
+      ``resolution`` and summed as integers (the released value is noisy sum × resolution);
+    - ``sum_squares``: SUM of the square of ``expr`` clamped to [lower, upper], on the
+      grid ``resolution`` of the squares (for VARIANCE and STDDEV);
+    - ``histogram``: the *exact* number of rows whose ``expr`` is not NULL and, with a
+      ``threshold``, below it — one cumulative count of a quantile's public grid. It is
+      never noised nor released: a quantile's bucket is chosen from these counts by
+      permute-and-flip (``gateway/quantiles.py``). A plan lists these measures last.
     """
 
     kind: MeasureKind
@@ -41,6 +61,11 @@ class Measure:
     lower: float | None = None
     upper: float | None = None
     resolution: Fraction = Fraction(1)
+    threshold: Fraction | None = None
+
+    @property
+    def noised(self) -> bool:
+        return self.kind != "histogram"
 
 
 @dataclass(frozen=True)
@@ -66,6 +91,9 @@ class OutputColumn:
     ``measures`` indexes into ``QueryPlan.measures``: one for count and sum, (sum, count)
     for avg, none for a group key (``group_index`` says which) or a literal.
     ``hidden`` columns are computed for HAVING / ORDER BY but not returned.
+    ``quantile``: (sum, sum of squares, count) for the variance kinds; for a quantile, its
+    ``histogram`` measures (the cumulative counts, then the count of values) and the grid
+    its bucket is chosen on.
     """
 
     name: str
@@ -75,6 +103,22 @@ class OutputColumn:
     group_index: int | None = None
     value: Any = None
     hidden: bool = False
+    quantile: QuantileGrid | None = None
+
+
+@dataclass(frozen=True)
+class QuantileGrid:
+    """The public grid a quantile's bucket is chosen on (from the declared bounds only).
+
+    ``p`` is the quantile (0 for MIN, 1/2 for MEDIAN, 1 for MAX). Bucket j covers
+    [edges[j−1], edges[j]) with the declared lower and upper bounds at the ends, and is
+    released as ``values[j]``; ``rows_per_unit`` is the enforced contribution bound.
+    """
+
+    p: Fraction
+    edges: tuple[Fraction, ...]
+    values: tuple[Fraction, ...]
+    rows_per_unit: int
 
 
 @dataclass(frozen=True)

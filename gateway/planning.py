@@ -19,7 +19,7 @@ from gateway.analyze.aggregates import contribution_bounds
 from gateway.config import PrivacyConfig, TableConfig
 from gateway.errors import InvalidPrivacyParameters
 from gateway.plan import ProbePlan, QueryPlan, QueryRequest
-from mechanisms import QueryCalibration, calibrate_query
+from mechanisms import QueryCalibration, calibrate_with_choices
 
 PLAN_CACHE_SIZE = 1024
 
@@ -85,11 +85,12 @@ class Planner:
                     "declare the key's values in the config)"
                 )
         try:
-            calibration = calibrate_query(
+            calibration = calibrate_with_choices(
                 request.mechanism,
                 request.epsilon,
                 request.delta,
-                [m.sensitivity for m in plan.measures],
+                [m.sensitivity for m in plan.measures if m.noised],
+                sum(1 for o in plan.outputs if o.quantile is not None),
                 max_groups_per_unit=groups,
             )
         except ValueError as e:

@@ -18,6 +18,13 @@ from mechanisms.calibration import (
     zcdp_epsilon,
 )
 from mechanisms.pool import POOLS
+from mechanisms.selection import (
+    calibrate_with_choices,
+    permute_and_flip,
+    quantile_sensitivity,
+    quantile_utilities,
+    rank_halfwidth,
+)
 from mechanisms.types import (
     Accuracy,
     MechanismName,
@@ -41,10 +48,15 @@ __all__ = [
     "analytic_gaussian_mu",
     "calibrate_query",
     "calibrate_query_rho",
+    "calibrate_with_choices",
     "grid_resolution",
     "grid_sensitivity",
     "halfwidth",
+    "permute_and_flip",
     "prefill",
+    "quantile_sensitivity",
+    "quantile_utilities",
+    "rank_halfwidth",
     "ratio_interval",
     "sample",
     "selection_delta",

@@ -85,8 +85,13 @@ class PartitionSelection:
 
 @dataclass(frozen=True)
 class QueryCalibration:
-    """The noise for each measure of one query, the optional selection, and the total cost."""
+    """The noise for each measure of one query, the optional selection, and the total cost.
+
+    ``choices`` is the ε of each private choice the query makes (a quantile's bucket,
+    chosen by permute-and-flip, ``mechanisms.selection``), in the plan's order.
+    """
 
     noises: tuple[Noise, ...]
     selection: PartitionSelection | None
     cost: PrivacyCost
+    choices: tuple[Fraction, ...] = ()

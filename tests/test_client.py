@@ -105,6 +105,25 @@ def test_avg_accuracy_keeps_its_intervals_and_parts(gateway: FakeGateway) -> Non
     }
 
 
+def test_quantile_and_spread_accuracy_keep_their_rank_interval_and_parts(
+    gateway: FakeGateway,
+) -> None:
+    gateway.routes[("POST", "/v1/query")] = released(
+        [("m", "real"), ("s", "real")],
+        [[41.0, 12.5]],
+        accuracy={
+            "m": {"quantile": 0.5, "rank_ci95_halfwidth": 8, "buckets": 101, "note": "…"},
+            "s": {**AVG_ACCURACY, "sum_squares": {"ci95_halfwidth": 900.0, "stddev": 300.0}},
+        },
+    )
+    answer = Client(gateway.url, "k").query("SELECT MEDIAN(age) AS m, STDDEV(age) AS s …")
+    median, spread = answer.accuracy["m"], answer.accuracy["s"]
+    assert (median.quantile, median.rank_ci95_halfwidth) == (0.5, 8)
+    assert median.to_dict()["rank_ci95_halfwidth"] == 8
+    assert spread.sum_squares == dpgate_client.Accuracy(900.0, 300.0)
+    assert spread.to_dict()["sum_squares"] == {"ci95_halfwidth": 900.0, "stddev": 300.0}
+
+
 def test_partition_selection_is_reported(gateway: FakeGateway) -> None:
     selection = {"threshold": 43, "note": "Groups need about 43 people …"}
     gateway.routes[("POST", "/v1/query")] = released(

@@ -47,6 +47,11 @@ REPRESENTATIVE = [
     "SELECT COUNT(*), COUNT(DISTINCT patient_id), SUM(cost), AVG(length_of_stay) FROM visits",
     "SELECT department, COUNT(*), SUM(length_of_stay) FROM visits GROUP BY department",
     "SELECT year, department, COUNT(DISTINCT patient_id) FROM visits GROUP BY year, department",
+    # quantiles (histogram counts on a public grid) and spread (sums of squares)
+    "SELECT MEDIAN(age), PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY glucose) FROM patients",
+    "SELECT sex, MIN(income), MAX(glucose), STDDEV(age), VAR_POP(glucose) FROM patients "
+    "GROUP BY sex",
+    "SELECT department, MEDIAN(cost), VARIANCE(length_of_stay) FROM visits GROUP BY department",
 ]
 
 

@@ -62,6 +62,12 @@ def test_public_api_is_pinned() -> None:
             "sample",
             "selection_delta",
             "zcdp_epsilon",
+            # private selection (quantiles)
+            "calibrate_with_choices",
+            "permute_and_flip",
+            "quantile_sensitivity",
+            "quantile_utilities",
+            "rank_halfwidth",
         ]
     )
     for name in mechanisms.__all__:
@@ -427,3 +433,36 @@ def test_discrete_delta_grows_with_the_shift() -> None:
         for eps in (0.1, 1.0, 3.0, 8.0):
             values = [discrete_gaussian_delta(s2, k, eps) for k in range(12)]
             assert all(b >= a - 1e-15 for a, b in itertools.pairwise(values))
+
+
+# --- Private selection (permute-and-flip) ------------------------------------------------
+
+
+def test_permute_and_flip_always_accepts_the_best_candidate_at_huge_epsilon() -> None:
+    from mechanisms import permute_and_flip
+
+    utilities = [Fraction(-5), Fraction(0), Fraction(-1)]
+    # at ε = 100 a gap of 1 is accepted with probability e^-100: never in 200 draws
+    assert {permute_and_flip(utilities, Fraction(100), Fraction(1)) for _ in range(200)} == {1}
+    with pytest.raises(ValueError):
+        permute_and_flip([], Fraction(1), Fraction(1))
+    with pytest.raises(ValueError):
+        permute_and_flip(utilities, Fraction(0), Fraction(1))
+
+
+def test_choices_take_their_share_of_epsilon_and_never_more() -> None:
+    from mechanisms import PrivacyCost, calibrate_with_choices
+
+    cal = calibrate_with_choices("laplace", 0.3, 0.0, [sens(1), sens(1)], 1)
+    (choice,) = cal.choices
+    rest = sum(Fraction(1) / n.scale for n in cal.noises)  # ε of the two counts
+    assert choice + rest <= Fraction(0.3) and choice >= Fraction(0.3) / 3
+    assert cal.cost == PrivacyCost(0.3, 0.0, 0.3 * 0.3 / 2)
+    # only choices: the whole ε goes to them
+    only = calibrate_with_choices("laplace", 0.5, 0.0, [], 2)
+    assert only.choices == (Fraction(0.5) / 2,) * 2 and only.noises == ()
+    # only choices over selected groups: the selection gets its share, with δ
+    grouped = calibrate_with_choices("gaussian", 1.0, 1e-6, [], 1, max_groups_per_unit=3)
+    assert grouped.selection is not None and grouped.cost.selection_delta <= 1e-6
+    with pytest.raises(ValueError):
+        calibrate_with_choices("laplace", 1.0, 0.0, [], 1, max_groups_per_unit=3)

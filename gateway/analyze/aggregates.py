@@ -17,7 +17,7 @@ from sqlglot import exp
 from gateway.analyze.resolve import resolve_row_expression
 from gateway.config import TableConfig
 from gateway.errors import UnsupportedQuery
-from gateway.plan import Measure
+from gateway.plan import Measure, MeasureKind
 from mechanisms import grid_resolution, grid_sensitivity
 from mechanisms.types import Sensitivity
 
@@ -55,14 +55,48 @@ def measures_for(node: exp.Expr, table: TableConfig, alias: str, grouped: bool) 
         if isinstance(arg, exp.Distinct):
             return [_count_distinct(arg, table, alias, groups)]
         if arg is None or isinstance(arg, exp.Star):
-            return [Measure("count_rows", _uniform(rows))]
+            return [Measure("count_rows", uniform_sensitivity(rows))]
         expr = resolve_row_expression(arg, table, alias, where="COUNT")
-        return [Measure("count_values", _uniform(rows), expression=expr)]
+        return [Measure("count_values", uniform_sensitivity(rows), expression=expr)]
     arg = node.this
     if isinstance(arg, exp.Distinct):
         raise UnsupportedQuery(
             f"{name}(DISTINCT …) is not supported", construct=f"{name}(DISTINCT)"
         )
+    column = bounded_column(arg, table, alias, name)
+    col = table.columns[column.name]
+    lower, upper = float(col.lower or 0.0), float(col.upper or 0.0)
+    total = summed_measure("sum", column, col.type, (lower, upper), (lower, upper), rows)
+    if isinstance(node, exp.Sum):
+        return [total]
+    return [total, Measure("count_values", uniform_sensitivity(rows), expression=column)]
+
+
+def summed_measure(
+    kind: MeasureKind,
+    column: exp.Column,
+    ctype: str,
+    bounds: tuple[float, float],
+    values: tuple[float, float],
+    rows: int,
+) -> Measure:
+    """A SUM of a per-row value of ``column`` (clamped to ``bounds``) that lies in
+    ``values``, on that range's grid. From the rounding the SQL performs (clamp, then
+    ROUND half away from zero or half to even, depending on the backend): ⌈max|value| /
+    resolution⌉ steps per row."""
+    resolution = value_resolution(ctype, *values)
+    return Measure(
+        kind,
+        uniform_sensitivity(grid_sensitivity(*values, resolution, rows)),
+        expression=column,
+        lower=bounds[0],
+        upper=bounds[1],
+        resolution=resolution,
+    )
+
+
+def bounded_column(arg: exp.Expr, table: TableConfig, alias: str, name: str) -> exp.Column:
+    """The one declared numeric column with bounds that aggregate ``name`` reads."""
     column = resolve_row_expression(arg, table, alias, where=name)
     if not isinstance(column, exp.Column):
         raise UnsupportedQuery(
@@ -76,21 +110,7 @@ def measures_for(node: exp.Expr, table: TableConfig, alias: str, grouped: bool) 
             f"(declare them in the config: columns.{col.name}.lower/upper)",
             construct=f"{name} of an unbounded column",
         )
-    lower, upper = float(col.lower or 0.0), float(col.upper or 0.0)
-    resolution = _resolution(col.type, lower, upper)
-    # From the rounding the SQL performs (clamp, then ROUND half away from zero or half to
-    # even, depending on the backend): ⌈max|bound| / resolution⌉ steps per row.
-    total = Measure(
-        "sum",
-        _uniform(grid_sensitivity(lower, upper, resolution, rows)),
-        expression=column,
-        lower=lower,
-        upper=upper,
-        resolution=resolution,
-    )
-    if isinstance(node, exp.Sum):
-        return [total]
-    return [total, Measure("count_values", _uniform(rows), expression=column)]
+    return column
 
 
 #: Integer columns whose bounds stay within this magnitude are summed exactly (one step
@@ -99,7 +119,8 @@ def measures_for(node: exp.Expr, table: TableConfig, alias: str, grouped: bool) 
 EXACT_INTEGER_SUM_BOUND = 2**31
 
 
-def _resolution(ctype: str, lower: float, upper: float) -> Fraction:
+def value_resolution(ctype: str, lower: float, upper: float) -> Fraction:
+    """The grid a summed value is rounded to: 1 for integers of moderate size."""
     if ctype == "integer" and max(abs(lower), abs(upper)) <= EXACT_INTEGER_SUM_BOUND:
         return Fraction(1)
     return grid_resolution(lower, upper)
@@ -126,6 +147,6 @@ def _count_distinct(arg: exp.Distinct, table: TableConfig, alias: str, groups: i
     )
 
 
-def _uniform(bound: int | Fraction) -> Sensitivity:
+def uniform_sensitivity(bound: int | Fraction) -> Sensitivity:
     b = Fraction(bound)
     return Sensitivity(l1=b, l2=b, linf=b)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from sqlglot import exp
 from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
-from gateway.analyze.aggregates import AGGREGATES, measures_for
+from gateway.analyze.aggregates import AGGREGATES as LINEAR_AGGREGATES
+from gateway.analyze.aggregates import measures_for
 from gateway.analyze.groups import (
     is_literal,
     key_type,
@@ -22,12 +24,20 @@ from gateway.analyze.groups import (
     public_domain,
 )
 from gateway.analyze.parse import READ_DIALECT
+from gateway.analyze.quantiles import (
+    QUANTILE_AGGREGATES,
+    SPREAD_AGGREGATES,
+    quantile_measures,
+    spread_measures,
+)
 from gateway.analyze.resolve import ALLOWED_NODES, resolve_row_expression, resolve_table
 from gateway.analyze.wrapper import OuterQuery, limit_value
 from gateway.config import TableConfig
 from gateway.dialects import dialect
 from gateway.errors import GatewayError, UnsupportedQuery
 from gateway.plan import GroupKey, Measure, OrderKey, OutputColumn, ProbePlan, QueryPlan
+
+AGGREGATES = LINEAR_AGGREGATES + QUANTILE_AGGREGATES + SPREAD_AGGREGATES
 
 ROWS_HINT = (
     "dpgate releases aggregates, not rows: ask e.g. SELECT COUNT(*) FROM t, or "
@@ -50,6 +60,8 @@ class _Builder:
     def measure(self, m: Measure) -> int:
         shown = m.expression.sql(dialect=dialect(None)) if m.expression is not None else ""
         key = f"{m.kind}:{shown}"
+        if m.threshold is not None:
+            key += f"<{m.threshold}"
         if key in self.measure_keys:
             return self.measure_keys.index(key)
         self.measure_keys.append(key)
@@ -64,6 +76,8 @@ class _Builder:
             if not hidden and self.outputs[index].hidden:
                 self.outputs[index] = _replace(self.outputs[index], name=name, hidden=False)
             return index
+        if isinstance(node, QUANTILE_AGGREGATES + SPREAD_AGGREGATES):
+            return self.nonlinear_output(node, key, name, hidden)
         ms = measures_for(node, self.table, self.alias, self.grouped)
         indices = tuple(self.measure(m) for m in ms)
         if isinstance(node, exp.Avg):
@@ -78,6 +92,38 @@ class _Builder:
         )
         self.aggregate_outputs[key] = len(self.outputs) - 1
         return len(self.outputs) - 1
+
+    def nonlinear_output(self, node: exp.Expr, key: str, name: str, hidden: bool) -> int:
+        """A quantile (chosen on a public grid) or a VARIANCE / STDDEV output."""
+        if isinstance(node, QUANTILE_AGGREGATES):
+            ms, grid = quantile_measures(node, self.table, self.alias, self.grouped)
+            integral = grid.values == tuple(Fraction(int(v)) for v in grid.values)
+            out = OutputColumn(
+                name=name,
+                kind="quantile",
+                type="integer" if integral and isinstance(node, exp.Min | exp.Max) else "real",
+                measures=tuple(self.measure(m) for m in ms),
+                hidden=hidden,
+                quantile=grid,
+            )
+        else:
+            kind, ms = spread_measures(node, self.table, self.alias, self.grouped)
+            indices = tuple(self.measure(m) for m in ms)
+            out = OutputColumn(name=name, kind=kind, type="real", measures=indices, hidden=hidden)
+        self.outputs.append(out)
+        self.aggregate_outputs[key] = len(self.outputs) - 1
+        return len(self.outputs) - 1
+
+    def histograms_last(self) -> None:
+        """Put the never-noised histogram measures after all the noised ones (the
+        calibration's noises are indexed like the noised measures)."""
+        order = sorted(range(len(self.measures)), key=lambda i: not self.measures[i].noised)
+        remap = {old: new for new, old in enumerate(order)}
+        self.measures = [self.measures[i] for i in order]
+        self.measure_keys = [self.measure_keys[i] for i in order]
+        self.outputs = [
+            _replace(o, measures=tuple(remap[i] for i in o.measures)) for o in self.outputs
+        ]
 
     def group_output(self, index: int, name: str | None, hidden: bool) -> int:
         for i, out in enumerate(self.outputs):
@@ -196,6 +242,7 @@ def build_plan(
     )
     limit = limit_value(select, "limit")
     offset = limit_value(select, "offset") or 0
+    b.histograms_last()
     outputs = b.outputs
     if outer is not None:
         outputs, order_by, limit, offset = _apply_outer(b, outer, order_by, limit, offset)

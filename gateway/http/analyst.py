@@ -69,6 +69,43 @@ register_schema(
     },
 )
 register_schema(
+    "ColumnAccuracy",
+    {
+        "type": "object",
+        "description": "how accurate one released column is. COUNT and SUM: "
+        "`ci95_halfwidth` and `stddev` of the noise. AVG: `ci95_intervals` (one [low, high] "
+        "per row, or null) and the accuracy of its `sum` and `count`. VARIANCE and STDDEV: "
+        "`ci95_intervals` per row (conservative: a union bound over the noises of the "
+        "`sum`, `sum_squares` and `count` they are computed from, see `method`). Quantiles "
+        "(PERCENTILE_CONT, MEDIAN, MIN, MAX): a rank interval — with 95% probability the "
+        "released bucket holds a value whose rank among the group's bounded values is "
+        "within ±`rank_ci95_halfwidth` of the target rank p·(n−1); `buckets` and "
+        "`bucket_width` describe the public grid the value is chosen on.",
+        "properties": {
+            "ci95_halfwidth": {"type": ["number", "null"]},
+            "stddev": {"type": ["number", "null"]},
+            "ci95_intervals": {
+                "type": "array",
+                "items": {
+                    "anyOf": [
+                        {"type": "null"},
+                        {"type": "array", "items": {"type": "number"}, "minItems": 2},
+                    ]
+                },
+            },
+            "sum": {"type": "object"},
+            "sum_squares": {"type": "object"},
+            "count": {"type": "object"},
+            "method": {"type": "string"},
+            "quantile": {"type": "number", "minimum": 0, "maximum": 1},
+            "rank_ci95_halfwidth": {"type": "integer", "minimum": 0},
+            "buckets": {"type": "integer", "minimum": 1},
+            "bucket_width": {"type": "number", "minimum": 0},
+            "note": {"type": "string"},
+        },
+    },
+)
+register_schema(
     "Release",
     {
         "type": "object",
@@ -99,7 +136,9 @@ register_schema(
                 "type": "object",
                 "description": "noisy column → its accuracy; null where it is not known "
                 "(a nested aggregation's MIN, MAX or expressions of noisy values)",
-                "additionalProperties": {"type": ["object", "null"]},
+                "additionalProperties": {
+                    "oneOf": [ref("ColumnAccuracy"), {"type": "null"}],
+                },
             },
             "privacy": {"type": "object"},
             "budget": {"type": "object"},

@@ -1,0 +1,92 @@
+"""The per-row values measures aggregate: clamped columns, their squares, and the
+indicators of a quantile's histogram (gateway/compile.py builds the statement around them).
+
+Every literal is exact on every backend (integers, or dyadic rationals written as the
+doubles that equal them), so the same rows give the same integers on SQLite, PostgreSQL
+and DuckDB.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from sqlglot import exp
+
+from gateway.config import TableConfig
+from gateway.plan import Measure
+
+
+def histogram_input(m: Measure) -> exp.Expr:
+    """1 where the column is below the measure's grid edge (NULL elsewhere, so COUNT
+    skips it), or the column itself for the count of values. Edges lie strictly inside
+    the declared bounds, so comparing the raw value is comparing the clamped one."""
+    assert isinstance(m.expression, exp.Column)
+    value = exp.column(m.expression.name, quoted=True)
+    if m.threshold is None:
+        return value
+    below = exp.LT(this=value, expression=fraction_literal(m.threshold))
+    return exp.Case(ifs=[exp.If(this=below, true=exp.Literal.number(1))])
+
+
+def squares_input(m: Measure, table: TableConfig) -> exp.Expr:
+    """The square of the clamped column, on the grid of the squares (``m.resolution``):
+    exact 64-bit integers for an integer column whose squares stay small, otherwise
+    ROUND(v·v / resolution) computed in doubles (identical IEEE arithmetic everywhere)."""
+    assert isinstance(m.expression, exp.Column)
+    steps = 1 / m.resolution
+    integer = table.columns[m.expression.name].type == "integer"
+    if steps == 1 and integer:
+        whole = exp.Cast(this=clamped_value(m, None), to=exp.DataType.build("BIGINT"))
+        return exp.Mul(this=whole, expression=whole.copy())
+    # |v| under `small` squares to under a quarter step, which rounds to 0 anyway: sent
+    # to 0 first, so that v·v never underflows (PostgreSQL reports that as an error).
+    small = Fraction(1)
+    while small * small >= m.resolution / 4:
+        small /= 2
+    while (small * 2) ** 2 < m.resolution / 4:
+        small *= 2
+    v = exp.Cast(this=clamped_value(m, small), to=exp.DataType.build("DOUBLE"))
+    square = exp.Mul(this=v, expression=v.copy())
+    scaled = exp.Mul(this=exp.Paren(this=square), expression=fraction_literal(steps))
+    return exp.Cast(this=exp.Round(this=scaled), to=exp.DataType.build("BIGINT"))
+
+
+def clamped_value(m: Measure, zero_below: Fraction | None) -> exp.Expr:
+    """The measure's column clamped to [lower, upper]; magnitudes under ``zero_below``
+    (a power of two, exact as a literal) sent to 0."""
+    assert isinstance(m.expression, exp.Column)
+    assert m.lower is not None and m.upper is not None
+    value = exp.column(m.expression.name, quoted=True)
+    lower, upper = number_literal(m.lower), number_literal(m.upper)
+    ifs = [
+        exp.If(this=exp.LT(this=value.copy(), expression=lower), true=lower.copy()),
+        exp.If(this=exp.GT(this=value.copy(), expression=upper), true=upper.copy()),
+    ]
+    if zero_below is not None:
+        small = fraction_literal(zero_below)
+        ifs.append(
+            exp.If(
+                this=exp.and_(
+                    exp.GT(this=value.copy(), expression=exp.Neg(this=small.copy())),
+                    exp.LT(this=value.copy(), expression=small.copy()),
+                ),
+                true=exp.Literal.number(0),
+            )
+        )
+    return exp.Case(ifs=ifs, default=value)
+
+
+def number_literal(x: float) -> exp.Expr:
+    if float(x).is_integer():
+        literal = exp.Literal.number(int(x))
+    else:
+        literal = exp.Literal.number(repr(float(x)))
+    return exp.Neg(this=exp.Literal.number(str(literal.this).lstrip("-"))) if x < 0 else literal
+
+
+def fraction_literal(f: Fraction) -> exp.Expr:
+    if f < 0:
+        return exp.Neg(this=fraction_literal(-f))
+    if f.denominator == 1:
+        return exp.Literal.number(f.numerator)
+    return exp.Literal.number(repr(float(f)))  # powers of two are exact in binary floating point
