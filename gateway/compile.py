@@ -37,7 +37,8 @@ from sqlglot import exp
 
 from gateway.config import TableConfig
 from gateway.domain import row_filter
-from gateway.plan import GroupKey, Measure, QueryPlan
+from gateway.joins import relation_column
+from gateway.plan import GroupKey, JoinPlan, Measure, QueryPlan
 from gateway.portable import portable
 
 UNIT = "dp_unit"
@@ -69,18 +70,19 @@ def compile_plan(
     or unique constraint, on a column whose domain excludes NULL) and the bound is one row
     per unit, so no window is needed.
     """
+    if plan.join is not None:
+        # One row per row of the anchor, each table's domain applied before the join
+        # (gateway/joins.py); bounding, on the anchor's unit, comes after it.
+        table, unit_unique = plan.join.relation, False
     keys = [_group_key(k, table, dialect) for k in plan.group_keys]
     where = portable(plan.where, table, dialect) if plan.where is not None else None
-    domain = row_filter(table)
+    domain = row_filter(table) if plan.join is None else None
     inputs = [_measure_input(m, table, dialect) for m in plan.measures]
     rows_bound = table.max_rows_per_unit if table.privacy_unit else None
     if unit_unique and rows_bound == 1:
         rows_bound = None  # one row per unit, enforced by the database's own constraint
     selection = plan.needs_partition_selection
-    source = exp.Table(
-        this=exp.to_identifier(table.sql_name, quoted=True),
-        db=exp.to_identifier(table.schema, quoted=True) if table.schema else None,
-    )
+    source = _stored(table) if plan.join is None else _joined(plan.join)
     if rows_bound is None:
         query = _unbounded(plan, table, keys, where, domain, inputs, source, unit_unique)
     else:
@@ -96,6 +98,77 @@ def compile_plan(
         n_keys=len(plan.group_keys),
         n_measures=len(plan.measures),
         has_unit_count=selection,
+    )
+
+
+def _stored(table: TableConfig) -> exp.Table:
+    """A declared table as the database names it."""
+    return exp.Table(
+        this=exp.to_identifier(table.sql_name, quoted=True),
+        db=exp.to_identifier(table.schema, quoted=True) if table.schema else None,
+    )
+
+
+# -- joins (docs/design.md, "Joins") ---------------------------------------------------
+
+KEY_RANK = "dp_key_rank"
+
+
+def _joined(join: JoinPlan) -> exp.Expr:
+    """The relation of a join: the query's joins in its own order, over each table's rows
+    inside its declared domain, a lookup's cut to one row per key (the first by its
+    declared values: a deterministic choice), so each anchor row appears at most once."""
+    sides: list[exp.Expr] = []
+    columns: list[exp.Expr] = []
+    anchor = join.relation.name.lower()
+    for i, (table, key) in enumerate(zip(join.tables, join.keys, strict=True)):
+        alias = f"t{i}"
+        sides.append(
+            exp.Subquery(
+                this=_side(table, key), alias=exp.TableAlias(this=exp.to_identifier(alias))
+            )
+        )
+        own = table.name.lower() == anchor
+        for name in table.columns:
+            shown = name if own else relation_column(table.name.lower(), name)
+            columns.append(
+                exp.alias_(exp.column(name, table=alias, quoted=True), shown, quoted=True)
+            )
+    position = {t.name.lower(): i for i, t in enumerate(join.tables)}
+    query = exp.select(*columns).from_(sides[0], copy=False)
+    for step, side in zip(join.steps, sides[1:], strict=True):
+        on = exp.EQ(
+            this=exp.column(step.column, table=f"t{position[step.table]}", quoted=True),
+            expression=exp.column(step.other_column, table=f"t{position[step.other]}", quoted=True),
+        )
+        query = query.join(
+            side, on=on, join_type="LEFT" if step.kind == "left" else "INNER", copy=False
+        )
+    return exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier("j")))
+
+
+def _side(table: TableConfig, key: str | None) -> exp.Select:
+    """One table of a join: its declared columns, on the rows inside its domain; a lookup
+    (``key`` set) at most one row per key."""
+    columns = [exp.column(c, quoted=True) for c in table.columns]
+    rows = exp.select(*columns).from_(_stored(table), copy=False)
+    domain = row_filter(table)
+    if key is None:
+        return rows.where(domain, copy=False) if domain is not None else rows
+    present = exp.Not(this=exp.Is(this=exp.column(key, quoted=True), expression=exp.Null()))
+    rows = rows.where(present if domain is None else exp.and_(domain, present), copy=False)
+    rank = exp.Window(
+        this=exp.RowNumber(),
+        partition_by=[exp.column(key, quoted=True)],
+        order=exp.Order(
+            expressions=[exp.Ordered(this=exp.column(c, quoted=True)) for c in table.columns]
+        ),
+    )
+    ranked = rows.select(exp.alias_(rank, KEY_RANK, quoted=True), copy=False)
+    return (
+        exp.select(*[c.copy() for c in columns])
+        .from_(exp.Subquery(this=ranked, alias=exp.TableAlias(this=exp.to_identifier("k"))))
+        .where(exp.EQ(this=exp.column(KEY_RANK, quoted=True), expression=exp.Literal.number(1)))
     )
 
 

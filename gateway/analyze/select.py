@@ -21,12 +21,21 @@ from gateway.analyze.groups import (
     narrow_domain,
     public_domain,
 )
+from gateway.analyze.joins import resolve_join
 from gateway.analyze.parse import READ_DIALECT
 from gateway.analyze.resolve import ALLOWED_NODES, resolve_row_expression, resolve_table
 from gateway.analyze.wrapper import OuterQuery, limit_value
 from gateway.config import TableConfig
 from gateway.errors import GatewayError, UnsupportedQuery
-from gateway.plan import GroupKey, Measure, OrderKey, OutputColumn, ProbePlan, QueryPlan
+from gateway.plan import (
+    GroupKey,
+    JoinPlan,
+    Measure,
+    OrderKey,
+    OutputColumn,
+    ProbePlan,
+    QueryPlan,
+)
 
 ROWS_HINT = (
     "dpgate releases aggregates, not rows: ask e.g. SELECT COUNT(*) FROM t, or "
@@ -156,7 +165,13 @@ def build_plan(
     select: exp.Select, tables: Mapping[str, TableConfig], outer: OuterQuery | None = None
 ) -> QueryPlan:
     """Turn one SELECT into a QueryPlan against the declared ``tables``."""
-    table, alias = resolve_table(select, tables)
+    canonical = canonical_sql(select)  # of the text as written: joins and all
+    join: JoinPlan | None = None
+    if select.args.get("joins"):
+        select, table, join = resolve_join(select, tables)
+        alias = table.name.lower()
+    else:
+        table, alias = resolve_table(select, tables)
     if select.args.get("distinct"):
         raise UnsupportedQuery(
             "SELECT DISTINCT returns rows: use GROUP BY with COUNT(*)",
@@ -195,7 +210,6 @@ def build_plan(
     outputs = b.outputs
     if outer is not None:
         outputs, order_by, limit, offset = _apply_outer(b, outer, order_by, limit, offset)
-    canonical = canonical_sql(select)
     return QueryPlan(
         table=table.name.lower(),
         measures=tuple(b.measures),
@@ -207,6 +221,7 @@ def build_plan(
         limit=limit,
         offset=offset,
         canonical_sql=canonical,
+        join=join,
     )
 
 
@@ -245,11 +260,19 @@ def _add_group_key(
     b.group_keys.append(
         GroupKey(
             expression=resolved,
-            name=name or (resolved.name if isinstance(resolved, exp.Column) else resolved.sql()),
+            name=name or _key_name(resolved),
             type=key_type(resolved, b.table),
             domain=narrow_domain(public_domain(resolved, b.table), resolved, b.where),
         )
     )
+
+
+def _key_name(resolved: exp.Expr) -> str:
+    """A group key's default output name: the column's own name (a joined table's
+    ``table.column`` shown as ``column``, as the database would name it)."""
+    if isinstance(resolved, exp.Column):
+        return resolved.name.rsplit(".", 1)[-1]
+    return resolved.sql()
 
 
 def _alias_of(b: _Builder, resolved: exp.Expr, items: list[exp.Expr]) -> str | None:
