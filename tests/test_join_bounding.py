@@ -43,7 +43,12 @@ from gateway.plan import QueryPlan
 Row = dict[str, Any]
 
 PATIENTS: list[Row] = [
-    {"pid": p, "sex": "FM"[p % 2], "age": 10 + 7 * p % 80, "zip": ("100", "200", "300", "400")[p % 4]}
+    {
+        "pid": p,
+        "sex": "FM"[p % 2],
+        "age": 10 + 7 * p % 80,
+        "zip": ("100", "200", "300", "400")[p % 4],
+    }
     for p in range(1, 21)
 ] + [
     {"pid": 7, "sex": "F", "age": 99, "zip": "100"},  # a second row for patient 7
@@ -64,8 +69,13 @@ def _visits() -> list[Row]:
     counts = {1: 12, 2: 5, 99: 4, None: 3, **{p: 1 + p % 4 for p in range(3, 21)}}
     for pid, n in counts.items():
         for i in range(n):
-            out.append({"pid": pid, "dept": ("A", "B", "C", "Z")[(i + (pid or 0)) % 4],
-                        "cost": (5 * i + 3 * (pid or 1)) % 71})
+            out.append(
+                {
+                    "pid": pid,
+                    "dept": ("A", "B", "C", "Z")[(i + (pid or 0)) % 4],
+                    "cost": (5 * i + 3 * (pid or 1)) % 71,
+                }
+            )
     return out
 
 
@@ -206,13 +216,28 @@ def n_age(rs: list[Row]) -> int:
 
 QUERIES: dict[str, tuple[str, set[str], list[str], Any, Any, list[Any]]] = {
     "SELECT COUNT(*) FROM visits v JOIN patients p ON p.pid = v.pid": (
-        "visits", {"patients"}, [], None, None, [n_rows]
+        "visits",
+        {"patients"},
+        [],
+        None,
+        None,
+        [n_rows],
     ),
     "SELECT COUNT(*), COUNT(DISTINCT v.pid) FROM visits v LEFT JOIN patients p ON p.pid = v.pid": (
-        "visits", set(), [], None, None, [n_rows, n_units]
+        "visits",
+        set(),
+        [],
+        None,
+        None,
+        [n_rows, n_units],
     ),
     "SELECT p.sex, COUNT(*) FROM patients p JOIN visits v ON p.pid = v.pid GROUP BY p.sex": (
-        "visits", {"patients"}, ["patients.sex"], None, lambda r: r["patients.sex"], [n_rows]
+        "visits",
+        {"patients"},
+        ["patients.sex"],
+        None,
+        lambda r: r["patients.sex"],
+        [n_rows],
     ),
     "SELECT v.dept, SUM(v.cost) FROM visits v JOIN patients p ON p.pid = v.pid "
     "WHERE p.age > 30 GROUP BY v.dept": (
@@ -233,7 +258,12 @@ QUERIES: dict[str, tuple[str, set[str], list[str], Any, Any, list[Any]]] = {
         [n_rows, n_units],
     ),
     "SELECT z.region, COUNT(*) FROM patients p JOIN zips z ON p.zip = z.zip GROUP BY z.region": (
-        "patients", {"zips"}, ["zips.region"], None, lambda r: r["zips.region"], [n_rows]
+        "patients",
+        {"zips"},
+        ["zips.region"],
+        None,
+        lambda r: r["zips.region"],
+        [n_rows],
     ),
     "SELECT region, AVG(p.age) FROM patients p LEFT JOIN zips z ON p.zip = z.zip "
     "WHERE p.sex = 'F' OR z.region = 'South' GROUP BY region": (

@@ -107,8 +107,10 @@ def test_a_privacy_unit_path_gives_the_referencing_table_its_unit() -> None:
             "patients may hold 2 rows per unit; a referenced table must hold one",
         ),
         (
-            {"visits__privacy_unit": "dept", "visits__columns": {
-                "pid": {"type": "integer"}, "dept": {"type": "integer"}}},
+            {
+                "visits__privacy_unit": "dept",
+                "visits__columns": {"pid": {"type": "integer"}, "dept": {"type": "integer"}},
+            },
             "must be this table's privacy unit",
         ),
         (
@@ -313,7 +315,10 @@ def test_a_join_that_fails_in_the_database_is_charged(
         lambda db: sqlite3.connect(db).executescript("DROP TABLE zip_regions;"),
         audit={"mode": "off"},
     )
-    sql = "SELECT z.region, COUNT(*) FROM patients p JOIN zip_regions z ON p.zip = z.zip GROUP BY z.region"
+    sql = (
+        "SELECT z.region, COUNT(*) FROM patients p JOIN zip_regions z ON p.zip = z.zip "
+        "GROUP BY z.region"
+    )
     with pytest.raises(DatabaseUnavailable) as info:
         gw.query("alice", request(sql))
     assert info.value.to_dict()["error"] == {

@@ -206,7 +206,9 @@ def _column_source(
                         column=column.sql(),
                     )
                 return s, name
-        raise UnknownColumn(f"unknown table or alias '{column.table}' in {clause}", column=column.sql())
+        raise UnknownColumn(
+            f"unknown table or alias '{column.table}' in {clause}", column=column.sql()
+        )
     having = [s for s in sources if name in s.table.columns]
     if len(having) > 1:
         both = " and ".join(s.table.name for s in having)
@@ -313,7 +315,9 @@ def _matched(
             key,
         )
         conditions.append(
-            exp.Not(this=exp.Is(this=exp.column(relation_column(lookup, column)), expression=exp.Null()))
+            exp.Not(
+                this=exp.Is(this=exp.column(relation_column(lookup, column)), expression=exp.Null())
+            )
         )
     if not conditions:
         return None
