@@ -7,6 +7,7 @@ The passes, each in its own module:
                   after it, trailing commas, ``IN ()``) refused as syntax errors
 2. ``wrapper``    BI wrappers and connection probes
 3. ``resolve``    the table, the columns, the expression allow-list
+   ``joins``      a join along declared references → the one relation it reads
 4. ``aggregates`` aggregate calls → measures with their sensitivities
 5. ``groups``     GROUP BY keys and their public domains
 6. ``select``     the select list, HAVING, ORDER BY and LIMIT → outputs

@@ -151,12 +151,9 @@ def build(path: Path, *, patients: int = PATIENTS, seed: int = SEED) -> None:
             length_of_stay INTEGER NOT NULL,
             cost REAL NOT NULL
         );
-        CREATE TABLE zip_regions (
-            zip TEXT PRIMARY KEY NOT NULL,
-            region TEXT NOT NULL
-        );
         """
     )
+    _zip_regions(conn)
     patient_rows = []
     visit_rows = []
     visit_id = 0
@@ -181,9 +178,28 @@ def build(path: Path, *, patients: int = PATIENTS, seed: int = SEED) -> None:
             visit_rows.append((visit_id, pid, rng.randint(2019, 2025), dept, stay, cost))
     conn.executemany("INSERT INTO patients VALUES (?,?,?,?,?,?,?,?,?,?)", patient_rows)
     conn.executemany("INSERT INTO visits VALUES (?,?,?,?,?,?)", visit_rows)
-    conn.executemany("INSERT INTO zip_regions VALUES (?,?)", zip_region_rows())
     conn.commit()
     conn.close()
+
+
+def upgrade(path: Path) -> None:
+    """Add to a demo database built by an earlier dpgate what it lacks: the public
+    ``zip_regions`` table (derived from constants, so the result is what ``build`` makes)."""
+    conn = sqlite3.connect(path)
+    try:
+        known = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'zip_regions'"
+        ).fetchone()
+        if known is None:
+            _zip_regions(conn)
+            conn.commit()
+    finally:
+        conn.close()
+
+
+def _zip_regions(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE TABLE zip_regions (zip TEXT PRIMARY KEY NOT NULL, region TEXT NOT NULL)")
+    conn.executemany("INSERT INTO zip_regions VALUES (?,?)", zip_region_rows())
 
 
 def zip_region_rows() -> list[tuple[str, str]]:
