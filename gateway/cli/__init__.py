@@ -106,7 +106,7 @@ def demo(
     click.echo(
         f"""
 dpgate demo
-  data:    {_shown(demo_run.database)}  (12,000 synthetic patients, their visits, a public zip → region table)
+  data:    {_shown(demo_run.database)}  (12,000 synthetic patients, their visits, zip regions)
   config:  {config}
   ledger:  {_shown(demo_run.ledger)}
 
