@@ -100,7 +100,7 @@ def demo(
     sql = "SELECT disease, COUNT(*) AS n FROM patients WHERE age >= 40 GROUP BY disease"
     join = (
         "SELECT z.region, COUNT(*) AS n FROM patients p "
-        "JOIN zip_regions z ON p.zip = z.zip GROUP BY z.region"
+        "LEFT JOIN zip_regions z ON p.zip = z.zip GROUP BY z.region"
     )
     key = demo_run.key
     click.echo(
