@@ -413,3 +413,49 @@ def test_a_lookup_column_is_never_taken_as_independent_of_its_join_column(
     assert info.value.code == "audit_refused"
     assert "cannot relate" in info.value.message
     assert gw.ledger.budget_status("alice").rho_spent == spent
+
+
+# -- the public contract -------------------------------------------------------------------
+
+
+def test_the_schema_shows_public_tables_and_references(client: Any, auth: dict[str, str]) -> None:
+    body = client.get("/v1/schema", headers=auth).get_json()
+    tables = {t["name"]: t for t in body["tables"]}
+    assert tables["zip_regions"]["public"] is True and tables["zip_regions"]["key"] == "zip"
+    assert tables["visits"]["references"] == [
+        {"column": "patient_id", "table": "patients", "target": "patient_id"}
+    ]
+    assert "public" not in tables["patients"]
+
+
+def test_a_join_over_http_releases_its_groups(client: Any, auth: dict[str, str]) -> None:
+    resp = client.post(
+        "/v1/query",
+        json={
+            "sql": "SELECT z.region, COUNT(*) AS n FROM patients p LEFT JOIN zip_regions z "
+            "ON p.zip = z.zip GROUP BY z.region",
+            "epsilon": 0.5,
+        },
+        headers=auth,
+    )
+    body = resp.get_json()
+    assert resp.status_code == 200, body
+    assert [c["name"] for c in body["columns"]] == ["region", "n"]
+    regions = [r[0] for r in body["rows"]]
+    assert "Central Hungary" in regions and None in regions  # every declared value, and NULL
+
+
+def test_an_older_demo_database_gets_the_public_table(demo_db: Path, tmp_path: Path) -> None:
+    from gateway.demo.hospital import upgrade, zip_region_rows
+
+    db = tmp_path / "old.db"
+    shutil.copy(demo_db, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE zip_regions")
+        before = conn.execute("SELECT COUNT(*) FROM patients").fetchone()
+    upgrade(db)
+    upgrade(db)  # idempotent
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT zip, region FROM zip_regions ORDER BY zip").fetchall()
+        assert conn.execute("SELECT COUNT(*) FROM patients").fetchone() == before
+    assert rows == sorted(zip_region_rows())

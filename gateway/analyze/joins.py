@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from sqlglot import exp
 
+from gateway.analyze.parse import READ_DIALECT
 from gateway.analyze.resolve import declared_table, refuse_with
 from gateway.config import TableConfig
 from gateway.errors import UnknownColumn, UnsupportedQuery
@@ -258,6 +259,11 @@ def _rewrite(
     relation names it; a name no table has is left for the later passes (an output
     alias in HAVING or ORDER BY, or an unknown column they report)."""
     copy = select.copy()
+    for item in copy.expressions:
+        if not isinstance(item, exp.Alias | exp.Column) and item.find(exp.Column) is not None:
+            # an aggregate keeps the name the analyst wrote (SUM(p.income), not the
+            # relation's SUM("patients.income"))
+            item.replace(exp.alias_(item.copy(), item.sql(dialect=READ_DIALECT), quoted=True))
     for clause in ("expressions", "where", "group", "having", "order"):
         value = copy.args.get(clause)
         nodes = value if isinstance(value, list) else [value] if value is not None else []
