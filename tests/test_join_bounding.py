@@ -18,8 +18,6 @@ the executed SQL, here after the join):
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -39,6 +37,8 @@ from gateway.execute import (
     sqlglot_dialect,
 )
 from gateway.plan import QueryPlan
+from tests.conftest import POSTGRES_URL, drop_postgres_schema, postgres_schema_url
+from tests.test_bounding import bounded_answer
 
 Row = dict[str, Any]
 
@@ -176,22 +176,10 @@ def reference(
     units: dict[Any, list[Row]] = defaultdict(list)
     for r in relation(anchor, inner):
         units[r["pid"]].append(r)
-    kept: list[Row] = []
-    for unit_rows in units.values():
-        ordered = sorted(unit_rows, key=lambda r: [(r[c] is None, r[c] or 0) for c in reads])
-        if where is not None:
-            ordered = [r for r in ordered[:read] if where(r)]
-        mine = ordered[:rows_bound]
-        if key is not None and groups_bound is not None and groups_bound < rows_bound:
-            keys = sorted({key(r) for r in mine}, key=lambda k: (k is None, k or ""))
-            mine = [r for r in mine if key(r) in keys[:groups_bound]]
-        kept += mine
-    if key is None:
-        return [tuple(m(kept) for m in measures)]
-    by_key: dict[Any, list[Row]] = defaultdict(list)
-    for r in kept:
-        by_key[key(r)].append(r)
-    return sorted(((k, *(m(rs) for m in measures)) for k, rs in by_key.items()), key=repr)
+    # steps 2 to 5 of tests/test_bounding.py's definition, on the joined rows
+    return bounded_answer(
+        units, tuple(reads), where, key, measures, rows=rows_bound, groups=groups_bound, read=read
+    )
 
 
 def n_rows(rs: list[Row]) -> int:
@@ -313,20 +301,16 @@ def backend(
         writer.dispose()
         yield url, None
         return
-    base = os.environ.get("DPGATE_TEST_POSTGRES_URL")
-    if not base:
+    if not POSTGRES_URL:
         pytest.skip("set DPGATE_TEST_POSTGRES_URL to run PostgreSQL tests")
-    schema = f"dpgate_join_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(base)
-    with admin.begin() as conn:
-        conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+    _, schema = postgres_schema_url(POSTGRES_URL)
     try:
-        _load(admin, schema)
-        yield base, schema
+        writer = sa.create_engine(POSTGRES_URL)
+        _load(writer, schema)
+        writer.dispose()
+        yield POSTGRES_URL, schema
     finally:
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+        drop_postgres_schema(POSTGRES_URL, schema)
 
 
 def _normal(v: Any) -> Any:
@@ -337,13 +321,10 @@ def _normal(v: Any) -> Any:
 def test_join_sql_computes_the_definition(sql: str, backend: tuple[str, str | None]) -> None:
     url, schema = backend
     config = _config(url)
-    if schema is not None:
-        config = replace(
-            config, tables={k: replace(t, schema=schema) for k, t in config.tables.items()}
-        )
+    tables = {k: replace(t, schema=schema) for k, t in config.tables.items()}
     engine = open_protected_engine(url, statement_timeout_ms=30_000)
     try:
-        tables = with_nullability(config.tables, nullability_by_schema(engine, config.tables))
+        tables = with_nullability(tables, nullability_by_schema(engine, tables))
         plan = analyze(sql, tables)
         assert isinstance(plan, QueryPlan) and plan.join is not None
         compiled = compile_plan(plan, tables[plan.table], sqlglot_dialect(engine))

@@ -27,7 +27,6 @@ from gateway.config import ConfigError, parse_config
 from gateway.errors import DatabaseUnavailable, GatewayError
 from gateway.pipeline import CHARGED_FAILURE_MESSAGE, Gateway
 from gateway.plan import QueryPlan, QueryRequest
-from tests.conftest import ADMIN_KEY, demo_config_dict
 
 FIXTURES = yaml.safe_load((Path(__file__).parent / "fixtures" / "analyze.yaml").read_text())
 NEW = 999_999  # the neighbour's patient_id
@@ -166,20 +165,12 @@ def _add_person(db: Path, *, patient: bool, visits: int) -> None:
 
 
 @pytest.fixture
-def build_gateway(
-    demo_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Callable[..., Gateway]:
-    """A Gateway on a private copy of the demo data, changed by ``change`` first."""
-    monkeypatch.setenv("DPGATE_ADMIN_KEY", ADMIN_KEY)
-    counter = iter(range(1000))
+def build_gateway(make_gateway: Callable[..., Gateway]) -> Callable[..., Gateway]:
+    """A Gateway on a private copy of the demo data (changed by ``prepare`` first), with
+    an analyst 'alice' whose budget outlasts every test here."""
 
-    def factory(change: Callable[[Path], None] | None = None, **overrides: Any) -> Gateway:
-        n = next(counter)
-        db = tmp_path / f"join{n}.db"
-        shutil.copy(demo_db, db)
-        if change is not None:
-            change(db)
-        gw = Gateway(parse_config(demo_config_dict(db, tmp_path / f"ledger{n}.db", **overrides)))
+    def factory(prepare: Callable[[Path], Any] | None = None, **overrides: Any) -> Gateway:
+        gw = make_gateway(prepare, **overrides)
         gw.ledger.create_analyst("alice", 1000.0, 1e-3)
         return gw
 
