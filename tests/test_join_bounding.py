@@ -109,6 +109,10 @@ def _config(url: str) -> Config:
                     },
                     "references": {"pid": "patients.pid"},
                 },
+                "events": {  # row-level privacy: each row its own unit
+                    "columns": {"zip": {"type": "text"}, "kind": {"type": "text"}},
+                    "references": {"zip": "zips.zip"},
+                },
                 "zips": {
                     "public": True,
                     "key": "zip",
@@ -122,16 +126,21 @@ def _config(url: str) -> Config:
 # -- the reference ------------------------------------------------------------------------
 
 LOOKUPS = {  # the lookups of each anchor, parents first: (table, via column, key)
+    "events": [("zips", "zip", "zip")],
     "visits": [("patients", "pid", "pid"), ("zips", "patients.zip", "zip")],
     "patients": [("zips", "zip", "zip")],
 }
 DOMAIN: dict[str, Callable[[Row], bool]] = {
+    "events": lambda r: True,
     "patients": lambda r: r["sex"] in ("F", "M", None),
     "visits": lambda r: r["dept"] in ("A", "B", "C", None),
     "zips": lambda r: True,
 }
-STORED = {"patients": PATIENTS, "visits": VISITS, "zips": ZIPS}
-BOUNDS = {"visits": (3, 2, 4), "patients": (1, None, 10)}  # rows, groups, read
+EVENTS: list[Row] = [
+    {"zip": ("100", "200", "400", None)[i % 4], "kind": "ab"[i % 2]} for i in range(11)
+]
+STORED = {"patients": PATIENTS, "visits": VISITS, "zips": ZIPS, "events": EVENTS}
+BOUNDS = {"visits": (3, 2, 4), "patients": (1, None, 10), "events": (1, None, 10)}
 
 
 def _first(rows: list[Row], key: str) -> dict[Any, Row]:
@@ -174,8 +183,8 @@ def reference(
 ) -> list[tuple[Any, ...]]:
     rows_bound, groups_bound, read = BOUNDS[anchor]
     units: dict[Any, list[Row]] = defaultdict(list)
-    for r in relation(anchor, inner):
-        units[r["pid"]].append(r)
+    for i, r in enumerate(relation(anchor, inner)):
+        units[r.get("pid", ("row", i))].append(r)  # row-level: each row its own unit
     # steps 2 to 5 of tests/test_bounding.py's definition, on the joined rows
     return bounded_answer(
         units, tuple(reads), where, key, measures, rows=rows_bound, groups=groups_bound, read=read
@@ -203,6 +212,22 @@ def n_age(rs: list[Row]) -> int:
 
 
 QUERIES: dict[str, tuple[str, set[str], list[str], Any, Any, list[Any]]] = {
+    "SELECT z.region, COUNT(*) FROM events e JOIN zips z ON e.zip = z.zip GROUP BY z.region": (
+        "events",
+        {"zips"},
+        ["zips.region"],
+        None,
+        lambda r: r["zips.region"],
+        [n_rows],
+    ),
+    "SELECT COUNT(*) FROM events e LEFT JOIN zips z ON e.zip = z.zip WHERE e.kind = 'a'": (
+        "events",
+        set(),
+        ["kind"],
+        lambda r: r["kind"] == "a",
+        None,
+        [n_rows],
+    ),
     "SELECT COUNT(*) FROM visits v JOIN patients p ON p.pid = v.pid": (
         "visits",
         {"patients"},
@@ -275,6 +300,7 @@ def _load(engine: sa.Engine, schema: str | None) -> None:
         "patients": [("pid", integer), ("sex", text), ("age", integer), ("zip", text)],
         "visits": [("pid", integer), ("dept", text), ("cost", integer)],
         "zips": [("zip", text), ("region", text)],
+        "events": [("zip", text), ("kind", text)],
     }
     tables = {
         name: sa.Table(name, meta, *[sa.Column(c, t) for c, t in cols])
