@@ -32,6 +32,20 @@ def public_schema(tables: Mapping[str, TableConfig]) -> dict[str, Any]:
                 "max_rows_per_unit": t.max_rows_per_unit if t.privacy_unit else 1,
                 "max_groups_per_unit": t.max_groups_per_unit,
                 "columns": columns,
+                **_joins(t),
             }
         )
     return {"ok": True, "tables": out}
+
+
+def _joins(t: TableConfig) -> dict[str, Any]:
+    """What a table may be joined on (docs/design.md, "Joins"): a public table and its
+    key; the references a query may join along."""
+    out: dict[str, Any] = {}
+    if t.public:
+        out["public"], out["key"] = True, t.key
+    if t.references:
+        out["references"] = [
+            {"column": r.column, "table": r.table, "target": r.target} for r in t.references
+        ]
+    return out

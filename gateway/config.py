@@ -49,6 +49,10 @@ class ColumnConfig:
     # where NULL is outside it, CHECK constraints admitting declared values only), so the
     # compiled SQL does not filter on it (gateway/constraints.py). Read, never declared.
     enforced: bool = False
+    # Set only on a joined relation's columns (gateway/joins.py): the relation column this
+    # one's value is a function of (a lookup through it), which the auditor must not treat
+    # as independent of it.
+    determined_by: str | None = None
 
     @property
     def may_be_null(self) -> bool:
@@ -64,6 +68,19 @@ class ColumnConfig:
         return self.type in ("integer", "real")
 
 
+@dataclass(frozen=True)
+class Reference:
+    """``references: {column: table.column}``: this table's ``column`` holds values of
+    ``table.target``, where each value names at most one row (docs/design.md, "Joins").
+
+    To a protected table the target is its privacy unit (a privacy-unit path: both
+    columns identify the same person); to a ``public`` table it is the table's ``key``."""
+
+    column: str
+    table: str
+    target: str
+
+
 #: By default a query reads at most this many times ``max_rows_per_unit`` of one unit's
 #: stored rows.
 READ_ROWS_FACTOR = 10
@@ -75,6 +92,9 @@ class TableConfig:
 
     ``deadline_ms`` overrides ``execution.deadline_ms`` for queries on this table (a
     large table needs a later deadline than a small one).
+
+    ``public`` tables hold public rows (a zip → region list) with a unique ``key``;
+    ``references`` are the joins this table may take (``Reference``).
     """
 
     name: str
@@ -86,6 +106,9 @@ class TableConfig:
     source: str | None = None  # the table's real name in the database, if it differs
     deadline_ms: int | None = None
     max_rows_read_per_unit: int | None = None
+    public: bool = False
+    key: str | None = None
+    references: tuple[Reference, ...] = ()
 
     @property
     def rows_read_bound(self) -> int:
@@ -478,6 +501,9 @@ def _tables(v: _Validator, raw: Any) -> dict[str, TableConfig]:
                 "source",
                 "deadline_ms",
                 "max_rows_read_per_unit",
+                "public",
+                "key",
+                "references",
             },
         )
         columns: dict[str, ColumnConfig] = {}
@@ -503,12 +529,183 @@ def _tables(v: _Validator, raw: Any) -> dict[str, TableConfig]:
             deadline_ms=v.integer(traw, f"{path}.deadline_ms", None, low=1),
             max_rows_read_per_unit=v.integer(traw, f"{path}.max_rows_read_per_unit", None, low=1),
         )
-        if unit is None and traw.get("max_rows_per_unit", 1) != 1:
+    return _joins(v, raw, tables)
+
+
+def _joins(
+    v: _Validator, raw: Mapping[str, Any], tables: dict[str, TableConfig]
+) -> dict[str, TableConfig]:
+    """``public``, ``key`` and ``references``, checked across tables (docs/design.md,
+    "Joins"); a table with no ``privacy_unit`` whose reference reaches a protected table's
+    privacy unit takes the referencing column as its own (a privacy-unit path)."""
+    for name, t in list(tables.items()):
+        traw = next(r for k, r in raw.items() if str(k).lower() == name)
+        path = f"tables.{t.name}"
+        public = traw.get("public", False)
+        if not isinstance(public, bool):
+            v.problem(f"{path}.public: must be true or false")
+            public = False
+        key = traw.get("key")
+        if key is not None and str(key).lower() not in t.columns:
+            v.problem(f"{path}.key: '{key}' is not a declared column")
+            key = None
+        if public:
+            if key is None and "key" not in traw:
+                v.problem(
+                    f"{path}.key: a public table needs a key — the column, unique in the "
+                    "table, that other tables' references join on"
+                )
+            for setting in ("privacy_unit", "max_rows_per_unit", "max_groups_per_unit"):
+                if setting in traw:
+                    v.problem(
+                        f"{path}.{setting}: a public table has no privacy unit (its rows "
+                        "are public)"
+                    )
+            if "references" in traw:
+                v.problem(f"{path}.references: a public table cannot reference other tables")
+        elif key is not None:
+            v.problem(f"{path}.key: only a public table (public: true) declares a key")
+        tables[name] = replace(t, public=public, key=str(key).lower() if key else None)
+    _derive_units(raw, tables)
+    for name, t in list(tables.items()):
+        traw = next(r for k, r in raw.items() if str(k).lower() == name)
+        refs = traw.get("references")
+        if refs is None or t.public:
+            continue
+        path = f"tables.{t.name}.references"
+        if not isinstance(refs, Mapping) or not refs:
+            v.problem(f"{path}: must be a mapping {{column: table.column}}")
+            continue
+        found: list[Reference] = []
+        for column, target in refs.items():
+            reference = _reference(v, f"{path}.{column}", t, str(column).lower(), target, tables)
+            if reference is None:
+                continue
+            if any(r.table == reference.table for r in found):
+                v.problem(f"{path}.{column}: a second reference to '{reference.table}'")
+                continue
+            found.append(reference)
+        unit = t.privacy_unit
+        for r in found:
+            if tables[r.table].public:
+                continue
+            if unit is None:
+                unit = r.column  # the privacy-unit path: this column names the person
+            elif unit != r.column:
+                v.problem(
+                    f"{path}.{r.column}: references {r.table}'s privacy unit, so it must be "
+                    f"this table's privacy unit (privacy_unit is '{unit}')"
+                )
+        tables[name] = replace(t, references=tuple(found), privacy_unit=unit)
+    for name, t in tables.items():
+        traw = next(r for k, r in raw.items() if str(k).lower() == name)
+        if t.privacy_unit is None and traw.get("max_rows_per_unit", 1) != 1 and not t.public:
             v.problem(
-                f"{path}.max_rows_per_unit: needs a privacy_unit (without one, each row "
-                "is its own unit)"
+                f"tables.{t.name}.max_rows_per_unit: needs a privacy_unit (without one, "
+                "each row is its own unit)"
             )
+    for name in tables:
+        _reachable(v, name, tables)
     return tables
+
+
+def _derive_units(raw: Mapping[str, Any], tables: dict[str, TableConfig]) -> None:
+    """Give a table without ``privacy_unit`` the column that references another table's
+    privacy unit (repeated, so that paths of several steps resolve)."""
+    changed = True
+    while changed:
+        changed = False
+        for name, t in tables.items():
+            traw = next(r for k, r in raw.items() if str(k).lower() == name)
+            refs = traw.get("references")
+            if t.privacy_unit is not None or t.public or not isinstance(refs, Mapping):
+                continue
+            for column, target in refs.items():
+                if not isinstance(target, str) or target.count(".") != 1:
+                    continue
+                tname, tcolumn = (part.lower() for part in target.split("."))
+                other = tables.get(tname)
+                if (
+                    other is not None
+                    and not other.public
+                    and other.privacy_unit == tcolumn
+                    and str(column).lower() in t.columns
+                ):
+                    tables[name] = replace(t, privacy_unit=str(column).lower())
+                    changed = True
+                    break
+
+
+def _reference(
+    v: _Validator,
+    path: str,
+    table: TableConfig,
+    column: str,
+    target: Any,
+    tables: Mapping[str, TableConfig],
+) -> Reference | None:
+    """One ``column: table.column`` entry, or None (with the problem reported)."""
+    if column not in table.columns:
+        v.problem(f"{path}: '{column}' is not a declared column of {table.name}")
+        return None
+    if not isinstance(target, str) or target.count(".") != 1:
+        v.problem(f"{path}: must name the referenced column as table.column")
+        return None
+    tname, tcolumn = (part.lower() for part in target.split("."))
+    other = tables.get(tname)
+    if other is None:
+        v.problem(f"{path}: '{tname}' is not a declared table")
+        return None
+    if tcolumn not in other.columns:
+        v.problem(f"{path}: '{tcolumn}' is not a declared column of {other.name}")
+        return None
+    if other.name.lower() == table.name.lower():
+        v.problem(f"{path}: a table cannot reference itself (a self-join multiplies rows)")
+        return None
+    if table.columns[column].type != other.columns[tcolumn].type:
+        v.problem(
+            f"{path}: {table.name}.{column} is {table.columns[column].type} but "
+            f"{other.name}.{tcolumn} is {other.columns[tcolumn].type}"
+        )
+        return None
+    if other.public:
+        if tcolumn != other.key:
+            v.problem(
+                f"{path}: {other.name} is public and joins on its key '{other.key}' only (a "
+                "non-unique column could match one row many times)"
+            )
+            return None
+    elif other.privacy_unit is None or tcolumn != other.privacy_unit:
+        v.problem(
+            f"{path}: {other.name} is protected, so a reference to it must name its privacy "
+            f"unit (a privacy-unit path), not '{tcolumn}'"
+        )
+        return None
+    elif other.max_rows_per_unit != 1:
+        v.problem(
+            f"{path}: {other.name} may hold {other.max_rows_per_unit} rows per unit; a "
+            "referenced table must hold one (max_rows_per_unit: 1), or joining it would "
+            "multiply each of a person's rows"
+        )
+        return None
+    return Reference(column=column, table=tname, target=tcolumn)
+
+
+def _reachable(v: _Validator, name: str, tables: Mapping[str, TableConfig]) -> None:
+    """References from ``name`` form a tree: no table is reached twice, nor ``name``."""
+    seen: set[str] = set()
+    stack = [name]
+    while stack:
+        current = stack.pop()
+        for r in tables[current].references:
+            if r.table == name or r.table in seen:
+                v.problem(
+                    f"tables.{tables[name].name}.references: '{r.table}' is reached twice "
+                    "(a cycle, or two paths): each joined table must be reached one way"
+                )
+                return
+            seen.add(r.table)
+            stack.append(r.table)
 
 
 def _column(v: _Validator, path: str, name: str, raw: Any) -> ColumnConfig | None:

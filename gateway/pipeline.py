@@ -98,6 +98,9 @@ class Gateway:
         tables = with_enforced_domains(tables, domains_enforced_by_schema(self.engine, tables))
         self.config = config = replace(config, tables=tables)
         self.unique_units = units_unique_by_schema(self.engine, config.tables)
+        # a public table's key, kept unique by the database: a join needs no cut on it
+        keyed = {k: replace(t, privacy_unit=t.key) for k, t in config.tables.items() if t.public}
+        self.unique_keys = frozenset(self.unique_units | units_unique_by_schema(self.engine, keyed))
         self.ledger = ledger or budget.Ledger.from_url(
             config.ledger.url, **config.privacy.ledger_options()
         )
@@ -236,6 +239,7 @@ class Gateway:
             self.config.tables[plan.table],
             self.dialect,
             unit_unique=plan.table in self.unique_units,
+            unique_keys=self.unique_keys,
         )
         with self._compiled_lock:
             self._compiled[key] = compiled

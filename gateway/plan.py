@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from sqlglot import exp
 
+from gateway.config import TableConfig
 from mechanisms.types import MechanismName, Sensitivity
 
 MeasureKind = Literal[
@@ -129,6 +130,46 @@ class OrderKey:
     descending: bool = False
 
 
+JoinKind = Literal["inner", "left"]
+
+
+@dataclass(frozen=True)
+class JoinStep:
+    """One JOIN of a query, in the analyst's order: ``table`` joined (``kind``) on
+    ``table.column = other.other_column``, where ``other`` is already in the FROM and one
+    of the two columns references the other (a declared ``Reference``)."""
+
+    table: str
+    kind: JoinKind
+    column: str
+    other: str
+    other_column: str
+
+
+@dataclass(frozen=True)
+class JoinPlan:
+    """How a join query reads its tables (docs/design.md, "Joins"; ``gateway/joins.py``).
+
+    The relation is one row per row of the anchor table (the plan's ``table``): every
+    other table is a *lookup* joined on a column that names at most one of its rows (a
+    privacy unit with one row per unit, or a public table's key), enforced in the SQL.
+    ``relation`` declares its columns: the anchor's under their own names, a lookup's as
+    ``table.column``; plan expressions use those names. ``tables`` are the declared
+    tables of the FROM, in the query's order (``first`` and then each step's).
+    ``keys`` names, for each of ``tables``, the column a lookup is joined on (None for the
+    anchor). ``matched`` is the condition, over the relation, that its rows meet besides
+    the WHERE (each lookup an inner join requires is matched): the auditor adds it to each
+    region.
+    """
+
+    first: str
+    steps: tuple[JoinStep, ...]
+    relation: TableConfig
+    tables: tuple[TableConfig, ...]
+    keys: tuple[str | None, ...]
+    matched: exp.Expr | None
+
+
 @dataclass(frozen=True)
 class QueryPlan:
     """Everything dpgate needs to answer one supported query.
@@ -151,6 +192,7 @@ class QueryPlan:
     canonical_sql: str
     # Nested aggregation: an outer query run on this plan's released rows (see PostQuery).
     post_query: PostQuery | None = None
+    join: JoinPlan | None = None
 
     @property
     def needs_partition_selection(self) -> bool:

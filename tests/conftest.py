@@ -79,12 +79,15 @@ def make_gateway(
     monkeypatch.setenv("DPGATE_ADMIN_KEY", ADMIN_KEY)
     counter = iter(range(1000))
 
-    def factory(**overrides: Any) -> Gateway:
+    def factory(prepare: Callable[[Path], Any] | None = None, **overrides: Any) -> Gateway:
+        """``prepare`` changes the copy of the data first (a neighbouring database)."""
         from gateway.pipeline import Gateway
 
         n = next(counter)
         db = tmp_path / f"hospital{n}.db"
         shutil.copy(demo_db, db)
+        if prepare is not None:
+            prepare(db)
         raw = demo_config_dict(db, tmp_path / f"ledger{n}.db", **overrides)
         return Gateway(parse_config(raw))
 

@@ -38,10 +38,14 @@ def summary(plan: QueryPlan) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("case", FIXTURES["supported"], ids=lambda c: c["sql"][:60])
+@pytest.mark.parametrize(
+    "case", FIXTURES["supported"] + FIXTURES["joins_supported"], ids=lambda c: c["sql"][:60]
+)
 def test_supported(case: dict[str, Any], demo_config: Config) -> None:
     plan = analyze(case["sql"], demo_config.tables)
     assert isinstance(plan, QueryPlan)
+    if "table" in case:  # the table whose rows a join's relation has
+        assert plan.table == case["table"] and plan.join is not None
     got = summary(plan)
     for key in ("outputs", "measures", "groups"):
         if key in case:
@@ -57,7 +61,9 @@ def test_supported(case: dict[str, Any], demo_config: Config) -> None:
         assert plan.canonical_sql == case["inner_sql"]
 
 
-@pytest.mark.parametrize("case", FIXTURES["refused"], ids=lambda c: c["sql"][:60] or "empty")
+@pytest.mark.parametrize(
+    "case", FIXTURES["refused"] + FIXTURES["joins_refused"], ids=lambda c: c["sql"][:60] or "empty"
+)
 def test_refused(case: dict[str, Any], demo_config: Config) -> None:
     with pytest.raises(GatewayError) as info:
         analyze(case["sql"], demo_config.tables)

@@ -35,6 +35,7 @@ ALLOWED_GATEWAY = (
     "gateway.domain",
     "gateway.audit",
     "gateway.errors",
+    "gateway.joins",  # the relation a join reads: config in, config out
 )
 
 

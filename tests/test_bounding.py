@@ -124,9 +124,27 @@ def reference(
     for r in ROWS:
         if r["dept"] in DEPTS or r["dept"] is None:
             units[r["pid"]].append(r)
+    return bounded_answer(
+        units, reads, where, key, measures, rows=rows, groups=groups, read=read, clamp=_clamped
+    )
+
+
+def bounded_answer(
+    units: dict[Any, list[Row]],
+    reads: tuple[str, ...],
+    where: Callable[[Row], bool] | None,
+    key: Callable[[Row], Any] | None,
+    measures: list[Callable[[list[Row]], int]],
+    *,
+    rows: int,
+    groups: int | None,
+    read: int,
+    clamp: Callable[[Row], Row] = lambda r: r,
+) -> list[tuple[Any, ...]]:
+    """Steps 2 to 5 of the definition on each unit's rows (inside the domain)."""
     kept: list[Row] = []
     for unit_rows in units.values():
-        ordered = [_clamped(r) for r in sorted(unit_rows, key=_sort_key(reads))]
+        ordered = [clamp(r) for r in sorted(unit_rows, key=_sort_key(reads))]
         if where is not None:
             ordered = [r for r in ordered[:read] if where(r)]
         mine = ordered[:rows]

@@ -123,7 +123,7 @@ def test_sqlalchemy_inspect_and_pandas(wire: tuple[WireServer, int, str]) -> Non
     )
     try:
         inspector = sa.inspect(engine)
-        assert set(inspector.get_table_names()) == {"patients", "visits"}
+        assert set(inspector.get_table_names()) == {"patients", "visits", "zip_regions"}
         columns = {c["name"]: c for c in inspector.get_columns("patients")}
         assert str(columns["age"]["type"]) == "BIGINT"
         assert columns["glucose"]["nullable"] is True
@@ -514,7 +514,7 @@ def test_the_catalogue_reads_no_file_and_no_protected_row(
         rows = conn.execute(
             "SELECT relname, reltuples, relpages FROM pg_catalog.pg_class ORDER BY relname"
         ).fetchall()
-        assert rows == [("patients", -1.0, 0), ("visits", -1.0, 0)]
+        assert rows == [("patients", -1.0, 0), ("visits", -1.0, 0), ("zip_regions", -1.0, 0)]
         for sql in [
             "SELECT * FROM read_csv('/etc/passwd')",
             "SELECT c.relname FROM pg_catalog.pg_class c, patients p",
@@ -553,7 +553,7 @@ BI_CATALOGUE_QUERIES: list[tuple[str, tuple[Any, ...] | None, int]] = [
         "d.classoid='pg_class'::regclass WHERE c.relnamespace=%s AND c.relkind not in "
         "('i','I','c')",
         (2200,),
-        2,
+        3,  # the demo's tables: patients, visits, zip_regions
     ),
     (
         "SELECT c.relname,a.*,pg_catalog.pg_get_expr(ad.adbin, ad.adrelid, true) as def_value,"
@@ -576,7 +576,7 @@ BI_CATALOGUE_QUERIES: list[tuple[str, tuple[Any, ...] | None, int]] = [
         "('r','p','v','m','f') AND n.nspname !~ '^information_schema$' AND n.nspname !~ '^pg_' "
         "AND has_table_privilege(c.oid, 'SELECT')",
         None,
-        2,
+        3,
     ),
     ("SELECT e.enumtypid, t.typname FROM pg_type t JOIN pg_enum e ON t.oid = e.enumtypid", None, 0),
     (

@@ -48,7 +48,8 @@ def test_the_design_document_has_the_ten_invariants() -> None:
 def test_the_config_reference_is_a_valid_config() -> None:
     reference = DESIGN.split("## Config reference", 1)[1].split("```yaml\n", 1)[1]
     config = parse_config(yaml.safe_load(reference.split("```", 1)[0]))
-    assert set(config.tables) == {"patients"}
+    assert set(config.tables) == {"patients", "visits", "zip_regions"}
+    assert config.tables["visits"].privacy_unit == "patient_id"  # through its reference
     assert config.privacy.global_budget == (20.0, 1e-5)
 
 

@@ -9,6 +9,7 @@ The passes, each in its own module:
    ``nested``     an outer query over an aggregate subquery → post-processing of the
                   subquery's released rows (nested aggregation)
 3. ``resolve``    the table, the columns, the expression allow-list
+   ``joins``      a join along declared references → the one relation it reads
 4. ``aggregates`` aggregate calls → measures with their sensitivities
 5. ``groups``     GROUP BY keys and their public domains
 6. ``select``     the select list, HAVING, ORDER BY and LIMIT → outputs

@@ -94,18 +94,19 @@ _AGGREGATE_NAMES: dict[type[exp.Expr], str] = {
 
 def resolve_table(select: exp.Select, tables: Mapping[str, TableConfig]) -> tuple[TableConfig, str]:
     """The one declared table the query reads, and the alias its columns may use."""
-    if select.args.get("with") or select.args.get("with_"):
-        raise UnsupportedQuery("WITH (common table expressions) is not supported", construct="WITH")
-    if select.args.get("joins"):
-        raise UnsupportedQuery(
-            "joins are not supported: query one table at a time", construct="JOIN"
-        )
+    refuse_with(select)
+    if select.args.get("joins"):  # gateway/analyze/joins.py reads those
+        raise UnsupportedQuery("a join is read by the join pass", construct="JOIN")
     from_ = select.args.get("from") or select.args.get("from_")
     if from_ is None:
         raise UnsupportedQuery(
             "the query reads no table: add FROM <table>", construct="SELECT without FROM"
         )
-    source = from_.this
+    return declared_table(from_.this, tables)
+
+
+def declared_table(source: exp.Expr, tables: Mapping[str, TableConfig]) -> tuple[TableConfig, str]:
+    """The declared table a FROM (or JOIN) item names, and the alias its columns may use."""
     if isinstance(source, exp.Subquery | exp.Select):
         raise UnsupportedQuery(
             "subqueries are supported only as the BI wrapper "
@@ -125,6 +126,11 @@ def resolve_table(select: exp.Select, tables: Mapping[str, TableConfig]) -> tupl
         raise UnknownTable(f"unknown table '{shown}' (tables: {known})", table=shown)
     alias = source.alias_or_name.lower()
     return table, alias
+
+
+def refuse_with(select: exp.Select) -> None:
+    if select.args.get("with") or select.args.get("with_"):
+        raise UnsupportedQuery("WITH (common table expressions) is not supported", construct="WITH")
 
 
 def _schema_matches(schema: str, table: TableConfig) -> bool:

@@ -23,6 +23,7 @@ from gateway.analyze.groups import (
     narrow_domain,
     public_domain,
 )
+from gateway.analyze.joins import resolve_join
 from gateway.analyze.parse import READ_DIALECT
 from gateway.analyze.quantiles import (
     QUANTILE_AGGREGATES,
@@ -35,7 +36,15 @@ from gateway.analyze.wrapper import OuterQuery, limit_value
 from gateway.config import TableConfig
 from gateway.dialects import dialect
 from gateway.errors import GatewayError, UnsupportedQuery
-from gateway.plan import GroupKey, Measure, OrderKey, OutputColumn, ProbePlan, QueryPlan
+from gateway.plan import (
+    GroupKey,
+    JoinPlan,
+    Measure,
+    OrderKey,
+    OutputColumn,
+    ProbePlan,
+    QueryPlan,
+)
 
 AGGREGATES = LINEAR_AGGREGATES + QUANTILE_AGGREGATES + SPREAD_AGGREGATES
 
@@ -206,7 +215,13 @@ def build_plan(
     select: exp.Select, tables: Mapping[str, TableConfig], outer: OuterQuery | None = None
 ) -> QueryPlan:
     """Turn one SELECT into a QueryPlan against the declared ``tables``."""
-    table, alias = resolve_table(select, tables)
+    canonical = canonical_sql(select)  # of the text as written: joins and all
+    join: JoinPlan | None = None
+    if select.args.get("joins"):
+        select, table, join = resolve_join(select, tables)
+        alias = table.name.lower()
+    else:
+        table, alias = resolve_table(select, tables)
     if select.args.get("distinct"):
         raise UnsupportedQuery(
             "SELECT DISTINCT returns rows: use GROUP BY with COUNT(*)",
@@ -246,7 +261,6 @@ def build_plan(
     outputs = b.outputs
     if outer is not None:
         outputs, order_by, limit, offset = _apply_outer(b, outer, order_by, limit, offset)
-    canonical = canonical_sql(select)
     return QueryPlan(
         table=table.name.lower(),
         measures=tuple(b.measures),
@@ -258,6 +272,7 @@ def build_plan(
         limit=limit,
         offset=offset,
         canonical_sql=canonical,
+        join=join,
     )
 
 
@@ -296,11 +311,19 @@ def _add_group_key(
     b.group_keys.append(
         GroupKey(
             expression=resolved,
-            name=name or (resolved.name if isinstance(resolved, exp.Column) else resolved.sql()),
+            name=name or _key_name(resolved),
             type=key_type(resolved, b.table),
             domain=narrow_domain(public_domain(resolved, b.table), resolved, b.where),
         )
     )
+
+
+def _key_name(resolved: exp.Expr) -> str:
+    """A group key's default output name: the column's own name (a joined table's
+    ``table.column`` shown as ``column``, as the database would name it)."""
+    if isinstance(resolved, exp.Column):
+        return resolved.name.rsplit(".", 1)[-1]
+    return resolved.sql()
 
 
 def _alias_of(b: _Builder, resolved: exp.Expr, items: list[exp.Expr]) -> str | None:

@@ -33,6 +33,7 @@ from gateway.audit.predicates import DimensionKey, Formula, FormulaBuilder, conj
 from gateway.audit.space import SpaceTooLarge
 from gateway.audit.span import Block, Doubt, coefficients, determined_regions, in_span
 from gateway.config import TableConfig
+from gateway.joins import audit_relations
 from gateway.plan import QueryPlan
 
 MAX_PRE_AUDIT_CELLS = 10_000
@@ -110,7 +111,9 @@ class Auditor:
         min_group_size: int,
         confidence: float = DEFAULT_CONFIDENCE,
     ) -> None:
-        self.tables = dict(tables)
+        # Each table with the columns of the tables it may join (gateway/joins.py): a
+        # join's regions live in its anchor table's cell space.
+        self.tables = audit_relations(tables)
         self.min_group_size = min_group_size
         self.alpha = 1 - confidence
         self.observe: Callable[[Sizing], None] | None = None  # sees every region sized
@@ -252,6 +255,9 @@ class Auditor:
         """The region of each cell; the WHERE formula object is shared by all of them."""
         builder = self._builders[plan.table]
         where = builder.build(plan.where)
+        if plan.join is not None and plan.join.matched is not None:
+            # the anchor's rows an inner join keeps: those whose lookups matched
+            where = conj(where, builder.build(plan.join.matched))
         counted = counted_expression(plan)
         if counted is not None:
             # COUNT(x) and AVG(x) count the rows where x is not NULL: that is the region

@@ -142,8 +142,17 @@ class FormulaBuilder:
         col = self.table.columns[name]
         kind: DimKind = "ordered" if col.type in ("integer", "real", "date") else "categorical"
         return DimensionKey(
-            kind, name, column=name, columns=frozenset({name}), nullable=col.may_be_null
+            kind, name, column=name, columns=self.claims(name), nullable=col.may_be_null
         )
+
+    def claims(self, name: str) -> frozenset[str]:
+        """The columns a dimension on column ``name`` claims: itself, and the column a
+        joined table's column is a function of (gateway/joins.py), so that the two are
+        never taken for independent dimensions."""
+        col = self.table.columns.get(name)
+        if col is None or col.determined_by is None:
+            return frozenset({name})
+        return frozenset({name}) | self.claims(col.determined_by)
 
     def bare_column(self, node: exp.Expr) -> DimensionKey | None:
         while isinstance(node, exp.Paren):
@@ -179,7 +188,7 @@ class FormulaBuilder:
         return DimensionKey(
             kind,
             canonical(node),
-            columns=self.columns_of(node),
+            columns=self.claims_of(node),
             nullable=may_be_null(node, self.table),
         )
 
@@ -187,13 +196,17 @@ class FormulaBuilder:
         dim = DimensionKey(
             "opaque",
             canonical(node),
-            columns=self.columns_of(node),
+            columns=self.claims_of(node),
             nullable=may_be_null(node, self.table),
         )
         return leaf(dim, "true")
 
     def columns_of(self, node: exp.Expr) -> frozenset[str]:
         return frozenset(c.name.lower() for c in node.find_all(exp.Column))
+
+    def claims_of(self, node: exp.Expr) -> frozenset[str]:
+        """The columns an expression's own dimension claims (``claims`` of each)."""
+        return frozenset().union(*(self.claims(c) for c in self.columns_of(node)))
 
     # -- formulas ---------------------------------------------------------------------
 

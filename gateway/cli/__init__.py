@@ -98,11 +98,15 @@ def demo(
     dpgate = self_command()
     config = _shown(demo_run.config)
     sql = "SELECT disease, COUNT(*) AS n FROM patients WHERE age >= 40 GROUP BY disease"
+    join = (
+        "SELECT z.region, COUNT(*) AS n FROM patients p "
+        "LEFT JOIN zip_regions z ON p.zip = z.zip GROUP BY z.region"
+    )
     key = demo_run.key
     click.echo(
         f"""
 dpgate demo
-  data:    {_shown(demo_run.database)}  (12,000 synthetic patients, their visits)
+  data:    {_shown(demo_run.database)}  (12,000 synthetic patients, their visits, zip regions)
   config:  {config}
   ledger:  {_shown(demo_run.ledger)}
 
@@ -126,6 +130,7 @@ dpgate demo
 
   curl -s {url}/v1/budget -H 'Authorization: Bearer {key}'
   {dpgate} query --url {url} --key {key} "SELECT COUNT(*) FROM patients"
+  {dpgate} query --url {url} --key {key} "{join}"
   {dpgate} query --url {url} --key {key} --dry-run "SELECT zip, COUNT(*) FROM patients GROUP BY zip"
   {dpgate} budget show demo --config {config}
   PGPASSWORD={key} psql "host={host} port={pg_port} user=demo dbname=dpgate sslmode=disable"

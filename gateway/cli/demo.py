@@ -13,7 +13,7 @@ from pathlib import Path
 
 import budget
 from gateway.config import load_config
-from gateway.demo.hospital import build, config_yaml
+from gateway.demo.hospital import build, config_yaml, upgrade
 
 DEMO_ANALYST = "demo"
 DEMO_EPSILON = 10.0
@@ -48,6 +48,8 @@ def prepare(directory: Path, *, fresh: bool = False, postgres_port: int | None =
     existed = ledger_path.exists()
     if not db.exists():
         build(db)
+    else:
+        upgrade(db)  # a demo database from an earlier version: add what it lacks
     config_path.write_text(config_yaml(str(db), str(ledger_path), postgres_port))
     config = load_config(config_path)
     ledger = budget.Ledger.from_url(config.ledger.url, **config.privacy.ledger_options())
