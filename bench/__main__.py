@@ -15,6 +15,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -271,6 +272,25 @@ def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
                 f"{fmt(med)}× ({fmt(ratios[0])}–{fmt(ratios[-1])}×)",
                 "≥ 25× (issue 14)",
                 med >= 25,
+            )
+    http = dp.get("http") or {}
+    if http.get("per_query_median_ms") and sn.get("queries"):
+        over_http = []
+        for sq in sn["queries"]:
+            mine = http["per_query_median_ms"].get(sq["name"])
+            if mine and sq["accepted"]:
+                over_http.append(sq["latency"]["median_ms"] / mine)
+        if over_http:
+            over_http.sort()
+            med = statistics.median(over_http)
+            add(
+                "PUMS",
+                f"speed-up vs SmartNoise over HTTP (dpgate serve --workers 1, one keep-alive "
+                f"client, cache miss; median per-query ratio, {len(over_http)} queries; "
+                f"dpgate median {fmt(http['median_ms'])} ms)",
+                f"{fmt(med)}× ({fmt(over_http[0])}–{fmt(over_http[-1])}×)",
+                "≥ 12× (issue 14)",
+                med >= 12,
             )
     for name, res in (("dpgate", dp), ("SmartNoise", sn)):
         if res.get("queries"):

@@ -140,11 +140,58 @@ def run(reps: int, cache_reps: int = 50, count_reps: int = 0, epsilon: float = 1
                     answers.append(ans.rows)
             errs = Q.errors_against_exact(q, exact, answers)
             out["count_all_mae_large"] = mae_summary(errs["abs_errors"])  # type: ignore[arg-type]
+        out["http"] = http_latency(cfg, min(reps, 30), epsilon)
         out["stages"] = stage_breakdown(gw, 100 if reps >= 100 else 30, epsilon)
         out["analyze_uncached"] = analyze_cost(gw)
         return out
     finally:
         gw.close()
+
+
+def http_latency(cfg: Path, reps: int, epsilon: float) -> dict[str, Any]:
+    """The same cache-miss queries over HTTP: ``dpgate serve --workers 1`` on this config
+    (timing off, as in-process), one keep-alive client, a fresh analyst per repetition.
+    Per query, the median latency as the client sees it."""
+    import os
+    import signal
+    import subprocess
+
+    from bench.adapter import Http, create_analyst
+    from bench.throughput import REPO, _dpgate_bin, _free_port, _wait_ready
+    from gateway.config import load_config
+
+    ledger_url = load_config(cfg).ledger.url
+    keys = [create_analyst(ledger_url, f"http{i}") for i in range(reps + 1)]
+    port = _free_port()
+    cmd = [*_dpgate_bin(), "serve", "--config", str(cfg), "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--workers", "1"]
+    logf = (cfg.parent / "serve-http.log").open("wb")
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    per_query: dict[str, list[float]] = {q.name: [] for q in Q.QUERIES}
+    try:
+        _wait_ready(port, proc)
+        warm = Http("127.0.0.1", port, keys[0])
+        for q in Q.QUERIES:
+            warm.query(q.text("pums"), epsilon)
+        for key in keys[1:]:
+            client = Http("127.0.0.1", port, key)
+            for q in Q.QUERIES:
+                t = time.perf_counter()
+                status, body = client.query(q.text("pums"), epsilon)
+                dt = time.perf_counter() - t
+                if status == 200 and body.get("ok") and not body.get("cached"):
+                    per_query[q.name].append(dt)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    medians = {k: statistics.median(v) * 1e3 for k, v in per_query.items() if v}
+    return {
+        "median_ms": statistics.median(medians.values()) if medians else None,
+        "per_query_median_ms": medians,
+        "command": " ".join(cmd),
+    }
 
 
 # (path suffix, function name) of the pipeline stages, in pipeline order. Internal names:
