@@ -37,6 +37,7 @@ from sqlglot import exp
 
 from gateway.config import TableConfig
 from gateway.domain import row_filter
+from gateway.engines.dialects import for_engine
 from gateway.plan import GroupKey, Measure, QueryPlan
 from gateway.portable import portable
 
@@ -89,6 +90,7 @@ def compile_plan(
         )
     if keys:
         query = query.group_by(*[exp.column(f"k{i}", quoted=True) for i in range(len(keys))])
+    query = for_engine(query, table, dialect)
     return CompiledQuery(
         # The tree is this call's own (no node of the plan is in it), so the generator
         # may work on it in place: copying it cost a third of compiling.
