@@ -164,3 +164,24 @@ def _load_spark(
     spark.sql(f"CREATE DATABASE IF NOT EXISTS `{database}`")
     frame = spark.createDataFrame([tuple(r.get(n) for n in columns) for r in rows], schema)
     frame.write.saveAsTable(f"`{database}`.`{table}`")
+
+
+def raw_error(engine: Engine, engine_url: str, sql: str) -> str:
+    """The engine's own error for ``sql``, for a failing test's message (the drivers
+    hide it from everything else, rightly)."""
+    try:
+        if engine == "clickhouse":
+            import chdb
+
+            conn = chdb.connect("file:" + engine_url.removeprefix("chdb:///"))
+            conn.cursor().execute(sql)
+            conn.close()
+        else:
+            from pyspark.sql import SparkSession
+
+            active = SparkSession.getActiveSession()
+            if active is not None:
+                active.sql(sql).collect()
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e)[:1500]}"
+    return "(the statement succeeded when re-run directly)"
