@@ -144,6 +144,18 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
+def _date(value: Any) -> Any:
+    return datetime.date.fromisoformat(value) if isinstance(value, str) else value
+
+
+def _float(value: Any) -> Any:
+    return float(value) if isinstance(value, int) else value
+
+
 def _load_spark(
     spark: Any,
     database: str,
@@ -162,7 +174,11 @@ def _load_spark(
         ]
     )
     spark.sql(f"CREATE DATABASE IF NOT EXISTS `{database}`")
-    frame = spark.createDataFrame([tuple(r.get(n) for n in columns) for r in rows], schema)
+    convert = {"date": _date, "real": _float, "float": _float, "double": _float}
+    frame = spark.createDataFrame(
+        [tuple(convert.get(k, _same)(r.get(n)) for n, k in columns.items()) for r in rows],
+        schema,
+    )
     frame.write.saveAsTable(f"`{database}`.`{table}`")
 
 

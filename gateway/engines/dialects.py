@@ -18,7 +18,8 @@ released number or an error:
   loses precision past 2⁵³; ``intDiv`` truncates towards zero as SQLite does, exactly
   (its divisor is already ``NULLIF(…, 0)``, its operands proven in range by the analyzer).
 
-Spark SQL refuses ``ROW_NUMBER()`` over a window without ORDER BY (``_windows_ordered``).
+Spark SQL refuses ``ROW_NUMBER()`` over a window without ORDER BY (``_windows_ordered``),
+and an integer literal of more than 38 digits (``_big_literals_as_doubles``).
 Every other engine's statement is returned untouched.
 """
 
@@ -32,7 +33,7 @@ from gateway.config import TableConfig
 def for_engine(query: exp.Select, table: TableConfig, dialect: str) -> exp.Select:
     """``query`` (compiled for ``table``) as ``dialect``'s engine must run it."""
     if dialect in ("spark", "databricks"):
-        return _windows_ordered(query)
+        return _big_literals_as_doubles(_windows_ordered(query))
     if dialect != "clickhouse":
         return query
     reals = [name for name, c in table.columns.items() if c.type == "real"]
@@ -57,6 +58,24 @@ def _windows_ordered(query: exp.Select) -> exp.Select:
             window.set(
                 "order", exp.Order(expressions=[exp.Ordered(this=p.copy()) for p in partition])
             )
+    return query
+
+
+#: Spark reads an integer literal past BIGINT as DECIMAL, whose precision stops at 38
+#: digits: a grid of 2^-1019 (a measure bounded at 1e-300) would fail to compile.
+_DECIMAL_DIGITS = 38
+
+
+def _big_literals_as_doubles(query: exp.Select) -> exp.Select:
+    """Integer literals too long for Spark's DECIMAL, written as doubles. They are powers
+    of two (the grid of a SUM, ``gateway/compile.py``) or bounds the config holds as
+    floats: the double literal is the same number, exactly."""
+    for literal in list(query.find_all(exp.Literal)):
+        text = str(literal.this)
+        if literal.is_string or not text.lstrip("-").isdigit():
+            continue
+        if len(text.lstrip("-")) > _DECIMAL_DIGITS:
+            literal.replace(exp.Literal.number(repr(float(int(text)))))
     return query
 
 
