@@ -201,3 +201,17 @@ def raw_error(engine: Engine, engine_url: str, sql: str) -> str:
     except Exception as e:
         return f"{type(e).__name__}: {str(e)[:1500]}"
     return "(the statement succeeded when re-run directly)"
+
+
+def drop_table(
+    engine: Engine, tmp_path_factory: pytest.TempPathFactory, database: str, table: str
+) -> None:
+    """Drop ``database.table`` with a writing connection (not the gateway's)."""
+    if engine == "clickhouse":
+        import chdb
+
+        conn = chdb.connect(f"file:{chdb_root(tmp_path_factory)}")
+        conn.cursor().execute(f'DROP TABLE "{database}"."{table}"')
+        conn.close()
+    else:
+        spark_warehouse(tmp_path_factory).sql(f"DROP TABLE `{database}`.`{table}`")

@@ -19,7 +19,8 @@ released number or an error:
   (its divisor is already ``NULLIF(…, 0)``, its operands proven in range by the analyzer).
 
 Spark SQL refuses ``ROW_NUMBER()`` over a window without ORDER BY (``_windows_ordered``),
-and an integer literal of more than 38 digits (``_big_literals_as_doubles``).
+and an integer literal of more than 38 digits (``_big_literals_as_doubles``). Trino
+divides integers exactly with ``/`` (sqlglot's integer division goes through DOUBLE).
 Every other engine's statement is returned untouched.
 """
 
@@ -34,6 +35,12 @@ def for_engine(query: exp.Select, table: TableConfig, dialect: str) -> exp.Selec
     """``query`` (compiled for ``table``) as ``dialect``'s engine must run it."""
     if dialect in ("spark", "databricks"):
         return _big_literals_as_doubles(_windows_ordered(query))
+    if dialect == "trino":
+        # BIGINT / BIGINT truncates towards zero in Trino, exactly; sqlglot's IntDiv
+        # would go through DOUBLE, which loses precision past 2^53.
+        for div in list(query.find_all(exp.IntDiv)):
+            div.replace(exp.Div(this=div.this.copy(), expression=div.expression.copy(), typed=True))
+        return query
     if dialect != "clickhouse":
         return query
     reals = [name for name, c in table.columns.items() if c.type == "real"]
