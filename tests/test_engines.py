@@ -179,7 +179,7 @@ def test_answers_and_charges_after_the_statement_was_sent(
     """The pipeline answers on the engine; and a statement that fails once it reached the
     engine (its table dropped under it) is charged, never refunded, with the same
     message as any other failure after the send."""
-    kind, url, database = visits
+    kind, url, _database = visits
     monkeypatch.setenv("DPGATE_ADMIN_KEY", "admin-" + "k" * 40)
     own = engines.new_database("charge")
     engines.load(kind, tmp_path_factory, own, "visits", VISITS, VISIT_ROWS)
@@ -280,8 +280,7 @@ def test_integer_division_and_bounding_windows_in_each_dialect(
 def test_group_bounds_and_unit_counts_in_each_dialect(dialect: str, parts: list[str]) -> None:
     compiled = _find(
         dialect,
-        "SELECT year, department, COUNT(DISTINCT patient_id) FROM visits GROUP BY year, "
-        "department",
+        "SELECT year, department, COUNT(DISTINCT patient_id) FROM visits GROUP BY year, department",
     )
     for part in parts:
         assert part in compiled, (part, compiled)

@@ -42,7 +42,8 @@ from gateway.plan import QueryPlan
 from tests import engines
 
 POSTGRES_URL = os.environ.get("DPGATE_TEST_POSTGRES_URL")
-TIMEOUT_MS = 20_000
+# Generous: Spark's first statements on a loaded two-core machine take seconds.
+TIMEOUT_MS = 60_000
 #: The generator must keep producing queries the analyzer accepts, or the property is
 #: vacuous: at least this fraction of the generated queries must be accepted.
 MIN_ACCEPTED = 0.25
@@ -497,7 +498,12 @@ def engine_target(backend: Literal["clickhouse", "spark"], factory: Any) -> Targ
     for i in range(MANY_DOUBLINGS):
         many += [{**r, "pid": r["pid"] + (2 << i)} for r in many]
     engines.load(backend, factory, database, MANY, kinds, many)
-    return open_target(backend, engines.url(backend, factory), database)
+    target = open_target(backend, engines.url(backend, factory), database)
+    for physical in (PHYSICAL, MANY):  # warm the engine (Spark's first plans are slow)
+        run_aggregate(
+            target.engine, f"SELECT COUNT(*) FROM {database}.{physical}", timeout_ms=TIMEOUT_MS
+        )
+    return target
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,9 @@ def statement_settings(timeout_ms: int) -> str:
             this=exp.var("count_distinct_implementation"),
             expression=exp.Literal.string("uniqExact"),
         ),
-        exp.EQ(this=exp.var("aggregate_functions_null_for_empty"), expression=exp.Literal.number(0)),
+        exp.EQ(
+            this=exp.var("aggregate_functions_null_for_empty"), expression=exp.Literal.number(0)
+        ),
         exp.EQ(this=exp.var("transform_null_in"), expression=exp.Literal.number(0)),
     ]
     return exp.Set(expressions=[exp.SetItem(this=s) for s in settings]).sql(dialect="clickhouse")

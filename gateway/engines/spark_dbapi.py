@@ -53,7 +53,7 @@ class Error(Exception):
     """The root of this driver's exceptions (PEP 249)."""
 
 
-class Warning(Exception):  # noqa: A001 — the name PEP 249 requires
+class Warning(Exception):
     """PEP 249's warning class (never raised)."""
 
 
