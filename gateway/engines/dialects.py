@@ -89,7 +89,7 @@ def _big_literals_as_doubles(query: exp.Select) -> exp.Select:
 def _without_nan(source: exp.Table, table: TableConfig, reals: list[str]) -> exp.Expr:
     columns: list[exp.Expr] = []
     for name in table.columns:
-        column = exp.column(name, quoted=True)
+        column: exp.Expr = exp.column(name, quoted=True)
         if name in reals:
             nan = exp.func("isNaN", column.copy())
             column = exp.alias_(
