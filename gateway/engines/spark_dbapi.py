@@ -35,62 +35,51 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 import sqlglot
-from sqlalchemy.engine import URL, default
+from sqlalchemy.engine import URL
 from sqlglot import exp
+
+from gateway.engines.dbapi import (  # PEP 249 wants them on the driver's module
+    DatabaseError,
+    DataError,
+    Error,
+    IntegrityError,
+    InterfaceError,
+    InternalError,
+    NoTransactionDialect,
+    NotSupportedError,
+    OperationalError,
+    ProgrammingError,
+    ResultCursor,
+    Warning,
+)
+
+__all__ = [
+    "Connection",
+    "Cursor",
+    "DataError",
+    "DatabaseError",
+    "Error",
+    "IntegrityError",
+    "InterfaceError",
+    "InternalError",
+    "NotSupportedError",
+    "OperationalError",
+    "ProgrammingError",
+    "SparkDialect",
+    "Warning",
+    "connect",
+    "session",
+]
 
 apilevel = "2.0"
 threadsafety = 1
 paramstyle = "qmark"  # declared for SQLAlchemy; no parameter is ever bound
 
 _SESSION_LOCK = threading.Lock()
-
-
-class Error(Exception):
-    """The root of this driver's exceptions (PEP 249)."""
-
-
-class Warning(Exception):
-    """PEP 249's warning class (never raised)."""
-
-
-class InterfaceError(Error):
-    """The driver was misused, or a statement is not a single query."""
-
-
-class DatabaseError(Error):
-    """Spark refused or failed a statement."""
-
-
-class OperationalError(DatabaseError):
-    """A statement failed in Spark; ``sqlstate`` holds Spark's error class."""
-
-    def __init__(self, error_class: str | None) -> None:
-        super().__init__(f"Spark error {error_class}" if error_class else "Spark error")
-        self.sqlstate = error_class
-
-
-class ProgrammingError(DatabaseError):
-    """PEP 249's class for errors in the statement."""
-
-
-class IntegrityError(DatabaseError):
-    """PEP 249's class for constraint violations (never raised: nothing is written)."""
-
-
-class DataError(DatabaseError):
-    """PEP 249's class for errors in the processed data."""
-
-
-class InternalError(DatabaseError):
-    """PEP 249's class for internal errors of the engine."""
-
-
-class NotSupportedError(DatabaseError):
-    """PEP 249's class for an unsupported API call."""
+_ENGINE = "Spark"
 
 
 def session(
@@ -167,44 +156,20 @@ class Connection:
                 self.spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
 
 
-class Cursor:
+class Cursor(ResultCursor):
     """Runs one query at a time and holds its (small, aggregated) result."""
 
-    arraysize = 1
-
     def __init__(self, connection: Connection) -> None:
+        super().__init__()
         self._connection = connection
-        self._rows: list[tuple[Any, ...]] = []
-        self.description: list[tuple[Any, ...]] | None = None
-        self.rowcount = -1
 
-    def execute(self, operation: str, parameters: Sequence[Any] | None = None) -> None:
-        if parameters:
-            raise InterfaceError("this driver binds no parameters")
+    def run(self, operation: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         if not is_one_query(operation):
             raise InterfaceError("only a single query runs on the protected database")
         try:
-            names, rows = self._connection.run(operation)
+            return self._connection.run(operation)
         except Exception as e:  # Py4J, pyspark's captured and Spark Connect errors
-            raise OperationalError(_error_class(e)) from None
-        self._rows = rows
-        self.description = [(n, None, None, None, None, None, None) for n in names]
-        self.rowcount = len(rows)
-
-    def fetchall(self) -> list[tuple[Any, ...]]:
-        rows, self._rows = self._rows, []
-        return rows
-
-    def fetchone(self) -> tuple[Any, ...] | None:
-        return self._rows.pop(0) if self._rows else None
-
-    def fetchmany(self, size: int | None = None) -> list[tuple[Any, ...]]:
-        n = self.arraysize if size is None else size
-        rows, self._rows = self._rows[:n], self._rows[n:]
-        return rows
-
-    def close(self) -> None:
-        self._rows = []
+            raise OperationalError(_ENGINE, _error_class(e)) from None
 
 
 def is_one_query(sql: str) -> bool:
@@ -226,15 +191,12 @@ def _error_class(e: BaseException) -> str | None:
     return str(value) if value else type(e).__name__
 
 
-class SparkDialect(default.DefaultDialect):
+class SparkDialect(NoTransactionDialect):
     """SQLAlchemy's view of Spark SQL over this driver (``spark+local://`` and
     ``spark+connect://``)."""
 
     name = "spark"
     driver = "local"
-    supports_statement_cache = True
-    supports_native_boolean = True
-    default_paramstyle = "qmark"
 
     @classmethod
     def import_dbapi(cls) -> Any:
@@ -252,21 +214,3 @@ class SparkDialect(default.DefaultDialect):
             "master": master if isinstance(master, str) else None,
             "warehouse": url.database or None,
         }
-
-    def _get_server_version_info(self, connection: Any) -> tuple[int, ...] | None:
-        return None
-
-    def _get_default_schema_name(self, connection: Any) -> str:
-        return "default"
-
-    def get_default_isolation_level(self, dbapi_conn: Any) -> Any:
-        return "AUTOCOMMIT"
-
-    def get_isolation_level(self, dbapi_connection: Any) -> Any:
-        return "AUTOCOMMIT"
-
-    def do_rollback(self, dbapi_connection: Any) -> None:
-        """No transactions to roll back."""
-
-    def do_commit(self, dbapi_connection: Any) -> None:
-        """No transactions to commit."""
