@@ -121,6 +121,8 @@ class ChdbDialect(NoTransactionDialect):
 
     name = "clickhouse"
     driver = "chdb"
+    # SQLAlchemy looks for this on the dialect's own class, not on a base
+    supports_statement_cache = True
 
     @classmethod
     def import_dbapi(cls) -> Any:

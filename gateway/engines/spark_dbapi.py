@@ -197,6 +197,8 @@ class SparkDialect(NoTransactionDialect):
 
     name = "spark"
     driver = "local"
+    # SQLAlchemy looks for this on the dialect's own class, not on a base
+    supports_statement_cache = True
 
     @classmethod
     def import_dbapi(cls) -> Any:
