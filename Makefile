@@ -16,6 +16,7 @@ DEMO_FLAGS := --port $(PORT) $(if $(FRESH),--fresh)
 PG_HOST     ?= 127.0.0.1
 PG_PORT     ?= 5432
 PG_TEST_URL ?= postgresql+psycopg://postgres@$(PG_HOST):$(PG_PORT)/test
+# `--dist loadgroup`: the Spark tests share one worker (one JVM per run), the rest spread.
 
 .PHONY: demo test lint typecheck unit bench lock clean
 
@@ -42,7 +43,7 @@ unit: $(STAMP)
 	if [ -n "$$url" ]; then echo "PostgreSQL tests: on, against $$url"; \
 	else echo "PostgreSQL tests: skipped (no server on $(PG_HOST):$(PG_PORT);" \
 	  "set DPGATE_TEST_POSTGRES_URL to run them)"; fi; \
-	DPGATE_TEST_POSTGRES_URL="$$url" $(BIN)/pytest -n 2
+	DPGATE_TEST_POSTGRES_URL="$$url" $(BIN)/pytest -n 2 --dist loadgroup
 
 test: lint typecheck unit
 

@@ -39,7 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--sizes", help="scale sizes, comma list (1000000,10000000; quick 100000)")
     p.add_argument(
-        "--backends", default="sqlite,duckdb,postgresql", help="scale backends, comma list"
+        "--backends",
+        default="sqlite,duckdb,postgresql,clickhouse",
+        help="scale backends, comma list",
     )
     p.add_argument("--scale-reps", type=int, help="scale repetitions (10 at ≤1M, 5 above)")
     p.add_argument(

@@ -1,4 +1,4 @@
-"""Synthetic PUMS-shaped tables of N rows in SQLite, DuckDB and PostgreSQL.
+"""Synthetic PUMS-shaped tables of N rows in SQLite, DuckDB, PostgreSQL and ClickHouse.
 
 Rows are a deterministic function of the row number x (multiplicative hashing, integer
 arithmetic only), so the three backends hold identical data and the exact answers agree.
@@ -9,6 +9,9 @@ never row by row from Python, and the result is cached:
 - DuckDB: ``bench/.data/scale_v2_<N>.duckdb``
 - PostgreSQL: table ``dpgate_bench_v2_<N>`` in the database of ``DPGATE_BENCH_PG_URL``
   (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``)
+- ClickHouse (chDB, embedded): table ``dpgate_bench_v1_<N>`` in the data directory
+  ``bench/.data/scale_v1_chdb`` (MergeTree), built in a process of its own (one process
+  holds one chDB data directory, and the timing worker opens it after)
 
 A database is rebuilt only when its row count is not N.
 """
@@ -16,6 +19,8 @@ A database is rebuilt only when its row count is not N.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
@@ -25,7 +30,9 @@ from bench.common import DATA_DIR, log
 
 VERSION = "v2"
 PG_URL = os.environ.get("DPGATE_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-BACKENDS = ("sqlite", "duckdb", "postgresql")
+BACKENDS = ("sqlite", "duckdb", "postgresql", "clickhouse")
+#: Set in the process that builds the ClickHouse table (see ``ensure``).
+_CHDB_BUILDER = "DPGATE_BENCH_CHDB_BUILDER"
 
 # Column expressions over the row number x (a 64-bit integer ≥ 1); all products stay
 # below 2^63 for x ≤ 10^9. Domains: age 0–100, sex 0/1, educ 1–16, race 1–6,
@@ -73,6 +80,8 @@ def target(backend: str, rows: int) -> ScaleTable:
         return ScaleTable(backend, rows, f"duckdb:///{path}", name)
     if backend == "postgresql":
         return ScaleTable(backend, rows, PG_URL, name)
+    if backend == "clickhouse":
+        return ScaleTable(backend, rows, f"chdb:///{DATA_DIR / f'scale_{VERSION}_chdb'}", name)
     raise ValueError(f"unknown backend {backend!r}")
 
 
@@ -99,6 +108,8 @@ def ensure(backend: str, rows: int) -> ScaleTable:
     """Build the table if it is missing or has the wrong size; return where it is."""
     t = target(backend, rows)
     DATA_DIR.mkdir(parents=True, exist_ok=True)
+    if backend == "clickhouse":
+        return _ensure_clickhouse(t)
     engine = sa.create_engine(t.url)
     try:
         if _count(engine, t.table) == rows:
@@ -142,6 +153,40 @@ def ensure(backend: str, rows: int) -> ScaleTable:
         return t
     finally:
         engine.dispose()
+
+
+def _ensure_clickhouse(t: ScaleTable) -> ScaleTable:
+    if os.environ.get(_CHDB_BUILDER) != "1":
+        subprocess.run(
+            [sys.executable, "-m", "bench.datagen", "clickhouse", str(t.rows)],
+            check=True,
+            env={**os.environ, _CHDB_BUILDER: "1"},
+        )
+        return t
+    from gateway.engines import chdb_dbapi
+
+    conn = chdb_dbapi.connect(t.url.removeprefix("chdb:///"), readonly=False)
+    cursor = conn.cursor()
+    try:
+        cursor.execute(f"SELECT count() FROM system.tables WHERE name = '{t.table}'")
+        if cursor.fetchall()[0][0]:
+            cursor.execute(f"SELECT count() FROM {t.table}")
+            if cursor.fetchall()[0][0] == t.rows:
+                return t
+        log(f"generating {t.rows:,} rows in clickhouse ({t.table}) …")
+        started = time.perf_counter()
+        cols = ", ".join(f"{c} Int64" for c in EXPRS)
+        cursor.execute(f"DROP TABLE IF EXISTS {t.table}")
+        cursor.execute(f"CREATE TABLE {t.table} ({cols}) ENGINE = MergeTree ORDER BY tuple()")
+        cursor.execute(
+            f"INSERT INTO {t.table} SELECT {SELECT_LIST} "
+            f"FROM (SELECT toInt64(number) + 1 AS x FROM numbers({t.rows}))"
+        )
+        cursor.execute(f"OPTIMIZE TABLE {t.table} FINAL")
+        log(f"  clickhouse {t.rows:,} rows in {time.perf_counter() - started:.1f}s")
+        return t
+    finally:
+        conn.close()
 
 
 if __name__ == "__main__":

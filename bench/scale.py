@@ -1,6 +1,7 @@
 """Scale: dpgate end-to-end latency vs the raw aggregate, and dpgate's memory, as rows grow.
 
-For each backend (SQLite, DuckDB, PostgreSQL when reachable) and each size, a fresh worker
+For each backend (SQLite, DuckDB, PostgreSQL when reachable, ClickHouse embedded as chDB)
+and each size, a fresh worker
 process times, interleaved repetition by repetition (so machine load hits both alike):
 
 - ``raw``: the analyst's aggregate executed as-is through SQLAlchemy (exact, no DP);
@@ -83,7 +84,12 @@ def worker(backend: str, rows: int, reps: int) -> dict[str, Any]:
     # The raw engine opens the database as dpgate does where it matters (DuckDB allows one
     # configuration per file and process: read-only).
     raw_kw = {"connect_args": {"read_only": True}} if backend == "duckdb" else {}
-    raw_engine = sa.create_engine(t.url, **raw_kw)
+    if backend == "clickhouse":  # chDB's own driver: through its (read-only) opening
+        from gateway.engines import clickhouse
+
+        raw_engine = clickhouse.open_engine(sa.engine.make_url(t.url))
+    else:
+        raw_engine = sa.create_engine(t.url, **raw_kw)
 
     def run_raw(sql: str) -> None:
         with raw_engine.connect() as c:
@@ -253,6 +259,7 @@ def summary_rows(scale: dict[str, Any], baseline: dict[str, Any] | None = None) 
                     )
                 )
             rows.append(_bounded_row(x, qname, q, before.get((x["backend"], x["rows"])), at_top))
+    rows += engine_comparison(runs)
     by_backend: dict[str, list[dict[str, Any]]] = {}
     for x in runs:
         by_backend.setdefault(x["backend"], []).append(x)
@@ -271,6 +278,40 @@ def summary_rows(scale: dict[str, Any], baseline: dict[str, Any] | None = None) 
             )
         )
     return rows
+
+
+def engine_comparison(runs: list[dict[str, Any]]) -> list[Row]:
+    """ClickHouse (chDB) against DuckDB at the largest size both ran: per query, each
+    engine's compiled statement against its own raw aggregate, and ClickHouse's times
+    over DuckDB's (issue 19)."""
+    by = {(x["backend"], x["rows"]): x for x in runs}
+    sizes = [n for (b, n) in by if b == "clickhouse" and ("duckdb", n) in by]
+    if not sizes:
+        return []
+    n = max(sizes)
+    ch, duck = by[("clickhouse", n)], by[("duckdb", n)]
+    out: list[Row] = []
+    for qname, q in ch["queries"].items():
+        d = duck["queries"].get(qname)
+        if d is None:
+            continue
+        parts = []
+        for label, mode in (
+            ("raw", "raw"),
+            ("compiled", "dpgate_sql"),
+            ("bounded", "unit_sql"),
+            ("dpgate", "dpgate"),
+        ):
+            c_ms, d_ms = q["median_ms"].get(mode), d["median_ms"].get(mode)
+            parts.append(f"{label} {fmt(c_ms)} vs {fmt(d_ms)} ms ({fmt(_ratio(c_ms, d_ms))}×)")
+        parts.append(
+            f"compiled / raw: clickhouse {fmt(q['ratio_dpgate_sql_raw'])}×, "
+            f"duckdb {fmt(d['ratio_dpgate_sql_raw'])}×"
+        )
+        out.append(
+            ("scale", f"clickhouse vs duckdb {n:,} rows, {qname}", "; ".join(parts), "", None)
+        )
+    return out
 
 
 def _bounded_row(

@@ -43,6 +43,7 @@ from gateway.compile_values import (
 )
 from gateway.config import TableConfig
 from gateway.domain import row_filter
+from gateway.engines.dialects import for_engine
 from gateway.joins import relation_column
 from gateway.plan import GroupKey, Measure, QueryPlan
 from gateway.portable import portable
@@ -105,10 +106,11 @@ def compile_plan(
         )
     if keys:
         query = query.group_by(*[exp.column(f"k{i}", quoted=True) for i in range(len(keys))])
+    query = for_engine(query, table, dialect)
     # The tree is this call's own (no node of the plan is in it), so the generator may
     # work on it in place: copying it cost a third of compiling.
     sql = query.sql(dialect=dialects.dialect(dialect), copy=False)
-    if domain is not None:
+    if isinstance(domain, exp.Column) and domain.name == _DOMAIN_MARK:
         sql = _with_domain_filter(sql, table, dialect, query)
     return CompiledQuery(
         sql=sql,
@@ -125,11 +127,15 @@ def compile_plan(
 # quote character, which the generator escapes inside any string literal or identifier,
 # so its rendering can appear in a statement only where it was put.
 _DOMAIN_MARK = "dp'domain_filter"
+# The dialects whose statements ``for_engine`` leaves as they are (gateway/engines/).
+_PLACEHOLDER_DIALECTS = ("sqlite", "postgres", "duckdb")
 _domain_sql: dict[tuple[int, str], tuple[TableConfig, str]] = {}
 
 
 def _domain_placeholder(table: TableConfig, dialect: str) -> exp.Expr | None:
     """The placeholder of ``table``'s domain filter (None: every row is in the domain)."""
+    if dialect not in _PLACEHOLDER_DIALECTS:  # engine rewrites must see the filter
+        return row_filter(table)
     key = (id(table), dialect)
     cached = _domain_sql.get(key)
     if cached is None or cached[0] is not table:

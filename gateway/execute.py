@@ -7,6 +7,9 @@ Connections are opened read-only and with a statement timeout, per backend:
 - PostgreSQL: ``default_transaction_read_only`` and ``statement_timeout`` are set on
   each connection;
 - DuckDB: the database is opened ``read_only``; a timer interrupts a late statement;
+- ClickHouse (a server, or chDB embedded) and Spark SQL: see ``gateway/engines/``
+  (``readonly=2`` and ``max_execution_time``; a single-query guard and a cancelled job
+  group);
 - any other engine: ``SET TRANSACTION READ ONLY`` is attempted, and the statement runs
   under a timer that cancels it where the driver allows.
 
@@ -33,6 +36,7 @@ from sqlalchemy.engine import make_url
 from gateway.config import TableConfig
 from gateway.constraints import enforced_columns
 from gateway.domain import declared_values
+from gateway.engines import SQLGLOT_DIALECTS
 from gateway.errors import DatabaseUnavailable
 
 log = logging.getLogger("dpgate.execute")
@@ -41,7 +45,17 @@ log = logging.getLogger("dpgate.execute")
 def sqlglot_dialect(engine: sa.Engine) -> str:
     """The sqlglot dialect name for a SQLAlchemy engine."""
     name = engine.dialect.name
+    if name in SQLGLOT_DIALECTS:
+        return SQLGLOT_DIALECTS[name]
     return {"postgresql": "postgres", "mssql": "tsql", "mariadb": "mysql"}.get(name, name)
+
+
+def _is_clickhouse(engine: sa.Engine) -> bool:
+    return SQLGLOT_DIALECTS.get(engine.dialect.name) == "clickhouse"
+
+
+def _is_spark(engine: sa.Engine) -> bool:
+    return engine.dialect.name == "spark"
 
 
 def open_protected_engine(url: str, *, statement_timeout_ms: int) -> sa.Engine:
@@ -93,6 +107,14 @@ def open_protected_engine(url: str, *, statement_timeout_ms: int) -> sa.Engine:
         )
     if backend == "duckdb":
         return sa.create_engine(parsed, connect_args={"read_only": True})
+    if backend in ("chdb", "clickhousedb"):
+        from gateway.engines import clickhouse
+
+        return clickhouse.open_engine(parsed)
+    if backend == "spark":
+        from gateway.engines import spark
+
+        return spark.open_engine(parsed)
     return sa.create_engine(parsed, pool_pre_ping=True)
 
 
@@ -213,6 +235,10 @@ def _set_statement_timeout(engine: sa.Engine, conn: sa.Connection, timeout_ms: i
             sa.text("SELECT set_config('statement_timeout', :ms, true)"),
             {"ms": str(max(1, int(timeout_ms)))},
         )
+    elif _is_clickhouse(engine):
+        from gateway.engines import clickhouse
+
+        clickhouse.prepare_statement(conn, timeout_ms)
 
 
 def _arm_timeout(engine: sa.Engine, raw: Any, deadline: float) -> threading.Timer | None:
@@ -220,8 +246,8 @@ def _arm_timeout(engine: sa.Engine, raw: Any, deadline: float) -> threading.Time
     if backend == "sqlite" and isinstance(raw, sqlite3.Connection):
         raw.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
         return None
-    if backend == "postgresql":
-        return None  # statement_timeout is set on the connection
+    if backend == "postgresql" or _is_clickhouse(engine):
+        return None  # statement_timeout / max_execution_time is set on the connection
     interrupt = getattr(raw, "interrupt", None) or getattr(raw, "cancel", None)
     if interrupt is None:
         return None
@@ -251,6 +277,8 @@ def units_unique_by_schema(engine: sa.Engine, tables: Mapping[str, TableConfig])
     not reflect.
     """
     unique: set[str] = set()
+    if _is_clickhouse(engine) or _is_spark(engine):
+        return unique  # neither engine enforces uniqueness: the bound is kept in SQL
     candidates_of = _duckdb_unique_columns if engine.dialect.name == "duckdb" else _unique_columns
     try:
         inspector = sa.inspect(engine)
@@ -333,6 +361,12 @@ def nullability_by_schema(
     try:
         if engine.dialect.name == "duckdb":
             return _duckdb_nullability(engine, tables)
+        if _is_clickhouse(engine):
+            from gateway.engines import clickhouse
+
+            return clickhouse.nullability(engine, tables)
+        if _is_spark(engine):
+            return out  # Spark's tables are nullable unless written otherwise: assumed so
         inspector = sa.inspect(engine)
         for key, t in tables.items():
             if not inspector.has_table(t.sql_name, schema=t.schema):

@@ -5,7 +5,7 @@
 The compiler picks the cheapest statement for each query — a per-unit count capped at the
 bound when a query only counts, one window without an analyst's WHERE, two with one,
 QUALIFY on DuckDB — and every form must compute what the definition says, on SQLite,
-DuckDB and PostgreSQL alike:
+DuckDB, PostgreSQL, ClickHouse (chDB) and Spark SQL alike:
 
 1. the table is the rows inside the declared domain (here: ``dept`` one of A, B, C or
    NULL); bounded numbers are read clamped;
@@ -43,6 +43,7 @@ from gateway.execute import (
     sqlglot_dialect,
 )
 from gateway.plan import QueryPlan
+from tests import engines
 
 DEPTS = ("A", "B", "C")
 LOWER, UPPER = 0, 30
@@ -228,7 +229,7 @@ def _load(engine: sa.Engine, schema: str | None) -> None:
         conn.execute(table.insert(), ROWS)
 
 
-@pytest.fixture(scope="module", params=["sqlite", "duckdb", "postgres"])
+@pytest.fixture(scope="module", params=["sqlite", "duckdb", "postgres", *engines.ENGINES])
 def backend(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, str | None]]:
@@ -246,6 +247,11 @@ def backend(
         _load(writer, None)
         writer.dispose()
         yield f"duckdb:///{path}", None
+    elif request.param in ("clickhouse", "spark"):
+        database = engines.new_database("bound")
+        columns = {"pid": "integer", "dept": "text", "stay": "integer", "year": "integer"}
+        engines.load(request.param, tmp_path_factory, database, "stays", columns, ROWS)
+        yield engines.url(request.param, tmp_path_factory), database
     else:
         url = os.environ.get("DPGATE_TEST_POSTGRES_URL")
         if not url:

@@ -1,6 +1,7 @@
 """Execution: contribution bounding enforced in SQL (docs/design.md, invariant 6:
 influence is bounded in the executed SQL), read-only access,
-statement timeouts, and the same exact aggregates on SQLite, PostgreSQL and DuckDB.
+statement timeouts, and the same exact aggregates on SQLite, PostgreSQL, DuckDB,
+ClickHouse (chDB) and Spark SQL.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gateway.execute import (
     units_unique_by_schema,
 )
 from gateway.plan import QueryPlan
+from tests import engines
 
 REPRESENTATIVE = [
     "SELECT COUNT(*) FROM patients",
@@ -344,6 +346,63 @@ def test_duckdb_computes_the_same_exact_aggregates(
     assert duck_unique == {"patients"}
     assert exact(duck_engine, duck_config, sql, duck_unique) == reference
     assert exact(duck_engine, duck_config, sql, set()) == exact(ref_engine, ref_config, sql, set())
+
+
+def _engine_kind(column: sa.Column[Any]) -> str:
+    if column.name == "smoker":
+        return "boolean"
+    if isinstance(column.type, sa.Integer):
+        return "integer"
+    if isinstance(column.type, sa.Float | sa.Numeric):
+        return "real"
+    return "text"
+
+
+@pytest.fixture(scope="module", params=engines.ENGINES)
+def engine_copy(
+    request: pytest.FixtureRequest, demo_db: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[sa.Engine, Config]]:
+    """The demo hospital on ClickHouse (chDB) or Spark SQL, NOT NULL kept where the
+    engine has it, as a loader would."""
+    source = sa.create_engine(f"sqlite:///{demo_db}")
+    meta = sa.MetaData()
+    meta.reflect(source)
+    database = engines.new_database("demo")
+    with source.connect() as src:
+        for table in meta.sorted_tables:
+            rows = [dict(r._mapping) for r in src.execute(sa.select(table))]
+            for r in rows:
+                if "smoker" in r:
+                    r["smoker"] = bool(r["smoker"])
+            engines.load(
+                request.param,
+                tmp_path_factory,
+                database,
+                table.name,
+                {c.name: _engine_kind(c) for c in table.columns},
+                rows,
+                not_null=[c.name for c in table.columns if not c.nullable or c.primary_key],
+            )
+    source.dispose()
+    url = engines.url(request.param, tmp_path_factory)
+    config = demo_config(url, schema=database)
+    engine = open_protected_engine(url, statement_timeout_ms=30_000)
+    yield engine, as_the_gateway_reads(engine, config)
+    engine.dispose()
+
+
+@pytest.mark.parametrize("sql", REPRESENTATIVE)
+def test_distributed_engines_compute_the_same_exact_aggregates(
+    sql: str,
+    sqlite_reference: tuple[sa.Engine, Config],
+    engine_copy: tuple[sa.Engine, Config],
+) -> None:
+    """ClickHouse and Spark keep no uniqueness constraint, so the bounding window is
+    always in their SQL: compared with SQLite's answers with the window forced on too."""
+    ref_engine, ref_config = sqlite_reference
+    engine, config = engine_copy
+    assert units_unique_by_schema(engine, config.tables) == set()
+    assert exact(engine, config, sql, set()) == exact(ref_engine, ref_config, sql, set())
 
 
 def test_many_threads_share_the_protected_sqlite_database(demo_db: Path) -> None:
