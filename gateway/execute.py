@@ -315,26 +315,26 @@ def _unique_columns(engine: sa.Engine, t: TableConfig) -> list[list[str]]:
     return out
 
 
+def _duckdb_catalogue(engine: sa.Engine, t: TableConfig, *queries: str) -> list[list[Any]]:
+    """The rows of each of DuckDB's catalogue ``queries`` about table ``t`` (bound as
+    ``:t`` and ``:s``), read on one connection."""
+    params = {"t": t.sql_name, "s": t.schema or "main"}
+    with engine.connect() as conn:
+        return [list(conn.execute(sa.text(q), params).fetchall()) for q in queries]
+
+
 def _duckdb_unique_columns(engine: sa.Engine, t: TableConfig) -> list[list[str]]:
     """The same from DuckDB's own catalogue functions. A unique index's key is listed as
     expression text (``[id]``); only a single bare column is recognised."""
-    schema = t.schema or "main"
-    with engine.connect() as conn:
-        constraints = conn.execute(
-            sa.text(
-                "SELECT constraint_column_names FROM duckdb_constraints() "
-                "WHERE constraint_type IN ('PRIMARY KEY', 'UNIQUE') "
-                "AND table_name = :t AND schema_name = :s"
-            ),
-            {"t": t.sql_name, "s": schema},
-        ).fetchall()
-        indexes = conn.execute(
-            sa.text(
-                "SELECT expressions FROM duckdb_indexes() "
-                "WHERE is_unique AND table_name = :t AND schema_name = :s"
-            ),
-            {"t": t.sql_name, "s": schema},
-        ).fetchall()
+    constraints, indexes = _duckdb_catalogue(
+        engine,
+        t,
+        "SELECT constraint_column_names FROM duckdb_constraints() "
+        "WHERE constraint_type IN ('PRIMARY KEY', 'UNIQUE') "
+        "AND table_name = :t AND schema_name = :s",
+        "SELECT expressions FROM duckdb_indexes() "
+        "WHERE is_unique AND table_name = :t AND schema_name = :s",
+    )
     out = [[str(c) for c in row[0]] for row in constraints]
     for (expressions,) in indexes:
         text = str(expressions).strip()
@@ -463,22 +463,14 @@ _DUCKDB_INTEGERS = (
 
 def _duckdb_column_facts(engine: sa.Engine, t: TableConfig) -> _Facts | None:
     """The same from DuckDB's catalogue functions (its dialect reflects no CHECKs)."""
-    schema = t.schema or "main"
-    with engine.connect() as conn:
-        columns = conn.execute(
-            sa.text(
-                "SELECT column_name, is_nullable, data_type FROM duckdb_columns() "
-                "WHERE table_name = :t AND schema_name = :s"
-            ),
-            {"t": t.sql_name, "s": schema},
-        ).fetchall()
-        checks = conn.execute(
-            sa.text(
-                "SELECT expression FROM duckdb_constraints() "
-                "WHERE table_name = :t AND schema_name = :s AND constraint_type = 'CHECK'"
-            ),
-            {"t": t.sql_name, "s": schema},
-        ).fetchall()
+    columns, checks = _duckdb_catalogue(
+        engine,
+        t,
+        "SELECT column_name, is_nullable, data_type FROM duckdb_columns() "
+        "WHERE table_name = :t AND schema_name = :s",
+        "SELECT expression FROM duckdb_constraints() "
+        "WHERE table_name = :t AND schema_name = :s AND constraint_type = 'CHECK'",
+    )
     if not columns:
         return None
     catalogue = {
