@@ -220,3 +220,27 @@ def test_a_postgres_urls_own_options_are_kept_beside_read_only(postgres_url: str
         engine.dispose()
     finally:
         drop_postgres_schema(postgres_url, schema)
+
+
+@pytest.mark.postgres
+def test_a_check_added_not_valid_keeps_the_filter(postgres_url: str, tmp_path: Path) -> None:
+    """PostgreSQL enforces a constraint added ``NOT VALID`` on new rows only: a row
+    written before it may hold any value, so such a constraint enforces nothing."""
+    url, schema = postgres_schema_url(postgres_url)
+    try:
+        engine = sa.create_engine(url)
+        _fill(engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ALTER TABLE people DROP CONSTRAINT people_grade_check")
+            conn.exec_driver_sql("INSERT INTO people VALUES (999, 0, 1, 5, 1)")
+            conn.exec_driver_sql(
+                "ALTER TABLE people ADD CONSTRAINT late CHECK (grade IN (1, 2)) NOT VALID"
+            )
+        engine.dispose()
+        config = _config(url, tmp_path)
+        protected = open_protected_engine(url, statement_timeout_ms=5000)
+        enforced = domains_enforced_by_schema(protected, config.tables)
+        assert "grade" not in enforced["people"]
+        protected.dispose()
+    finally:
+        drop_postgres_schema(postgres_url, schema)
