@@ -88,19 +88,20 @@ class Prepared:
             return values
         return tuple(values[n] for n in c.names)
 
-    def _cursor(self, conn: Connection, params: Mapping[str, Any]) -> Any:
+    def _cursor(self, conn: Connection, params: Mapping[str, Any]) -> tuple[Any, str]:
+        """A cursor that executed the statement, and the SQL it ran (for errors)."""
         c = self._compiled(conn.dialect)
         bound = self._bind(c, params)
         cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         with driver_errors(conn.dialect, c.sql):
             cursor.execute(c.sql, bound)
-        return cursor
+        return cursor, c.sql
 
     def rows(self, conn: Connection, params: Mapping[str, Any] | None = None) -> list[Any]:
         """Every row, as named tuples."""
-        cursor = self._cursor(conn, params or {})
+        cursor, sql = self._cursor(conn, params or {})
         try:
-            with driver_errors(conn.dialect, self._compiled(conn.dialect).sql):
+            with driver_errors(conn.dialect, sql):
                 raw = cursor.fetchall()
             names = tuple(d[0] for d in cursor.description)
         finally:
@@ -123,7 +124,7 @@ class Prepared:
 
     def run(self, conn: Connection, params: Mapping[str, Any] | None = None) -> int:
         """Execute (an INSERT, UPDATE or DELETE); the number of rows it changed."""
-        cursor = self._cursor(conn, params or {})
+        cursor, _ = self._cursor(conn, params or {})
         try:
             return int(cursor.rowcount)
         finally:

@@ -129,7 +129,8 @@ def compile_plan(
 _DOMAIN_MARK = "dp'domain_filter"
 # The dialects whose statements ``for_engine`` leaves as they are (gateway/engines/).
 _PLACEHOLDER_DIALECTS = ("sqlite", "postgres", "duckdb")
-_domain_sql: dict[tuple[int, str], tuple[TableConfig, str]] = {}
+# (table id, dialect) → (table, the placeholder's SQL, the filter's SQL)
+_domain_sql: dict[tuple[int, str], tuple[TableConfig, str, str]] = {}
 
 
 def _domain_placeholder(table: TableConfig, dialect: str) -> exp.Expr | None:
@@ -142,15 +143,16 @@ def _domain_placeholder(table: TableConfig, dialect: str) -> exp.Expr | None:
         condition = row_filter(table)
         if condition is None:
             return None
-        cached = (table, exp.Paren(this=condition).sql(dialect=dialects.dialect(dialect)))
+        sqlglot_dialect = dialects.dialect(dialect)
+        mark = exp.column(_DOMAIN_MARK, quoted=True).sql(dialect=sqlglot_dialect)
+        cached = (table, mark, exp.Paren(this=condition).sql(dialect=sqlglot_dialect))
         _domain_sql[key] = cached
     return exp.column(_DOMAIN_MARK, quoted=True)
 
 
 def _with_domain_filter(sql: str, table: TableConfig, dialect: str, query: exp.Expr) -> str:
     """``sql`` with the domain filter's SQL in place of its placeholder."""
-    mark = exp.column(_DOMAIN_MARK, quoted=True).sql(dialect=dialects.dialect(dialect))
-    filter_sql = _domain_sql[(id(table), dialect)][1]
+    _, mark, filter_sql = _domain_sql[(id(table), dialect)]
     if sql.count(mark) != 1:  # e.g. a comment quoting it: generate the filter in place
         for node in list(query.find_all(exp.Column)):
             if node.name == _DOMAIN_MARK:

@@ -28,6 +28,8 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
+from gateway.analyze.groups import is_literal, literal_value
+
 #: The largest integer interval turned into a set of values (a declared ``values:``
 #: list is short; a wide interval is never inside one).
 _MAX_INTERVAL = 10_000
@@ -115,31 +117,17 @@ def _literals(nodes: Iterable[exp.Expr]) -> frozenset[Any] | None:
     return frozenset(values)
 
 
-_UNKNOWN = object()
-
-
 def _literal(node: exp.Expr | None) -> Any:
+    """A literal's Python value (through the casts PostgreSQL writes, ``0::bigint``), or
+    ``_UNKNOWN``."""
     while isinstance(node, exp.Cast | exp.Paren):
         node = node.this
-    if isinstance(node, exp.Neg):
-        value = _literal(node.this)
-        return (
-            -value if isinstance(value, int | float) and not isinstance(value, bool) else _UNKNOWN
-        )
-    if isinstance(node, exp.Boolean):
-        return bool(node.this)
-    if isinstance(node, exp.Literal):
-        if node.is_string:
-            return str(node.this)
-        text = str(node.this)
-        try:
-            return int(text)
-        except ValueError:
-            try:
-                return float(text)
-            except ValueError:
-                return _UNKNOWN
-    return _UNKNOWN
+    if node is None or not is_literal(node):
+        return _UNKNOWN
+    return literal_value(node)
+
+
+_UNKNOWN = object()
 
 
 def _restrict(out: dict[str, Admitted], column: exp.Column, values: frozenset[Any] | None) -> None:
