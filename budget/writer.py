@@ -92,9 +92,18 @@ class WriteLock:
 class _Op:
     fn: Callable[[Connection], Any]
     durable: bool
+    # Held until the operation is done, or until its waiter is asked to lead the next
+    # batch: its waiter blocks on it (None: nobody waits, a submitted write).
+    wake: threading.Lock | None = None
     done: bool = False
     ok: bool = False
     value: Any = None
+
+
+def _awaited(fn: Callable[[Connection], Any], durable: bool) -> _Op:
+    wake = threading.Lock()
+    wake.acquire()
+    return _Op(fn, durable, wake)
 
 
 _queues: weakref.WeakSet[WriteQueue] = weakref.WeakSet()
@@ -106,11 +115,17 @@ class WriteQueue:
     writers arriving meanwhile wait, and one of them leads the next batch. An
     uncontended write runs in its caller's thread (no hand-off); under load, one commit
     (one fsync) serves a whole batch. ``transaction(durable)`` opens one write
-    transaction on the ledger (taking ``WriteLock``)."""
+    transaction on the ledger (taking ``WriteLock``).
+
+    Each waiting writer sleeps on a lock of its own, released once its operation is done
+    or once it is to lead: a commit wakes exactly the writers it served and the next
+    leader, not every thread waiting (under the GIL, each needless wake-up is a context
+    switch and a GIL hand-off).
+    """
 
     def __init__(self, transaction: Transaction) -> None:
         self._transaction = transaction
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()
         self._pending: list[_Op] = []
         self._leading = False
         self._timer: threading.Timer | None = None
@@ -120,7 +135,7 @@ class WriteQueue:
     def run(self, fn: Callable[[Connection], T], *, durable: bool) -> T:
         """Run ``fn(conn)`` in the next batch; its result once the batch has committed
         (its exception if it raised: only its own writes are rolled back)."""
-        op = _Op(fn, durable)
+        op = _awaited(fn, durable)
         self._drive(op)
         if not op.ok:
             raise op.value
@@ -129,26 +144,29 @@ class WriteQueue:
     def submit(self, fn: Callable[[Connection], Any], *, durable: bool) -> None:
         """Queue ``fn(conn)`` without waiting: it rides on the next batch any writer leads,
         and is written at the latest ``LINGER_S`` later by a timer thread."""
-        with self._cv:
+        with self._lock:
             self._reset_after_fork()
             self._pending.append(_Op(fn, durable))
-            if self._timer is None:
-                self._timer = threading.Timer(LINGER_S, self._linger_expired)
-                self._timer.daemon = True
-                self._timer.start()
+            self._arm_timer()
+
+    def _arm_timer(self) -> None:  # with self._lock held
+        if self._timer is None:
+            self._timer = threading.Timer(LINGER_S, self._linger_expired)
+            self._timer.daemon = True
+            self._timer.start()
 
     def _linger_expired(self) -> None:
-        with self._cv:
+        with self._lock:
             self._timer = None
         self._drive(None)
 
     def flush(self) -> None:
         """Wait until everything queued before this call is committed (or failed)."""
-        self._drive(_Op(lambda conn: None, False))
+        self._drive(_awaited(lambda conn: None, False))
 
     def close(self) -> None:
         """Write what is queued."""
-        with self._cv:
+        with self._lock:
             self._reset_after_fork()
             if not self._pending:
                 return
@@ -161,30 +179,54 @@ class WriteQueue:
 
     def _drive(self, op: _Op | None) -> None:
         """Queue ``op`` (if any) and wait until it is done, leading batches as needed
-        (without ``op``: until nothing is queued)."""
-        with self._cv:
+        (without ``op``: lead until nothing is queued, unless another writer leads)."""
+        with self._lock:
             self._reset_after_fork()
             if op is not None:
                 self._pending.append(op)
-        while True:  # queued behind a full batch (or draining): lead or wait again
-            with self._cv:
-                while True:
-                    if op is not None and op.done:
-                        return
-                    if not self._leading:
-                        if not self._pending:
-                            return
-                        self._leading = True
-                        batch = self._pending[:MAX_BATCH]
-                        self._pending = self._pending[MAX_BATCH:]
-                        break
-                    self._cv.wait()
+            if self._leading:
+                if op is None:  # the leader takes what is queued (or hands it on)
+                    return
+                lead = False
+            elif not self._pending:
+                return
+            else:
+                self._leading = lead = True
+        while True:
+            if not lead:
+                assert op is not None and op.wake is not None
+                op.wake.acquire()  # released when done, or when asked to lead
+                if op.done:
+                    return
+            lead = True  # self._leading stays True on this writer's behalf
+            with self._lock:
+                batch = self._pending[:MAX_BATCH]
+                del self._pending[:MAX_BATCH]
+            successor: _Op | None = None
+            keep_lead = False
             try:
                 self._commit(batch)
             finally:
-                with self._cv:
-                    self._leading = False
-                    self._cv.notify_all()
+                for o in batch:  # only if _commit was interrupted (BaseException)
+                    if not o.done:
+                        o.ok, o.value, o.done = False, RuntimeError("write interrupted"), True
+                with self._lock:
+                    if op is None or not op.done:  # draining, or op beyond a full batch
+                        keep_lead = op is not None or bool(self._pending)
+                    if not keep_lead:
+                        # hand the lead to the first writer waiting, if any
+                        successor = next((o for o in self._pending if o.wake is not None), None)
+                        if successor is None:
+                            self._leading = False
+                            if self._pending:  # only un-awaited writes: the timer's
+                                self._arm_timer()
+                for o in batch:
+                    if o.wake is not None and o is not op:
+                        o.wake.release()
+                if successor is not None and successor.wake is not None:
+                    successor.wake.release()
+            if not keep_lead:
+                return
 
     def _commit(self, batch: list[_Op]) -> None:
         try:
