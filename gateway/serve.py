@@ -188,17 +188,27 @@ def _bind_address(host: str, port: int) -> str:
 def _run_gunicorn(factory: Callable[[], Flask], *, host: str, port: int, workers: int) -> None:
     from gunicorn.app.base import BaseApplication
 
+    from gateway.serve_workers import balanced_worker_class
+
+    # Keep-alive connections go to the worker holding fewest (gateway/serve_workers.py);
+    # twice the slots, for a reload's new workers starting beside the old ones.
+    worker_class, connections = balanced_worker_class(2 * workers)
+
     def child_exit(_server: Any, worker: Any) -> None:
         from gateway.metrics import mark_process_dead
 
+        connections.release(worker)
         mark_process_dead(worker.pid)
+
+    def pre_fork(_server: Any, worker: Any) -> None:
+        connections.assign(worker)
 
     options: dict[str, Any] = {
         "bind": [_bind_address(host, port)],
         "workers": workers,
         # Threads, not sync workers: under the timing policy an answer waits for its
         # release moment, and a waiting request must not hold a whole worker process.
-        "worker_class": "gthread",
+        "worker_class": worker_class,
         "threads": THREADS_PER_WORKER,
         "graceful_timeout": GRACEFUL_TIMEOUT,
         "timeout": WORKER_TIMEOUT,
@@ -208,6 +218,7 @@ def _run_gunicorn(factory: Callable[[], Flask], *, host: str, port: int, workers
         "errorlog": "-",
         "loglevel": "info",
         "child_exit": child_exit,
+        "pre_fork": pre_fork,
         "preload_app": False,  # each worker opens its own database connections
         # gunicorn ≥ 25's control socket lives at one path per user: two gateways on a
         # host would fight over it, and dpgate is managed by signals, not gunicornc.

@@ -7,6 +7,7 @@ deployment in a temporary directory; requests are few and bounded.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -289,6 +291,39 @@ def test_metrics_add_up_across_workers(server: Server) -> None:
             == 3
         )
     assert server.metric("dpgate_epsilon_charged_total", analyst="alice") >= 0.6 - 1e-9
+
+
+def test_keep_alive_connections_are_shared_evenly_between_the_workers(server: Server) -> None:
+    """Twelve clients that keep their connections: six per worker, not whichever worker
+    won each accept (one process holding most keep-alive clients serves them on one
+    core; gateway/serve_workers.py)."""
+    conns: list[tuple[http.client.HTTPConnection, str]] = []
+    try:
+        for _ in range(12):
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=15)
+            conn.request(
+                "GET", "/v1/budget", headers={"Authorization": f"Bearer {server.analyst_key}"}
+            )
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 200
+            conns.append((conn, response.headers["X-Request-Id"]))
+        ids = {request_id for _, request_id in conns}
+        deadline = time.monotonic() + 10
+        while True:
+            pid_of = {
+                line["request_id"]: line["pid"]
+                for line in server.log_lines()
+                if line.get("request_id") in ids
+            }
+            if len(pid_of) == len(ids) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        held = Counter(pid_of[request_id] for _, request_id in conns)
+        assert sorted(held.values()) == [6, 6], held
+    finally:
+        for conn, _ in conns:
+            conn.close()
 
 
 def test_logs_carry_the_failed_request_id_and_no_protected_value(server: Server) -> None:
