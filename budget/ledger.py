@@ -202,17 +202,25 @@ class Ledger:
         except _UNAVAILABLE as exc:
             raise LedgerUnavailable(f"the ledger database failed: {type(exc).__name__}") from exc
 
-    def write(self, fn: Callable[[Connection], T], *, durable: bool, wait: bool = True) -> T | None:
+    def write(
+        self,
+        fn: Callable[[Connection], T],
+        *,
+        durable: bool,
+        wait: bool = True,
+        savepoint: bool = True,
+    ) -> T | None:
         """Run ``fn`` in a write transaction: on a SQLite file, in the next
         group-committed batch (``budget.writer``); elsewhere in a transaction of its own
         (PostgreSQL group-commits concurrent sessions itself). With ``wait`` False the
         call may return before the write (SQLite, while a batch is in progress) — for the
-        request log."""
+        request log. ``savepoint`` False: ``fn``'s writes are each valid alone, so in a
+        batch it needs no savepoint (``WriteQueue.run``)."""
         if self._writes is not None:
             if not wait:
-                self._writes.submit(fn, durable=durable)
+                self._writes.submit(fn, durable=durable, savepoint=savepoint)
                 return None
-            return self._writes.run(fn, durable=durable)
+            return self._writes.run(fn, durable=durable, savepoint=savepoint)
         with self._transaction(write=True, durable=durable) as conn:
             return fn(conn)
 
@@ -638,7 +646,9 @@ class Ledger:
             )
             return row, period, spent, n
 
-        result = self.write(charge, durable=True)
+        # No savepoint: reads, then at most a checkpoint (exact whether or not the charge
+        # follows) and the charge's one row.
+        result = self.write(charge, durable=True, savepoint=False)
         assert result is not None
         row, period, spent, n = result
         before = self._status(row.name, False, row.epsilon, row.delta, period, spent, n, now)
@@ -752,7 +762,7 @@ class Ledger:
                 raise ValueError(f"no reservation {reservation.id!r} in this ledger")
 
         try:
-            self.write(settle, durable=False)
+            self.write(settle, durable=False, savepoint=False)  # one row, or none
         except sa.exc.IntegrityError as exc:
             raise ReservationSettled(
                 f"reservation {reservation.id} already has its outcome"
@@ -875,7 +885,12 @@ class Ledger:
             "status": int(status),
             "created_at": self._now(),
         }
-        self.write(lambda conn: st.INSERT_REQUEST.run(conn, row), durable=False, wait=False)
+        self.write(
+            lambda conn: st.INSERT_REQUEST.run(conn, row),
+            durable=False,
+            wait=False,
+            savepoint=False,
+        )
 
     def audit_log(
         self,

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from budget import BudgetExhausted, Ledger
+from budget.sqlite import install_sqlite_hooks
 from budget.writer import WriteLock, WriteQueue
 from mechanisms.types import PrivacyCost
 
@@ -24,6 +25,7 @@ class Counted:
 
     def __init__(self, path: Path) -> None:
         self.engine = sa.create_engine(f"sqlite:///{path}")
+        install_sqlite_hooks(self.engine, "FULL", 5000)  # BEGIN IMMEDIATE, as the ledger
         with self.engine.begin() as conn:
             conn.exec_driver_sql("CREATE TABLE t (v INTEGER NOT NULL)")
         self.lock = WriteLock(path.with_suffix(".lock"))
@@ -31,9 +33,11 @@ class Counted:
 
     @contextmanager
     def transaction(self, durable: bool) -> Iterator[Connection]:
-        with self.lock.hold(), self.engine.begin() as conn:
-            self.transactions += 1
-            yield conn
+        with self.lock.hold(), self.engine.connect() as conn:
+            conn.execution_options(dpgate_write=True, dpgate_durable=durable)
+            with conn.begin():
+                self.transactions += 1
+                yield conn
 
     def values(self) -> list[int]:
         with self.engine.connect() as conn:
@@ -85,6 +89,76 @@ def test_writers_queued_during_a_commit_share_the_next_one(tmp_path: Path) -> No
     assert isinstance(results[3], ValueError)  # its caller gets its own error…
     assert [results[v] for v in (0, 1, 2, 4, 5)] == [0, 1, 2, 4, 5]
     assert db.values() == [0, 1, 2, 4, 5]  # …and only its own write is rolled back
+
+
+def _one_batch(queue: WriteQueue, ops: list[tuple[object, bool]]) -> list[object]:
+    """Run ``ops`` (fn, savepoint) queued behind a leader, so they commit as one batch;
+    each one's result or exception, in order."""
+    inside, release = threading.Event(), threading.Event()
+
+    def hold(conn: Connection) -> None:
+        inside.set()
+        assert release.wait(10)
+
+    results: list[object] = [None] * len(ops)
+
+    def write(i: int) -> None:
+        fn, savepoint = ops[i]
+        try:
+            results[i] = queue.run(fn, durable=True, savepoint=savepoint)  # type: ignore[arg-type]
+        except Exception as e:
+            results[i] = e
+
+    leader = threading.Thread(target=lambda: queue.run(hold, durable=True))
+    leader.start()
+    assert inside.wait(10)
+    followers = []
+    for i in range(len(ops)):  # queued in order
+        t = threading.Thread(target=write, args=(i,))
+        t.start()
+        followers.append(t)
+        deadline = time.monotonic() + 10
+        while len(queue._pending) < i + 1 and time.monotonic() < deadline:
+            time.sleep(0.002)
+    release.set()
+    for t in [leader, *followers]:
+        t.join(10)
+    return results
+
+
+def test_a_write_without_savepoint_loses_only_its_failed_statement(tmp_path: Path) -> None:
+    db = Counted(tmp_path / "w.db")
+    queue = WriteQueue(db.transaction)
+
+    def null(conn: Connection) -> None:
+        conn.exec_driver_sql("INSERT INTO t (v) VALUES (NULL)")  # NOT NULL: fails
+
+    results = _one_batch(queue, [(_insert(1), False), (null, False), (_insert(2), False)])
+    assert results[0] == 1 and results[2] == 2
+    assert isinstance(results[1], sa.exc.IntegrityError)
+    assert db.transactions == 2
+    assert db.values() == [1, 2]
+
+
+def test_a_transaction_sqlite_rolled_back_fails_the_whole_batch(tmp_path: Path) -> None:
+    """When SQLite rolls a whole transaction back (a full disk, an I/O error), the
+    writes before it are gone: none of the batch may be reported written, and nothing
+    after it may run outside the transaction."""
+    db = Counted(tmp_path / "w.db")
+    queue = WriteQueue(db.transaction)
+
+    def rolled_back(conn: Connection) -> None:
+        raw = conn.connection.dbapi_connection
+        assert raw is not None
+        raw.execute("ROLLBACK")  # what SQLite does on SQLITE_FULL or SQLITE_IOERR
+        raise sa.exc.OperationalError("INSERT", {}, Exception("database or disk is full"))
+
+    for savepoint in (False, True):
+        results = _one_batch(
+            queue, [(_insert(1), savepoint), (rolled_back, savepoint), (_insert(2), savepoint)]
+        )
+        assert all(isinstance(r, Exception) for r in results), results
+        assert db.values() == []
 
 
 def test_a_lone_failing_write_leaves_nothing(tmp_path: Path) -> None:
