@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from bench.common import DATA_DIR, log
 
-VERSION = "v2"
+VERSION = "v3"
 PG_URL = os.environ.get("DPGATE_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 BACKENDS = ("sqlite", "duckdb", "postgresql", "clickhouse")
 #: Set in the process that builds the ClickHouse table (see ``ensure``).
@@ -49,8 +49,12 @@ EXPRS = {
 SELECT_LIST = ", ".join(f"{e} AS {c}" for c, e in EXPRS.items())
 # The declared value lists as CHECK constraints, as a production table would hold its
 # domain: dpgate then reads them from the catalogue and filters nothing on those columns
-# (gateway/constraints.py). v2: v1 tables had none.
+# (gateway/constraints.py). The bounded columns' ranges likewise: on PostgreSQL and
+# DuckDB (integral storage) a SUM then reads them unclamped. v2 had the value lists
+# only, v1 no constraints.
 CHECKS = {
+    "age": " CHECK (age BETWEEN 0 AND 100)",
+    "income": " CHECK (income BETWEEN 0 AND 500000)",
     "sex": " CHECK (sex IN (0, 1))",
     "educ": f" CHECK (educ IN ({', '.join(str(i) for i in range(1, 17))}))",
     "race": " CHECK (race IN (1, 2, 3, 4, 5, 6))",

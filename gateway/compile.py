@@ -532,11 +532,23 @@ def _measure_input(m: Measure, table: TableConfig, dialect: str) -> exp.Expr | N
     # once, to the measure's bounds — the column's own, so the domain's clamp is this one.
     assert isinstance(m.expression, exp.Column)
     steps = 1 / m.resolution
+    column = table.columns[m.expression.name]
+    if (
+        steps == 1
+        and column.type == "integer"
+        and column.within_bounds
+        and (m.lower, m.upper) == (column.lower, column.upper)
+    ):
+        # The database keeps every value whole and inside [lower, upper] (integral
+        # storage and a CHECK admitting that interval only, read from its catalogue at
+        # start-up: gateway/constraints.py): the clamp and the CAST below would change
+        # no row, so the SUM reads the column as stored — the raw query's own work.
+        return exp.column(m.expression.name, quoted=True)
     # Values under a quarter step round to 0 anyway; sending them to 0 first keeps
     # value × steps from underflowing, which PostgreSQL's doubles report as an error
     # (a subnormal value times 2^-k).
     clamped = clamped_value(m, m.resolution / 4 if steps != 1 else None)
-    if steps == 1 and table.columns[m.expression.name].type == "integer":
+    if steps == 1 and column.type == "integer":
         # An integer column with whole bounds (the config refuses fractional ones) on a
         # grid of 1: the clamped value lies in [lower, upper], and needs no ROUND. The
         # CAST makes it a whole number in [lower, upper] whatever the database stores

@@ -49,6 +49,10 @@ class ColumnConfig:
     # where NULL is outside it, CHECK constraints admitting declared values only), so the
     # compiled SQL does not filter on it (gateway/constraints.py). Read, never declared.
     enforced: bool = False
+    # The database keeps the (integer) column whole and inside [lower, upper] (integral
+    # storage, CHECK constraints admitting that interval only), so a SUM reads it as
+    # stored, without the clamp (gateway/constraints.py). Read, never declared.
+    within_bounds: bool = False
     # Set only on a joined relation's columns (gateway/joins.py): the relation column this
     # one's value is a function of (a lookup through it), which the auditor must not treat
     # as independent of it.
@@ -788,15 +792,21 @@ def with_nullability(
 
 
 def with_enforced_domains(
-    tables: Mapping[str, TableConfig], enforced: Mapping[str, set[str]]
+    tables: Mapping[str, TableConfig],
+    enforced: Mapping[str, set[str]],
+    within_bounds: Mapping[str, set[str]] | None = None,
 ) -> dict[str, TableConfig]:
     """``tables`` with the columns whose domain the database enforces (table → columns,
-    from the catalogue) marked ``enforced``."""
+    from the catalogue) marked ``enforced``, and those it keeps inside their bounds
+    marked ``within_bounds``."""
     out: dict[str, TableConfig] = {}
     for key, t in tables.items():
         marked = enforced.get(key, set())
+        bounded = (within_bounds or {}).get(key, set())
         columns = {
-            name: replace(c, enforced=True) if name in marked else c
+            name: replace(c, enforced=name in marked or c.enforced, within_bounds=name in bounded)
+            if name in marked or name in bounded
+            else c
             for name, c in t.columns.items()
         }
         out[key] = replace(t, columns=columns)

@@ -185,3 +185,28 @@ def enforced_columns(
                 continue
         out.add(name)
     return out
+
+
+def bounded_columns(
+    bounds: Mapping[str, tuple[float, float]],
+    catalogue: Mapping[str, tuple[bool, bool, bool]],
+    checks: Iterable[str],
+    dialect: str,
+) -> set[str]:
+    """The bounded integer columns the database keeps whole and inside their bounds.
+
+    ``bounds``: column → declared (lower, upper) of an integer column; ``catalogue`` and
+    ``checks`` as for ``enforced_columns``. A column qualifies when its storage is
+    integral and its CHECK constraints admit only values in [lower, upper]: clamping it
+    to its bounds then changes no row (NULL aside, which a SUM skips either way), so a
+    SUM may read it as stored. Never on SQLite (no column is integral there).
+    """
+    admitted = admitted_by_checks(checks, dialect)
+    out: set[str] = set()
+    for name, (lower, upper) in bounds.items():
+        known, a = catalogue.get(name), admitted.get(name)
+        if known is None or a is None or not known[1]:
+            continue
+        if lower <= a.lower and a.upper <= upper:
+            out.add(name)
+    return out

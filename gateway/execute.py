@@ -28,13 +28,13 @@ import sqlite3
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from gateway.config import TableConfig
-from gateway.constraints import enforced_columns
+from gateway.constraints import bounded_columns, enforced_columns
 from gateway.domain import declared_values
 from gateway.engines import SQLGLOT_DIALECTS
 from gateway.errors import DatabaseUnavailable
@@ -402,16 +402,25 @@ def _duckdb_nullability(
     return out
 
 
+class SchemaGuarantees(NamedTuple):
+    """Per table, what the database itself guarantees of its declared columns."""
+
+    domains: dict[str, set[str]]  # columns kept inside their declared domain
+    within_bounds: dict[str, set[str]]  # integer columns kept whole inside their bounds
+
+
 def domains_enforced_by_schema(
     engine: sa.Engine, tables: Mapping[str, TableConfig]
-) -> dict[str, set[str]]:
+) -> SchemaGuarantees:
     """Per table, the declared columns whose domain the database itself enforces: NOT
     NULL in the catalogue where the declared domain has no NULL, and CHECK constraints
-    that admit only declared values (``gateway/constraints.py``). The compiled SQL then
-    leaves them out of its domain filter. Read once, at start-up, from the catalogue
-    (constraint and column metadata, never rows); anything unreadable keeps the filter.
+    that admit only declared values (``gateway/constraints.py``); the compiled SQL then
+    leaves them out of its domain filter. And the bounded integer columns it keeps whole
+    inside their bounds (integral storage, CHECKs admitting that interval only): a SUM
+    then reads them unclamped. Read once, at start-up, from the catalogue (constraint
+    and column metadata, never rows); anything unreadable keeps the filter and the clamp.
     """
-    out: dict[str, set[str]] = {}
+    out = SchemaGuarantees({}, {})
     dialect = sqlglot_dialect(engine)
     try:
         for key, t in tables.items():
@@ -424,9 +433,16 @@ def domains_enforced_by_schema(
                 continue
             catalogue, checks = facts
             declared = {name: (declared_values(c), c.may_be_null) for name, c in t.columns.items()}
-            out[key] = enforced_columns(declared, catalogue, checks, dialect)
+            out.domains[key] = enforced_columns(declared, catalogue, checks, dialect)
+            bounds = {
+                name: (c.lower, c.upper)
+                for name, c in t.columns.items()
+                if c.type == "integer" and c.lower is not None and c.upper is not None
+            }
+            out.within_bounds[key] = bounded_columns(bounds, catalogue, checks, dialect)
     except (sa.exc.SQLAlchemyError, NotImplementedError):
         log.warning("could not read the protected database's constraints; filtering in SQL")
+        return SchemaGuarantees({}, {})
     return out
 
 

@@ -95,7 +95,7 @@ class Gateway:
         nullable = nullability_by_schema(self.engine, config.tables)
         tables = with_nullability(config.tables, nullable)
         # columns the database keeps in their domain need no filter (gateway/constraints.py)
-        tables = with_enforced_domains(tables, domains_enforced_by_schema(self.engine, tables))
+        tables = with_enforced_domains(tables, *domains_enforced_by_schema(self.engine, tables))
         self.config = config = replace(config, tables=tables)
         self.unique_units = units_unique_by_schema(self.engine, config.tables)
         # a public table's key, kept unique by the database: a join needs no cut on it

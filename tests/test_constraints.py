@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from gateway.analyze import analyze
 from gateway.compile import compile_plan
 from gateway.config import Config, TableConfig, parse_config, with_enforced_domains
-from gateway.constraints import admitted_by_checks, enforced_columns
+from gateway.constraints import admitted_by_checks, bounded_columns, enforced_columns
 from gateway.execute import (
     domains_enforced_by_schema,
     open_protected_engine,
@@ -107,10 +107,11 @@ CREATE TABLE people (
     sex INTEGER NOT NULL CHECK (sex IN (0, 1)),
     educ INTEGER NOT NULL CHECK (educ BETWEEN 1 AND 4),
     grade INTEGER NOT NULL CHECK (grade IN (1, 2, 3)),
-    income INTEGER
+    income INTEGER CHECK (income BETWEEN 0 AND 1000),
+    score INTEGER CHECK (score >= 0 AND score <= 2000)
 )
 """
-_ROWS = [(i, i % 2, 1 + i % 4, 1 + i % 3, (i * 37) % 1000) for i in range(1, 201)]
+_ROWS = [(i, i % 2, 1 + i % 4, 1 + i % 3, (i * 37) % 1000, (i * 53) % 2001) for i in range(1, 201)]
 _YAML = """
 database: {url: "%s"}
 ledger: {url: "sqlite:///%s"}
@@ -124,6 +125,7 @@ tables:
       educ: {type: integer, values: [1, 2, 3, 4]}
       grade: {type: integer, values: [1, 2]}
       income: {type: integer, lower: 0, upper: 1000}
+      score: {type: integer, lower: 0, upper: 1000}
 """
 
 
@@ -137,8 +139,8 @@ def _fill(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         conn.exec_driver_sql(_TABLE)
         conn.execute(
-            sa.text("INSERT INTO people VALUES (:p, :s, :e, :g, :i)"),
-            [dict(zip("pseg i".replace(" ", ""), r, strict=True)) for r in _ROWS],
+            sa.text("INSERT INTO people VALUES (:p, :s, :e, :g, :i, :c)"),
+            [dict(zip("psegic", r, strict=True)) for r in _ROWS],
         )
 
 
@@ -171,7 +173,12 @@ def protected(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 def _filtered(table: TableConfig) -> TableConfig:
     """The table as read without its catalogue: every column filtered."""
-    return replace(table, columns={n: replace(c, enforced=False) for n, c in table.columns.items()})
+    return replace(
+        table,
+        columns={
+            n: replace(c, enforced=False, within_bounds=False) for n, c in table.columns.items()
+        },
+    )
 
 
 def test_enforced_columns_leave_the_filter_and_the_answers_stay(
@@ -179,12 +186,12 @@ def test_enforced_columns_leave_the_filter_and_the_answers_stay(
 ) -> None:
     config = _config(protected, tmp_path)
     engine = open_protected_engine(protected, statement_timeout_ms=5000)
-    enforced = domains_enforced_by_schema(engine, config.tables)
+    enforced = domains_enforced_by_schema(engine, config.tables).domains
     backend = engine.dialect.name
     # sex: CHECK IN, NOT NULL. educ: an integer interval, read as one only where storage
     # is integral (not SQLite's). grade: the CHECK admits 3, which is not declared.
     # income: nullable, no values: there is nothing to filter. pid: NOT NULL.
-    expected = {"pid", "sex", "income"} | ({"educ"} if backend != "sqlite" else set())
+    expected = {"pid", "sex", "income", "score"} | ({"educ"} if backend != "sqlite" else set())
     assert enforced == {"people": expected}
     tables = with_enforced_domains(config.tables, enforced)
     table = tables["people"]
@@ -205,6 +212,55 @@ def test_enforced_columns_leave_the_filter_and_the_answers_stay(
         want = run_aggregate(engine, slow, timeout_ms=5000)
         assert sorted(map(repr, got)) == sorted(map(repr, want))
     engine.dispose()
+
+
+def test_a_sum_reads_a_column_unclamped_only_where_checks_keep_it_inside_its_bounds(
+    protected: str, tmp_path: Path
+) -> None:
+    """income: integral storage and a CHECK inside its bounds, so SUM reads it as stored.
+    score: its CHECK admits up to 2000, above its declared 1000, so it stays clamped and
+    a row of 2000 adds 1000 (the sensitivity the noise is calibrated to). SQLite keeps
+    both clamped: 1.5 fits in an INTEGER column there."""
+    config = _config(protected, tmp_path)
+    engine = open_protected_engine(protected, statement_timeout_ms=5000)
+    guarantees = domains_enforced_by_schema(engine, config.tables)
+    backend = engine.dialect.name
+    assert guarantees.within_bounds == {"people": set() if backend == "sqlite" else {"income"}}
+    table = with_enforced_domains(config.tables, *guarantees)["people"]
+    dialect = sqlglot_dialect(engine)
+    plan = analyze("SELECT SUM(income), SUM(score) FROM people", {"people": table})
+    assert isinstance(plan, QueryPlan)
+    fast = compile_plan(plan, table, dialect).sql
+    slow = compile_plan(plan, _filtered(table), dialect).sql
+    clamps = fast.count("CASE WHEN")
+    assert clamps == (2 if backend == "sqlite" else 1), fast  # score's clamp stays
+    assert slow.count("CASE WHEN") == 2
+    got = run_aggregate(engine, fast, timeout_ms=5000)
+    want = run_aggregate(engine, slow, timeout_ms=5000)
+    assert got == want
+    kept = [r for r in _ROWS if r[3] in (1, 2)]  # grade's declared domain
+    income = sum(r[4] for r in kept)
+    score = sum(min(r[5], 1000) for r in kept)
+    assert income in got[0] and score in got[0]
+    engine.dispose()
+
+
+def test_bounded_columns_need_integral_storage_and_checks_inside_the_bounds() -> None:
+    bounds = {c: (0.0, 100.0) for c in ("inside", "wide", "real", "one_sided", "unchecked")}
+    catalogue = {
+        "inside": (False, True, False),
+        "wide": (True, True, False),
+        "real": (True, False, False),  # a DOUBLE column holds 1.5
+        "one_sided": (True, True, False),
+        "unchecked": (True, True, False),
+    }
+    checks = [
+        "inside BETWEEN 0 AND 100",
+        "wide >= 0 AND wide <= 101",
+        "real BETWEEN 0 AND 100",
+        "one_sided >= 0",
+    ]
+    assert bounded_columns(bounds, catalogue, checks, "postgres") == {"inside"}
 
 
 @pytest.mark.postgres
@@ -239,7 +295,7 @@ def test_a_check_added_not_valid_keeps_the_filter(postgres_url: str, tmp_path: P
         engine.dispose()
         config = _config(url, tmp_path)
         protected = open_protected_engine(url, statement_timeout_ms=5000)
-        enforced = domains_enforced_by_schema(protected, config.tables)
+        enforced = domains_enforced_by_schema(protected, config.tables).domains
         assert "grade" not in enforced["people"]
         protected.dispose()
     finally:
