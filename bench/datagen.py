@@ -5,9 +5,9 @@ arithmetic only), so the three backends hold identical data and the exact answer
 Generation happens inside each database (recursive CTE / ``range`` / ``generate_series``),
 never row by row from Python, and the result is cached:
 
-- SQLite: ``bench/.data/scale_v2_<N>.sqlite``
-- DuckDB: ``bench/.data/scale_v2_<N>.duckdb``
-- PostgreSQL: table ``dpgate_bench_v2_<N>`` in the database of ``DPGATE_BENCH_PG_URL``
+- SQLite: ``bench/.data/scale_v3_<N>.sqlite``
+- DuckDB: ``bench/.data/scale_v3_<N>.duckdb``
+- PostgreSQL: table ``dpgate_bench_v3_<N>`` in the database of ``DPGATE_BENCH_PG_URL``
   (default ``postgresql+psycopg://postgres@127.0.0.1:5432/test``)
 - ClickHouse (chDB, embedded): table ``dpgate_bench_v1_<N>`` in the data directory
   ``bench/.data/scale_v1_chdb`` (MergeTree), built in a process of its own (one process
