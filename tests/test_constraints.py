@@ -246,21 +246,19 @@ def test_a_sum_reads_a_column_unclamped_only_where_checks_keep_it_inside_its_bou
 
 
 def test_bounded_columns_need_integral_storage_and_checks_inside_the_bounds() -> None:
-    bounds = {c: (0.0, 100.0) for c in ("inside", "wide", "real", "one_sided", "unchecked")}
-    catalogue = {
-        "inside": (False, True, False),
-        "wide": (True, True, False),
-        "real": (True, False, False),  # a DOUBLE column holds 1.5
-        "one_sided": (True, True, False),
-        "unchecked": (True, True, False),
+    # column: (catalogue (NOT NULL, integral, boolean), its CHECK, kept inside [0, 100])
+    cases: dict[str, tuple[tuple[bool, bool, bool], str | None, bool]] = {
+        "inside": ((False, True, False), "inside BETWEEN 0 AND 100", True),  # NULL: skipped
+        "wide": ((True, True, False), "wide >= 0 AND wide <= 101", False),
+        "real": ((True, False, False), "real BETWEEN 0 AND 100", False),  # DOUBLE holds 1.5
+        "one_sided": ((True, True, False), "one_sided >= 0", False),
+        "unchecked": ((True, True, False), None, False),
     }
-    checks = [
-        "inside BETWEEN 0 AND 100",
-        "wide >= 0 AND wide <= 101",
-        "real BETWEEN 0 AND 100",
-        "one_sided >= 0",
-    ]
-    assert bounded_columns(bounds, catalogue, checks, "postgres") == {"inside"}
+    bounds = dict.fromkeys(cases, (0.0, 100.0))
+    catalogue = {name: facts for name, (facts, _, _) in cases.items()}
+    checks = [check for _, check, _ in cases.values() if check is not None]
+    expected = {name for name, (_, _, kept) in cases.items() if kept}
+    assert bounded_columns(bounds, catalogue, checks, "postgres") == expected
 
 
 @pytest.mark.postgres
