@@ -364,8 +364,16 @@ class Ledger:
     ) -> tuple[float, float, Period] | None:
         """The global budget: the one an admin set in the ledger, else the config's."""
         row = (st.LOCK_GLOBAL if lock else st.GLOBAL_BUDGET).first(conn)
-        if row is not None and row.epsilon is not None:
-            return float(row.epsilon), float(row.delta or 0.0), _period_of(row)
+        if row is None:
+            return self._global_of(None, None, None)
+        return self._global_of(row.epsilon, row.delta, row.period)
+
+    def _global_of(
+        self, epsilon: float | None, delta: float | None, period: str | None
+    ) -> tuple[float, float, Period] | None:
+        """The global budget from the ledger's row (epsilon None: no admin set one)."""
+        if epsilon is not None:
+            return float(epsilon), float(delta or 0.0), check_period(period or "none")
         if self.global_budget is None:
             return None
         return self.global_budget[0], self.global_budget[1], self.global_period
@@ -610,11 +618,13 @@ class Ledger:
         now = self._now()
 
         def charge(conn: Connection) -> tuple[Any, Period, Spent, int]:
-            row = self._analyst_row(conn, analyst, lock=True)
+            row = st.HOT_CHARGE_ANALYST.first(conn, {"name": analyst})
+            if row is None:
+                raise UnknownAnalyst(f"no analyst named {analyst!r}")
             if row.disabled:
                 raise AnalystDisabled(f"analyst {analyst!r} is disabled")
             period = _period_of(row)
-            global_budget = self._global(conn)
+            global_budget = self._global_of(row.global_epsilon, row.global_delta, row.global_period)
             if global_budget is not None:  # lock, and read again under the lock
                 global_budget = self._global(conn, lock=True)
             spent, n = self._spent(conn, row.id, since=period_start(period, now), locked=True)

@@ -109,6 +109,19 @@ _g = schema.global_lock.c
 _GLOBAL = sa.select(_g.epsilon, _g.delta, _g.period).where(_g.id == 1)
 GLOBAL_BUDGET = Prepared(_GLOBAL)
 LOCK_GLOBAL = Prepared(_GLOBAL.with_for_update())
+# A charge's first read, under the write lock: the analyst (locked) and whether an admin
+# set a global budget, in one statement (one statement fewer under SQLite's write lock).
+HOT_CHARGE_ANALYST = Prepared(
+    sa.select(
+        *_BUDGET_COLUMNS,
+        *(
+            sa.select(column).where(_g.id == 1).scalar_subquery().label(f"global_{column.name}")
+            for column in (_g.epsilon, _g.delta, _g.period)
+        ),
+    )
+    .where(_a.name == sa.bindparam("name"))
+    .with_for_update(of=t_analysts)
+)
 _ENTRY_COLUMNS = [
     "reservation_id",
     "settles",
