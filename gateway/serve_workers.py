@@ -141,6 +141,11 @@ class BalancedThreadWorker(ThreadWorker):
 
 
 def balanced_worker_class(slots: int) -> tuple[type[ThreadWorker], ConnectionTable]:
-    """The worker class and the table it shares (call in the master, before forking)."""
+    """The worker class and the table it shares (call in the master, before forking).
+    A gunicorn whose gthread worker lacks the hooks this builds on gets plain gthread."""
     table = ConnectionTable(slots)
+    if not all(
+        hasattr(ThreadWorker, m) for m in ("set_accept_enabled", "wait_for_and_dispatch_events")
+    ):
+        return ThreadWorker, table
     return type("BalancedThreadWorker", (BalancedThreadWorker,), {"table": table}), table
