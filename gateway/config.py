@@ -804,9 +804,11 @@ def with_enforced_domains(
         marked = enforced.get(key, set())
         bounded = (within_bounds or {}).get(key, set())
         columns = {
-            name: replace(c, enforced=name in marked or c.enforced, within_bounds=name in bounded)
-            if name in marked or name in bounded
-            else c
+            name: replace(
+                c,
+                enforced=c.enforced or name in marked,
+                within_bounds=c.within_bounds or name in bounded,
+            )
             for name, c in t.columns.items()
         }
         out[key] = replace(t, columns=columns)

@@ -101,14 +101,16 @@ class BalancedThreadWorker(ThreadWorker):
 
     table: ClassVar[ConnectionTable | None] = None
 
-    def _slot(self) -> int | None:
-        return getattr(self, "dpgate_slot", None) if self.table is not None else None
+    def _place(self) -> tuple[ConnectionTable, int] | None:
+        """The shared table and this worker's slot in it (None: not balanced)."""
+        slot = getattr(self, "dpgate_slot", None)
+        return None if self.table is None or slot is None else (self.table, slot)
 
     def run(self) -> None:
-        slot = self._slot()
-        if slot is not None:
-            assert self.table is not None
-            self.poller.register(self.table.wake_fd(slot), selectors.EVENT_READ, self._woken)
+        place = self._place()
+        if place is not None:
+            table, slot = place
+            self.poller.register(table.wake_fd(slot), selectors.EVENT_READ, self._woken)
         super().run()
 
     def _woken(self, fd: int) -> None:
@@ -117,22 +119,20 @@ class BalancedThreadWorker(ThreadWorker):
             os.read(fd, 4096)
 
     def _balanced(self) -> bool:
-        slot = self._slot()
-        if slot is None:
+        place = self._place()
+        if place is None:
             return True
-        assert self.table is not None
-        self.table.publish(slot, self.nr_conns)
-        return self.table.least_loaded(slot, self.nr_conns)
+        table, slot = place
+        table.publish(slot, self.nr_conns)
+        return table.least_loaded(slot, self.nr_conns)
 
     def set_accept_enabled(self, enabled: bool) -> None:
-        slot = self._slot()
-        if not enabled and not self.alive and slot is not None:
-            assert self.table is not None
-            self.table.leave(slot)  # stopping: the others must take every new connection
+        place = self._place()
+        if place is not None and not enabled and not self.alive:
+            place[0].leave(place[1])  # stopping: the others must take every new connection
         super().set_accept_enabled(enabled and self._balanced())
-        if slot is not None and self.alive:
-            assert self.table is not None
-            self.table.listening(slot, self._accepting)
+        if place is not None and self.alive:
+            place[0].listening(place[1], self._accepting)
 
     def wait_for_and_dispatch_events(self, timeout: float) -> None:
         if self._accepting and self.alive and not self._balanced():
