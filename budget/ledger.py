@@ -54,6 +54,7 @@ from budget.errors import (
     UnknownAnalyst,
     UnsupportedCost,
 )
+from budget.held import HeldConnections
 from budget.keys import ScramVerifier, key_hash, new_api_key, scram_verifier
 from budget.locks import ScopeLocks
 from budget.periods import ALL_TIME, Period, check_period, period_end, period_start
@@ -71,6 +72,7 @@ from budget.records import (
     ReleaseEntry,
     Reservation,
 )
+from budget.sqlite import begin as sqlite_begin
 from budget.sqlite import install_sqlite_hooks
 from budget.writer import WriteLock, WriteQueue, flush_all
 from mechanisms.types import PrivacyCost
@@ -134,6 +136,8 @@ class Ledger:
         self._sqlite = engine.dialect.name == "sqlite"
         self._write_lock: WriteLock | None = None
         self._writes: WriteQueue | None = None
+        self._held: HeldConnections | None = None
+        self._synchronous = sqlite_synchronous
         if self._sqlite:
             install_sqlite_hooks(engine, sqlite_synchronous, busy_timeout_ms)
             database = engine.url.database or ""
@@ -142,6 +146,9 @@ class Ledger:
                 Path(database + ".locks") / "write.lock" if on_disk else None
             )
             if on_disk:  # an in-memory ledger has one shared connection: nothing to batch
+                self._held = HeldConnections(
+                    engine, lambda e: install_sqlite_hooks(e, sqlite_synchronous, busy_timeout_ms)
+                )
                 self._writes = WriteQueue(
                     lambda durable: self._transaction(write=True, durable=durable)
                 )
@@ -173,9 +180,11 @@ class Ledger:
         return cls(sa.create_engine(parsed, **engine_kw), **kw)
 
     def close(self) -> None:
-        """Write what is queued, then release the engine's pooled connections."""
+        """Write what is queued, then release the ledger's connections."""
         if self._writes is not None:
             self._writes.close()
+        if self._held is not None:
+            self._held.close()
         self.engine.dispose()
 
     # -- plumbing ---------------------------------------------------------------------
@@ -189,7 +198,18 @@ class Ledger:
         outcomes and the request log, never for charges or admin changes.
         """
         locked = self._write_lock.hold() if write and self._write_lock else nullcontext()
+        held = self._held
         try:
+            if held is not None:  # a SQLite file: this thread's connection, begun on the driver
+
+                def begin(conn: Connection, raw: Any) -> None:
+                    sqlite_begin(
+                        conn, raw, write=write, durable=durable, synchronous=self._synchronous
+                    )
+
+                with locked, held.transaction(begin) as conn:
+                    yield conn
+                return
             with locked, self.engine.connect() as conn:
                 if write:
                     conn.execution_options(dpgate_write=True, dpgate_durable=durable)

@@ -19,6 +19,10 @@ from sqlalchemy.engine import Connection, Engine
 from budget.prepared import driver_errors
 
 _hooked_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+# Set in a connection's info while a transaction begun on the driver (not by SQLAlchemy)
+# is open: SQLAlchemy's own begin inside it (a statement run through
+# ``Connection.execute``) must not BEGIN again.
+RAW_TRANSACTION = "dpgate_raw_transaction"
 
 
 def install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int) -> None:
@@ -38,20 +42,33 @@ def install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        # On the driver's connection: these run on every ledger transaction, and
-        # SQLAlchemy's statement path would cost more than SQLite spends on them.
+        if conn.info.get(RAW_TRANSACTION):  # begun on the driver already (budget/held.py)
+            return
         raw = conn.connection.dbapi_connection
         assert raw is not None
         options = conn.get_execution_options()
-        if not options.get("dpgate_write", False):
-            with driver_errors(conn.dialect, "BEGIN DEFERRED"):
-                raw.execute("BEGIN DEFERRED")
-            return
-        # Charges and admin changes are fsynced at commit; outcomes and the request log
-        # may ride on the next fsync (a crash of the process loses nothing either way).
-        level = synchronous if options.get("dpgate_durable", True) else "NORMAL"
-        with driver_errors(conn.dialect, "BEGIN IMMEDIATE"):
-            if conn.info.get("dpgate_synchronous") != level:
-                raw.execute(f"PRAGMA synchronous = {level}")
-                conn.info["dpgate_synchronous"] = level
-            raw.execute("BEGIN IMMEDIATE")
+        begin(
+            conn,
+            raw,
+            write=options.get("dpgate_write", False),
+            durable=options.get("dpgate_durable", True),
+            synchronous=synchronous,
+        )
+
+
+def begin(conn: Connection, raw: Any, *, write: bool, durable: bool, synchronous: str) -> None:
+    """dpgate's BEGIN, on the driver's connection ``raw`` of ``conn``: these run on every
+    ledger transaction, and SQLAlchemy's statement path would cost more than SQLite
+    spends on them. Charges and admin changes are fsynced at commit (``synchronous``);
+    outcomes and the request log may ride on the next fsync (a crash of the process
+    loses nothing either way)."""
+    if not write:
+        with driver_errors(conn.dialect, "BEGIN DEFERRED"):
+            raw.execute("BEGIN DEFERRED")
+        return
+    level = synchronous if durable else "NORMAL"
+    with driver_errors(conn.dialect, "BEGIN IMMEDIATE"):
+        if conn.info.get("dpgate_synchronous") != level:
+            raw.execute(f"PRAGMA synchronous = {level}")
+            conn.info["dpgate_synchronous"] = level
+        raw.execute("BEGIN IMMEDIATE")

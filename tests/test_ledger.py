@@ -85,7 +85,7 @@ def test_sqlite_synchronous_url_option(tmp_path: object) -> None:
     led.migrate()
     led.create_analyst("a", 1.0, 1e-6)
     charge(led, "a", laplace(0.1))
-    with led.engine.connect() as conn:
+    with led._transaction(write=False) as conn:  # the connection this thread charged on
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
     with pytest.raises(ValueError):
         Ledger.from_url(f"sqlite:///{tmp_path}/n.db?synchronous=off")
