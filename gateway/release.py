@@ -12,6 +12,9 @@ from typing import Any
 from budget import BudgetStatus, Charge
 from gateway.planning import PlannedQuery
 
+# Parts of a response that belong to the request, never to the answer it shares.
+_PER_REQUEST = frozenset({"ok", "cached", "budget", "charge"})
+
 
 @dataclass(frozen=True)
 class ColumnInfo:
@@ -73,10 +76,7 @@ class Release:
             "ok": True,
             "query_id": self.query_id,
             "cached": self.cached,
-            "columns": [{"name": c.name, "type": c.type} for c in self.columns],
-            "rows": [list(r) for r in self.rows],
-            "accuracy": self.accuracy,
-            "privacy": self.privacy.to_json(),
+            **self._answer(),
             "budget": self.budget.to_json(),
         }
         body.update(self.extra)
@@ -86,10 +86,16 @@ class Release:
 
     def answer_json(self) -> dict[str, Any]:
         """The part of the body that identical requests share (what the cache stores)."""
-        body = self.to_json()
-        for key in ("ok", "cached", "budget", "charge"):
-            body.pop(key, None)
-        return body
+        shared = {k: v for k, v in self.extra.items() if k not in _PER_REQUEST}
+        return {"query_id": self.query_id, **self._answer(), **shared}
+
+    def _answer(self) -> dict[str, Any]:
+        return {
+            "columns": [{"name": c.name, "type": c.type} for c in self.columns],
+            "rows": [list(r) for r in self.rows],
+            "accuracy": self.accuracy,
+            "privacy": self.privacy.to_json(),
+        }
 
     @staticmethod
     def from_answer_json(answer: dict[str, Any], *, cached: bool, budget: BudgetStatus) -> Release:
