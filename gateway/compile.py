@@ -46,7 +46,7 @@ from gateway.domain import row_filter
 from gateway.engines.dialects import for_engine
 from gateway.joins import relation_column
 from gateway.plan import GroupKey, Measure, QueryPlan
-from gateway.portable import portable
+from gateway.portable import data_type, portable
 
 UNIT = "dp_unit"
 ROW_RANK = "dp_row_rank"
@@ -510,7 +510,7 @@ def _group_key(key: GroupKey, table: TableConfig, dialect: str) -> exp.Expr:
     statement ran."""
     value = portable(key.expression, table, dialect)
     if key.type == "date":
-        return exp.Cast(this=value, to=exp.DataType.build("TEXT"))
+        return exp.Cast(this=value, to=data_type("TEXT"))
     return value
 
 
@@ -557,11 +557,11 @@ def _measure_input(m: Measure, table: TableConfig, dialect: str) -> exp.Expr | N
         # inside them, so one row moves the sum by at most max(|lower|, |upper|) and the
         # sum is exact integer arithmetic on every backend. Where the column is stored as
         # BIGINT, PostgreSQL and DuckDB drop the CAST when planning: it costs nothing.
-        return exp.Cast(this=clamped, to=exp.DataType.build("BIGINT"))
+        return exp.Cast(this=clamped, to=data_type("BIGINT"))
     scaled: exp.Expr = clamped
     if steps != 1:
         scaled = exp.Mul(this=exp.Paren(this=clamped), expression=fraction_literal(steps))
-    return exp.Cast(this=exp.Round(this=scaled), to=exp.DataType.build("BIGINT"))
+    return exp.Cast(this=exp.Round(this=scaled), to=data_type("BIGINT"))
 
 
 def _aggregate(m: Measure, value: exp.Expr | None, unit: exp.Expr | None) -> exp.Expr:

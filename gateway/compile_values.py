@@ -14,6 +14,7 @@ from sqlglot import exp
 
 from gateway.config import TableConfig
 from gateway.plan import Measure
+from gateway.portable import data_type
 
 
 def histogram_input(m: Measure) -> exp.Expr:
@@ -36,7 +37,7 @@ def squares_input(m: Measure, table: TableConfig) -> exp.Expr:
     steps = 1 / m.resolution
     integer = table.columns[m.expression.name].type == "integer"
     if steps == 1 and integer:
-        whole = exp.Cast(this=clamped_value(m, None), to=exp.DataType.build("BIGINT"))
+        whole = exp.Cast(this=clamped_value(m, None), to=data_type("BIGINT"))
         return exp.Mul(this=whole, expression=whole.copy())
     # |v| under `small` squares to under a quarter step, which rounds to 0 anyway: sent
     # to 0 first, so that v·v never underflows (PostgreSQL reports that as an error).
@@ -45,10 +46,10 @@ def squares_input(m: Measure, table: TableConfig) -> exp.Expr:
         small /= 2
     while (small * 2) ** 2 < m.resolution / 4:
         small *= 2
-    v = exp.Cast(this=clamped_value(m, small), to=exp.DataType.build("DOUBLE"))
+    v = exp.Cast(this=clamped_value(m, small), to=data_type("DOUBLE"))
     square = exp.Mul(this=v, expression=v.copy())
     scaled = exp.Mul(this=exp.Paren(this=square), expression=fraction_literal(steps))
-    return exp.Cast(this=exp.Round(this=scaled), to=exp.DataType.build("BIGINT"))
+    return exp.Cast(this=exp.Round(this=scaled), to=data_type("BIGINT"))
 
 
 def clamped_value(m: Measure, zero_below: Fraction | None) -> exp.Expr:
