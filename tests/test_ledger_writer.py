@@ -4,6 +4,7 @@ writes, and charges stay exact and durable under concurrent reserves."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Iterator
@@ -228,6 +229,26 @@ def test_an_unawaited_write_rides_on_the_next_batch_or_the_linger_timer(tmp_path
     while db.values() != [1, 2, 3] and time.monotonic() < deadline:
         time.sleep(0.01)  # nobody writes: the linger timer does, without a flush
     assert db.values() == [1, 2, 3] and db.transactions == 2
+
+
+def test_one_lingering_thread_serves_a_queue_and_ends_after_it(tmp_path: Path) -> None:
+    db = Counted(tmp_path / "w.db")
+    queue = WriteQueue(db.transaction)
+    lingerers = set()
+    for v in range(3):
+        queue.submit(_insert(v), durable=False)
+        lingerers.add(queue._lingerer)
+        deadline = time.monotonic() + 5
+        while len(db.values()) <= v and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert db.values() == [0, 1, 2] and db.transactions == 3  # each written when due
+    assert len(lingerers) == 1  # one thread, not one per arming
+    lingerer = lingerers.pop()
+    assert lingerer is not None and lingerer.is_alive()
+    del queue
+    gc.collect()
+    lingerer.join(timeout=5)  # it notices the queue is gone within a second
+    assert not lingerer.is_alive()
 
 
 def test_a_long_drain_leads_batch_after_batch_without_recursion(
