@@ -370,11 +370,25 @@ def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
                 f"HTTP, --workers {tp['workers']}, {tp['clients']} clients: {label}",
                 f"{rate:.1f} answered/s (median {fmt(median)}"
                 f" ms, p99 {fmt(s['latency']['p99_ms'])} ms)"
+                + _costs_text(s)
                 + (f"; not answered: {other}" if other else ""),
                 "≥ 300/s, p50 ≤ 60 ms" if target else "",
                 None if target is None else (rate >= target[0] and median <= target[1]),
             )
     return rows
+
+
+def _costs_text(s: dict[str, Any]) -> str:
+    """What a throughput figure cost: CPU per answer of the server and of the load
+    generator, and the CPU time the hypervisor took (bench/throughput.py)."""
+    parts = []
+    if "server_cpu_ms_per_answer" in s:
+        parts.append(f"server CPU {fmt(s['server_cpu_ms_per_answer'])} ms/answer")
+    if "client_cpu_ms_per_answer" in s:
+        parts.append(f"load generator {fmt(s['client_cpu_ms_per_answer'])} ms")
+    if "steal_share" in s:
+        parts.append(f"steal {100 * s['steal_share']:.0f}%")
+    return f"; {', '.join(parts)}" if parts else ""
 
 
 def render(rows: list[dict[str, str]], r: dict[str, Any]) -> str:

@@ -62,7 +62,56 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -
     raise RuntimeError("dpgate serve did not become ready")
 
 
-def _scenario(port: int, keys: list[str], duration: float, make_sql: Any) -> dict[str, Any]:
+def _group_cpu_s(pgid: int) -> float | None:
+    """CPU seconds (user + system) used so far by the live processes of a process group
+    (Linux ``/proc``; ``None`` elsewhere)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    ticks = 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat.rpartition(")")[2].split()  # after the command: state ppid pgrp …
+        if len(fields) > 12 and int(fields[2]) == pgid:
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_steal() -> tuple[int, int] | None:
+    """(all, stolen) CPU time of the machine so far, in ticks (``/proc/stat``): on a
+    virtual machine, the time the hypervisor gave this machine's CPUs to others."""
+    try:
+        first = Path("/proc/stat").read_text().splitlines()[0].split()
+    except OSError:
+        return None
+    values = [int(v) for v in first[1:]]
+    return sum(values[:8]), (values[7] if len(values) > 7 else 0)
+
+
+def _costs(
+    pgid: int, answered: int, before: tuple[Any, float, Any], after: tuple[Any, float, Any]
+) -> dict[str, Any]:
+    """CPU per answer of the server (its process group) and of the load generator (this
+    process), and the share of CPU time stolen by the hypervisor: what makes figures of
+    different machines comparable (the rate alone is not)."""
+    out: dict[str, Any] = {}
+    if answered and before[0] is not None and after[0] is not None:
+        out["server_cpu_ms_per_answer"] = (after[0] - before[0]) * 1000 / answered
+    if answered:
+        out["client_cpu_ms_per_answer"] = (after[1] - before[1]) * 1000 / answered
+    if before[2] is not None and after[2] is not None and after[2][0] > before[2][0]:
+        out["steal_share"] = (after[2][1] - before[2][1]) / (after[2][0] - before[2][0])
+    return out
+
+
+def _scenario(
+    port: int, keys: list[str], duration: float, make_sql: Any, pgid: int
+) -> dict[str, Any]:
     stop = time.monotonic() + duration
     lock = threading.Lock()
     latencies: list[float] = []
@@ -91,11 +140,13 @@ def _scenario(port: int, keys: list[str], duration: float, make_sql: Any) -> dic
             outcomes.update(local)
 
     started = time.monotonic()
+    before = (_group_cpu_s(pgid), time.process_time(), _cpu_steal())
     threads = [threading.Thread(target=client, args=(i, k)) for i, k in enumerate(keys)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    after = (_group_cpu_s(pgid), time.process_time(), _cpu_steal())
     elapsed = time.monotonic() - started
     answered = outcomes["answered"] + outcomes["answered_cached"]
     return {
@@ -104,6 +155,7 @@ def _scenario(port: int, keys: list[str], duration: float, make_sql: Any) -> dic
         "answered_per_s": answered / elapsed,
         "outcomes": dict(outcomes),
         "latency": latency_summary(latencies),
+        **_costs(pgid, answered, before, after),
     }
 
 
@@ -176,7 +228,7 @@ def _serve(
     try:
         _wait_ready(port, proc)
         for name, make_sql in scenarios.items():
-            out[name] = _scenario(port, keys, duration, make_sql)
+            out[name] = _scenario(port, keys, duration, make_sql, proc.pid)
             log(f"throughput {name}: {out[name]['answered_per_s']:.1f}/s {out[name]['outcomes']}")
     finally:
         with contextlib.suppress(ProcessLookupError):
