@@ -58,6 +58,7 @@ from budget.held import HeldConnections
 from budget.keys import ScramVerifier, key_hash, new_api_key, scram_verifier
 from budget.locks import ScopeLocks
 from budget.periods import ALL_TIME, Period, check_period, period_end, period_start
+from budget.pool import ping_when_idle
 from budget.records import (
     Analyst,
     AuditEntry,
@@ -175,9 +176,10 @@ class Ledger:
             if parsed.database in (None, "", ":memory:"):
                 engine_kw["poolclass"] = StaticPool
                 engine_kw["connect_args"] = {"check_same_thread": False}
-        else:
-            engine_kw["pool_pre_ping"] = True
-        return cls(sa.create_engine(parsed, **engine_kw), **kw)
+        engine = sa.create_engine(parsed, **engine_kw)
+        if parsed.get_backend_name() != "sqlite":
+            ping_when_idle(engine)  # a server's connections can go stale (budget/pool.py)
+        return cls(engine, **kw)
 
     def close(self) -> None:
         """Write what is queued, then release the ledger's connections."""

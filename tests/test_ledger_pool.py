@@ -1,0 +1,68 @@
+"""A PostgreSQL ledger's pool (budget/pool.py): a connection in use moments ago is not
+pinged again, an idle one is, and one the server dropped while idle is replaced without
+the caller seeing an error."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+import budget.pool
+from budget import Ledger
+from tests.conftest import drop_postgres_schema, postgres_schema_url
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def pg_ledger(postgres_url: str) -> Iterator[Ledger]:
+    url, schema = postgres_schema_url(postgres_url)
+    ledger = Ledger.from_url(url)
+    try:
+        ledger.migrate()
+        ledger.create_analyst("a", 1.0, 1e-6)
+        yield ledger
+    finally:
+        ledger.close()
+        drop_postgres_schema(postgres_url, schema)
+
+
+def _count_pings(ledger: Ledger) -> list[int]:
+    pings = [0]
+    ping = ledger.engine.dialect.do_ping
+
+    def counted(dbapi_connection: object) -> bool:
+        pings[0] += 1
+        return ping(dbapi_connection)
+
+    ledger.engine.dialect.do_ping = counted  # type: ignore[method-assign]
+    return pings
+
+
+def test_a_connection_just_checked_in_is_not_pinged_again(pg_ledger: Ledger) -> None:
+    pg_ledger.budget_status("a")
+    pings = _count_pings(pg_ledger)
+    for _ in range(20):
+        pg_ledger.budget_status("a")
+    assert pings[0] == 0
+
+
+def test_an_idle_connection_is_pinged_and_replaced_if_the_server_dropped_it(
+    pg_ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pg_ledger.budget_status("a")
+    with pg_ledger.engine.connect() as conn:
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+    # the server ends that session, as a restart or an idle timeout would
+    other = sa.create_engine(pg_ledger.engine.url)
+    with other.begin() as conn:
+        conn.exec_driver_sql(f"SELECT pg_terminate_backend({int(pid)})")
+    other.dispose()
+    pings = _count_pings(pg_ledger)
+    # now idle for "longer than the threshold": the checkout pings, finds it dead, and
+    # the pool hands out a fresh connection
+    monkeypatch.setattr(budget.pool, "_now", lambda: 1e12)
+    assert pg_ledger.budget_status("a").name == "a"
+    assert pings[0] >= 1
