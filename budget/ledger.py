@@ -137,6 +137,9 @@ class Ledger:
         self._sqlite = engine.dialect.name == "sqlite"
         self._write_lock: WriteLock | None = None
         self._writes: WriteQueue | None = None
+        # A server ledger's un-awaited writes (request-log rows), committed together
+        # (see ``write``); a SQLite file's ride in ``_writes``.
+        self._deferred: WriteQueue | None = None
         self._held: HeldConnections | None = None
         self._synchronous = sqlite_synchronous
         if self._sqlite:
@@ -153,6 +156,10 @@ class Ledger:
                 self._writes = WriteQueue(
                     lambda durable: self._transaction(write=True, durable=durable)
                 )
+        else:
+            self._deferred = WriteQueue(
+                lambda durable: self._transaction(write=True, durable=durable)
+            )
         self._locks = ScopeLocks(engine)
 
     @classmethod
@@ -183,8 +190,9 @@ class Ledger:
 
     def close(self) -> None:
         """Write what is queued, then release the ledger's connections."""
-        if self._writes is not None:
-            self._writes.close()
+        for queue in (self._writes, self._deferred):
+            if queue is not None:
+                queue.close()
         if self._held is not None:
             self._held.close()
         self.engine.dispose()
@@ -235,9 +243,15 @@ class Ledger:
         """Run ``fn`` in a write transaction: on a SQLite file, in the next
         group-committed batch (``budget.writer``); elsewhere in a transaction of its own
         (PostgreSQL group-commits concurrent sessions itself). With ``wait`` False the
-        call may return before the write (SQLite, while a batch is in progress) — for the
-        request log. ``savepoint`` False: ``fn``'s writes are each valid alone, so in a
-        batch it needs no savepoint (``WriteQueue.run``)."""
+        call may return before the write — for the request log: on a SQLite file it rides
+        on the next batch; on a server its rows are committed together by the queue's
+        lingering thread, each in a savepoint (PostgreSQL aborts a transaction at its
+        first error), one transaction instead of one per request. ``savepoint`` False:
+        ``fn``'s writes are each valid alone, so in a SQLite batch it needs no savepoint
+        (``WriteQueue.run``)."""
+        if not wait and self._deferred is not None:
+            self._deferred.submit(fn, durable=durable, savepoint=True)
+            return None
         if self._writes is not None:
             if not wait:
                 self._writes.submit(fn, durable=durable, savepoint=savepoint)
@@ -248,8 +262,9 @@ class Ledger:
 
     def flush(self) -> None:
         """Wait until every write queued by this process so far is committed."""
-        if self._writes is not None:
-            self._writes.flush()
+        for queue in (self._writes, self._deferred):
+            if queue is not None:
+                queue.flush()
 
     def migrate(self) -> int:
         """Create the schema, or upgrade it to this version; returns the schema version."""

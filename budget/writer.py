@@ -1,4 +1,6 @@
 """SQLite ledger writes: one writer per process, group commit, no busy-wait between writers.
+(A server ledger uses ``WriteQueue`` only for its un-awaited writes, the request-log rows:
+committed together by the lingering thread, each in a savepoint — ``Ledger.write``.)
 
 SQLite has one write lock per database. With many threads and several worker processes
 each opening its own write transactions, writers queue on that lock through SQLite's busy
@@ -265,7 +267,8 @@ def _run_in_batch(conn: Connection, op: _Op) -> None:
     SQLAlchemy's ``begin_nested``: a batch runs one per operation, and SQLAlchemy's
     bookkeeping would cost more than the operation. An operation whose writes are each
     valid alone runs without one: SQLite undoes a failed statement and keeps the
-    transaction (this queue serves SQLite ledgers only; PostgreSQL would abort it).
+    transaction (on SQLite; a server ledger's queue carries only un-awaited writes, each
+    with its savepoint, since PostgreSQL aborts a transaction at its first error).
     Should SQLite have rolled the whole transaction back (a full disk, an I/O error),
     the batch fails: nothing of it was written, and nothing after it may run outside a
     transaction.
@@ -280,7 +283,9 @@ def _run_in_batch(conn: Connection, op: _Op) -> None:
         try:
             op.value = op.fn(conn)
         except Exception as exc:  # reported to its caller, not here
-            if not raw.in_transaction:
+            # SQLite may have rolled the whole transaction back; a server keeps it (in
+            # error until the savepoint is rolled back to, which fails if it is gone).
+            if not getattr(raw, "in_transaction", True):
                 raise
             if cursor is not None:
                 with driver_errors(conn.dialect, "ROLLBACK TO SAVEPOINT"):

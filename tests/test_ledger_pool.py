@@ -1,6 +1,9 @@
-"""A PostgreSQL ledger's pool (budget/pool.py): a connection in use moments ago is not
-pinged again, an idle one is, and one the server dropped while idle is replaced without
-the caller seeing an error."""
+"""A PostgreSQL ledger's connections and deferred writes.
+
+The pool (budget/pool.py): a connection in use moments ago is not pinged again, an idle
+one is, and one the server dropped while idle is replaced without the caller seeing an
+error. The request log (``Ledger.write(wait=False)``): rows are committed together, each
+in a savepoint, so one that fails loses nothing of the others."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy import event
 
 import budget.pool
 from budget import Ledger
@@ -66,3 +70,30 @@ def test_an_idle_connection_is_pinged_and_replaced_if_the_server_dropped_it(
     monkeypatch.setattr(budget.pool, "_now", lambda: 1e12)
     assert pg_ledger.budget_status("a").name == "a"
     assert pings[0] >= 1
+
+
+def test_request_log_rows_are_committed_together_and_one_failure_loses_no_other(
+    pg_ledger: Ledger,
+) -> None:
+    commits = [0]
+    event.listen(pg_ledger.engine, "commit", lambda conn: commits.__setitem__(0, commits[0] + 1))
+
+    def failing(conn: sa.Connection) -> None:
+        conn.exec_driver_sql("INSERT INTO no_such_table VALUES (1)")
+
+    for i in range(10):
+        pg_ledger.log_request(
+            request_id=f"r{i}",
+            analyst="a",
+            endpoint="POST /v1/query",
+            sql="SELECT 1",
+            outcome="answered",
+            error_code=None,
+            status=200,
+        )
+        if i == 4:  # a write that fails, queued among the others
+            pg_ledger.write(failing, durable=False, wait=False)
+    pg_ledger.flush()
+    ids = sorted(e.request_id for e in pg_ledger.audit_log(analyst="a"))
+    assert ids == sorted(f"r{i}" for i in range(10))
+    assert commits[0] < 10  # not one transaction per row
