@@ -25,7 +25,7 @@ import math
 import re
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -142,6 +142,10 @@ class Ledger:
         self._deferred: WriteQueue | None = None
         self._held: HeldConnections | None = None
         self._synchronous = sqlite_synchronous
+
+        def write_transaction(durable: bool) -> AbstractContextManager[Connection]:
+            return self._transaction(write=True, durable=durable)
+
         if self._sqlite:
             install_sqlite_hooks(engine, sqlite_synchronous, busy_timeout_ms)
             database = engine.url.database or ""
@@ -153,13 +157,9 @@ class Ledger:
                 self._held = HeldConnections(
                     engine, lambda e: install_sqlite_hooks(e, sqlite_synchronous, busy_timeout_ms)
                 )
-                self._writes = WriteQueue(
-                    lambda durable: self._transaction(write=True, durable=durable)
-                )
+                self._writes = WriteQueue(write_transaction)
         else:
-            self._deferred = WriteQueue(
-                lambda durable: self._transaction(write=True, durable=durable)
-            )
+            self._deferred = WriteQueue(write_transaction)
         self._locks = ScopeLocks(engine)
 
     @classmethod

@@ -34,24 +34,19 @@ from gateway.domain import clamped
 _COMPARED = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.In, exp.Between, exp.Is)
 _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div, exp.IntDiv, exp.Mod, exp.Neg, exp.Abs)
 _NUMERIC_FUNCTIONS = (exp.Round, exp.Floor, exp.Ceil)
-_BIGINT = exp.DataType.build("BIGINT")
-# Built once: building a type parses its name, which cost 2% of a request (compile runs
-# for every query text not seen before).
-_DOUBLE = exp.DataType.build("DOUBLE")
-_DECIMAL = exp.DataType.build("DECIMAL")
+_PREDICATES = (exp.Predicate, exp.Connector, exp.Not)
 
 
 @cache
 def _built(name: str) -> exp.DataType:
+    # Built once per name: building a type parses its name, which cost 2% of a request
+    # (compile runs for every query text not seen before).
     return exp.DataType.build(name)
 
 
 def data_type(name: str) -> exp.DataType:
     """``exp.DataType.build(name)``, its name parsed once: a fresh copy each call."""
     return _built(name).copy()
-
-
-_PREDICATES = (exp.Predicate, exp.Connector, exp.Not)
 
 
 def portable(node: exp.Expr, table: TableConfig, dialect: str) -> exp.Expr:
@@ -63,7 +58,7 @@ def wide_real(dialect: str) -> exp.DataType:
     """The type real arithmetic runs in: DOUBLE, except on PostgreSQL, whose doubles
     raise on overflow and underflow (1e-310 * 1e-20): there NUMERIC, which does not.
     A node shared by every caller: copy it before putting it in a tree."""
-    return _DECIMAL if dialect == "postgres" else _DOUBLE
+    return _built("DECIMAL" if dialect == "postgres" else "DOUBLE")
 
 
 class _Rewriter:
@@ -134,7 +129,7 @@ class _Rewriter:
             return exp.Paren(this=rewritten)
         kind = self.kind(inner).kind
         if kind in ("integer", "null"):  # a bare NULL operand is ambiguous on PostgreSQL
-            return exp.Cast(this=rewritten, to=_BIGINT.copy())
+            return exp.Cast(this=rewritten, to=data_type("BIGINT"))
         if kind == "real":
             return exp.Cast(this=rewritten, to=self.real.copy())
         return rewritten
