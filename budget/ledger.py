@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import math
 import re
+import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
@@ -77,6 +80,8 @@ from budget.sqlite import begin as sqlite_begin
 from budget.sqlite import install_sqlite_hooks
 from budget.writer import WriteLock, WriteQueue, flush_all
 from mechanisms.types import PrivacyCost
+
+log = logging.getLogger("dpgate.ledger")
 
 GLOBAL_NAME = "(global)"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
@@ -142,6 +147,10 @@ class Ledger:
         self._deferred: WriteQueue | None = None
         self._held: HeldConnections | None = None
         self._synchronous = sqlite_synchronous
+        # Query keys whose answered outcome this process has queued, not yet committed
+        # (``commit(wait=False)``): a read that looks for one waits for the queue first.
+        self._unsettled: Counter[str] = Counter()
+        self._unsettled_lock = threading.Lock()
 
         def write_transaction(durable: bool) -> AbstractContextManager[Connection]:
             return self._transaction(write=True, durable=durable)
@@ -239,6 +248,7 @@ class Ledger:
         durable: bool,
         wait: bool = True,
         savepoint: bool = True,
+        on_done: Callable[[bool, Any], None] | None = None,
     ) -> T | None:
         """Run ``fn`` in a write transaction: on a SQLite file, in the next
         group-committed batch (``budget.writer``); elsewhere in a transaction of its own
@@ -248,17 +258,26 @@ class Ledger:
         lingering thread, each in a savepoint (PostgreSQL aborts a transaction at its
         first error), one transaction instead of one per request. ``savepoint`` False:
         ``fn``'s writes are each valid alone, so in a SQLite batch it needs no savepoint
-        (``WriteQueue.run``)."""
+        (``WriteQueue.run``). ``on_done(ok, value)``: called once an un-awaited write has
+        committed or failed."""
         if not wait and self._deferred is not None:
-            self._deferred.submit(fn, durable=durable, savepoint=True)
+            self._deferred.submit(fn, durable=durable, savepoint=True, on_done=on_done)
             return None
         if self._writes is not None:
             if not wait:
-                self._writes.submit(fn, durable=durable, savepoint=savepoint)
+                self._writes.submit(fn, durable=durable, savepoint=savepoint, on_done=on_done)
                 return None
             return self._writes.run(fn, durable=durable, savepoint=savepoint)
-        with self._transaction(write=True, durable=durable) as conn:
-            return fn(conn)
+        try:
+            with self._transaction(write=True, durable=durable) as conn:
+                result = fn(conn)
+        except Exception as exc:
+            if on_done is not None:
+                on_done(False, exc)
+            raise
+        if on_done is not None:
+            on_done(True, result)
+        return result
 
     def flush(self) -> None:
         """Wait until every write queued by this process so far is committed."""
@@ -484,6 +503,8 @@ class Ledger:
         the analyst's budget — in one read transaction (a request's only read)."""
         if not key or len(key) > 256:
             return Lookup(None)
+        if probe is not None:
+            self._await_outcome(probe.query_key)
         now = self._now()
         with self._transaction(write=False) as conn:
             row = st.HOT_ANALYST_BY_KEY.first(conn, {"key_hash": key_hash(key)})
@@ -792,6 +813,7 @@ class Ledger:
         *,
         release: dict[str, Any] | None,
         reason: str | None,
+        wait: bool = True,
     ) -> None:
         params = {
             "rid": reservation.id,
@@ -808,6 +830,9 @@ class Ledger:
             if st.SETTLE.run(conn, params) == 0:
                 raise ValueError(f"no reservation {reservation.id!r} in this ledger")
 
+        if not wait:
+            self._settle_later(reservation, settle)
+            return
         try:
             self.write(settle, durable=False, savepoint=False)  # one row, or none
         except sa.exc.IntegrityError as exc:
@@ -815,20 +840,61 @@ class Ledger:
                 f"reservation {reservation.id} already has its outcome"
             ) from exc
 
+    def _settle_later(self, reservation: Reservation, settle: Callable[[Connection], None]) -> None:
+        """Queue an outcome row (it rides on the next batch); until it is committed, a
+        read of this process that looks for its query key waits for the queue."""
+        key = reservation.query_key
+
+        def done(ok: bool, value: Any) -> None:
+            with self._unsettled_lock:
+                self._unsettled[key] -= 1
+                if self._unsettled[key] <= 0:
+                    del self._unsettled[key]
+            if not ok:
+                log.error(
+                    "the outcome of query %s was not recorded (%s): its charge stands, "
+                    "its answer will not be reused",
+                    reservation.id,
+                    type(value).__name__,
+                )
+
+        with self._unsettled_lock:
+            self._unsettled[key] += 1
+        self.write(settle, durable=False, wait=False, savepoint=False, on_done=done)
+
+    def _await_outcome(self, query_key: str | None = None) -> None:
+        """Before reading outcomes: let this process's queued ones (of ``query_key``, or
+        any) reach the ledger."""
+        with self._unsettled_lock:
+            pending = bool(self._unsettled) if query_key is None else query_key in self._unsettled
+        if pending:
+            self.flush()
+
     def commit(
         self,
         reservation: Reservation,
         release: dict[str, Any],
         outcome: Outcome,
         reason: str | None = None,
+        *,
+        wait: bool = True,
     ) -> None:
         """Record the outcome of a reserved query: ``answered`` (with the released answer)
         or ``withheld`` — by the post-audit, or because execution failed after the
         statement reached the database — still charged; ``release`` is what the gateway
-        wants recorded, not sent, and ``reason`` says why it was withheld."""
+        wants recorded, not sent, and ``reason`` says why it was withheld.
+
+        ``wait`` False: the row is queued and rides on the writer's next batch (within
+        ``budget.writer.LINGER_S``), so the answer leaves without waiting for a second
+        write. The charge is already durable; what a killed process can lose is the
+        outcome row — the charge then stays spent, and the answer is not reused. This
+        process's own reads wait for the row (``_await_outcome``); another process may
+        not see it for those milliseconds, so a repeat sent there is charged again. Not
+        for a gateway whose auditor replays other workers' answers: it must see the row
+        before the scope lock is released."""
         if outcome not in ("answered", "withheld"):
             raise ValueError("outcome must be 'answered' or 'withheld'")
-        self._settle(reservation, outcome, release=release, reason=reason)
+        self._settle(reservation, outcome, release=release, reason=reason, wait=wait)
 
     def refund(self, reservation: Reservation, reason: str) -> None:
         """Append a refund: nothing was released, so the charge no longer counts."""
@@ -885,6 +951,7 @@ class Ledger:
 
     def history(self, analyst: str, *, limit: int | None = None) -> list[HistoryEntry]:
         """The analyst's charged queries with their outcomes, oldest first (last ``limit``)."""
+        self._await_outcome()
         with self._transaction(write=False) as conn:
             row = self._analyst_row(conn, analyst)
             return reads.history(conn, row.id, limit)
@@ -894,6 +961,7 @@ class Ledger:
     ) -> dict[str, Any] | None:
         """The first released answer of an answered query with this key and data version,
         for that analyst (or any analyst when ``None``); ``None`` if there is none."""
+        self._await_outcome()
         with self._transaction(write=False) as conn:
             return reads.find_release(conn, query_key, analyst, data_version)
 
@@ -904,6 +972,7 @@ class Ledger:
 
         ``after``: only entries whose ``seq`` is greater (incremental replay).
         """
+        self._await_outcome()
         with self._transaction(write=False) as conn:
             return reads.releases(conn, analyst, data_version, after)
 

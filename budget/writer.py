@@ -23,17 +23,19 @@ A batch commits durably (``synchronous=FULL`` by default: fsync) when any operat
 asked to be durable (charges, admin changes); otherwise with ``synchronous=NORMAL`` (an
 outcome, a request-log row or a rate-limit counter: a killed process loses nothing, an
 OS crash may lose the last of them, never a charge that an answer was released for).
-Operations submitted without waiting (request-log rows) ride on the next batch any writer
-leads, or are written ``LINGER_S`` later by the queue's lingering thread: under load they
-cost no transaction of their own. ``flush()`` waits for them (readers of the request log
-call it); a killed process may lose the last ``LINGER_S`` of them (never a charge or an
-outcome).
+Operations submitted without waiting (request-log rows; an answer's outcome when the
+auditor is off) ride on the next batch any writer leads, or are written ``LINGER_S``
+later by the queue's lingering thread: under load they cost no transaction of their own,
+and their submitter does not wait for a second turn at the write lock. ``flush()`` waits
+for them (readers of the request log and of outcomes call it); a killed process may lose
+the last ``LINGER_S`` of them (never a charge).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -54,6 +56,7 @@ except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
 T = TypeVar("T")
+log = logging.getLogger("dpgate.ledger")
 MAX_BATCH = 256
 LINGER_S = 0.05  # the longest an un-awaited write (a request-log row) waits for a batch
 
@@ -100,6 +103,9 @@ class _Op:
     # Held until the operation is done, or until its waiter is asked to lead the next
     # batch: its waiter blocks on it (None: nobody waits, a submitted write).
     wake: threading.Lock | None = None
+    # Called once the operation is done, with its ``ok`` and ``value`` (submitted writes
+    # whose submitter wants to know when they are committed).
+    on_done: Callable[[bool, Any], None] | None = None
     done: bool = False
     ok: bool = False
     value: Any = None
@@ -154,13 +160,20 @@ class WriteQueue:
         return op.value
 
     def submit(
-        self, fn: Callable[[Connection], Any], *, durable: bool, savepoint: bool = True
+        self,
+        fn: Callable[[Connection], Any],
+        *,
+        durable: bool,
+        savepoint: bool = True,
+        on_done: Callable[[bool, Any], None] | None = None,
     ) -> None:
         """Queue ``fn(conn)`` without waiting: it rides on the next batch any writer leads,
-        and is written at the latest ``LINGER_S`` later by a timer thread."""
+        and is written at the latest ``LINGER_S`` later by the lingering thread.
+        ``on_done(ok, value)`` runs once its batch has committed or failed (``value``: the
+        exception)."""
         with self._lock:
             self._reset_after_fork()
-            self._pending.append(_Op(fn, durable, savepoint))
+            self._pending.append(_Op(fn, durable, savepoint, on_done=on_done))
             self._arm_timer()
 
     def _arm_timer(self) -> None:  # with self._lock held
@@ -226,7 +239,8 @@ class WriteQueue:
             finally:
                 for o in batch:  # only if _commit was interrupted (BaseException)
                     if not o.done:
-                        o.ok, o.value, o.done = False, RuntimeError("write interrupted"), True
+                        o.ok, o.value = False, RuntimeError("write interrupted")
+                        _done(o)
                 with self._lock:
                     if op is None or not op.done:  # draining, or op beyond a full batch
                         keep_lead = op is not None or bool(self._pending)
@@ -257,7 +271,16 @@ class WriteQueue:
             for op in batch:
                 op.ok, op.value = False, exc
         for op in batch:
-            op.done = True
+            _done(op)
+
+
+def _done(op: _Op) -> None:
+    op.done = True
+    if op.on_done is not None:
+        try:
+            op.on_done(op.ok, op.value)
+        except Exception:  # a bookkeeping callback must not fail the batch's other writers
+            log.exception("a write's completion callback failed")
 
 
 def _run_in_batch(conn: Connection, op: _Op) -> None:

@@ -77,10 +77,14 @@ class Charges:
                 data_version=self.data_version,
             )
 
-    def answered(self, reservation: Reservation, record: dict[str, Any]) -> None:
-        """Record the released answer (what the cache and the auditor's replay read)."""
+    def answered(
+        self, reservation: Reservation, record: dict[str, Any], *, wait: bool = True
+    ) -> None:
+        """Record the released answer (what the cache and the auditor's replay read).
+        ``wait`` False: the row rides on the ledger writer's next batch, and the answer
+        leaves without waiting for it (``budget.Ledger.commit``)."""
         with ledger_errors():
-            self.ledger.commit(reservation, record, "answered")
+            self.ledger.commit(reservation, record, "answered", wait=wait)
 
     def withheld(self, reservation: Reservation, record: dict[str, Any], reason: str) -> None:
         """Record that nothing was released for this charge; it stays spent."""

@@ -289,7 +289,10 @@ class Gateway:
         record["audit_cells"] = cells_json
         if flags:
             record["audit_flags"] = flags
-        self.charges.answered(reservation, record)
+        # Its charge is durable already. Another worker's auditor replays this row under
+        # the scope lock held now, so with the audit on it is committed before the lock
+        # is released; otherwise it rides on the writer's next batch.
+        self.charges.answered(reservation, record, wait=self.audit.active)
         self.audit.remember(scope, reservation.id, plan, noisy.cells)
         return release
 

@@ -64,7 +64,7 @@ def test_ledger_signatures_match_the_architecture_contract() -> None:
     assert params(L.reserve) == [
         "self", "analyst", "cost", "query_key", "sql", "mechanism", "data_version"
     ]  # fmt: skip
-    assert params(L.commit) == ["self", "reservation", "release", "outcome", "reason"]
+    assert params(L.commit) == ["self", "reservation", "release", "outcome", "reason", "wait"]
     assert params(L.refund) == ["self", "reservation", "reason"]
     assert params(L.find_release) == ["self", "query_key", "analyst", "data_version"]
     assert params(L.create_analyst) == ["self", "name", "epsilon", "delta", "period"]

@@ -525,3 +525,34 @@ def test_where_on_a_group_key_narrows_the_released_groups(ask: Ask) -> None:
     )
     assert status == 200
     assert [r[0] for r in body["rows"]] == ["Crohn", "Influenza"]
+
+
+@pytest.mark.parametrize("audit", ["refuse", "off"])
+def test_an_answer_is_reused_at_once_whether_its_outcome_was_waited_for_or_queued(
+    make_gateway: Callable[..., Gateway], audit: str
+) -> None:
+    """With the auditor off, an answer leaves before its outcome row is written (it rides
+    on the ledger writer's next batch); this process's cache and history still see it at
+    once. With the auditor on, the row is committed before the answer leaves: another
+    worker's auditor replays it under the scope lock (a second ledger object here plays
+    that other process)."""
+    from budget import Ledger
+    from gateway.http.app import create_app
+
+    gw = make_gateway(audit={"mode": audit})
+    client = create_app(gw.config, gateway=gw).test_client()
+    auth = {"Authorization": f"Bearer {gw.ledger.create_analyst('alice', 10.0, 1e-6)}"}
+    sql = "SELECT sex, COUNT(*) AS n FROM patients GROUP BY sex"
+    first = client.post("/v1/query", json={"sql": sql, "epsilon": 0.2}, headers=auth).get_json()
+    if audit == "refuse":
+        other = Ledger.from_url(gw.config.ledger.url)
+        try:
+            assert [h.outcome for h in other.history("alice")] == ["answered"]
+        finally:
+            other.close()
+    again = client.post("/v1/query", json={"sql": sql, "epsilon": 0.2}, headers=auth).get_json()
+    assert again["cached"] is True and again["query_id"] == first["query_id"]
+    assert again["rows"] == first["rows"]
+    assert again["budget"]["rho_spent"] == first["budget"]["rho_spent"]
+    history = client.get("/v1/queries", headers=auth).get_json()["queries"]
+    assert [(q["query_id"], q["outcome"]) for q in history] == [(first["query_id"], "answered")]

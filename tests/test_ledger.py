@@ -6,6 +6,8 @@ PostgreSQL schema that is dropped afterwards.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -26,6 +28,7 @@ from budget import (
     cks_epsilon,
 )
 from budget.keys import key_hash
+from budget.records import CacheProbe
 from mechanisms.types import PrivacyCost
 
 
@@ -449,3 +452,46 @@ def test_sqlite_write_lock_timeout_is_ledger_unavailable(tmp_path: object) -> No
         conn.exec_driver_sql("ROLLBACK")
     blocker.dispose()
     assert led.budget_status("alice").queries == 0
+
+
+def test_an_outcome_queued_without_waiting_is_read_at_once_here_and_soon_elsewhere(
+    ledger_url: str,
+) -> None:
+    """``commit(wait=False)``: the row rides on the writer's next batch. This process's
+    reads of that query wait for it; another process sees it within the linger."""
+    led = Ledger.from_url(ledger_url)
+    led.migrate()
+    key = led.create_analyst("alice", 10.0, 1e-6)
+    r = charge(led, "alice", laplace(0.1), key="k1")
+    led.commit(r, {"rows": [[7]]}, "answered", wait=False)
+    found = led.lookup(key, CacheProbe("k1", "v1"))
+    assert found.release == {"rows": [[7]]}
+    assert found.budget is not None and found.budget.queries == 1
+    r2 = charge(led, "alice", laplace(0.1), key="k2")
+    led.commit(r2, {"rows": [[8]]}, "answered", wait=False)
+    assert [h.outcome for h in led.history("alice")] == ["answered", "answered"]
+    other = Ledger.from_url(ledger_url)  # another process: no queue of this one to wait for
+    r3 = charge(led, "alice", laplace(0.1), key="k3")
+    led.commit(r3, {"rows": [[9]]}, "answered", wait=False)
+    deadline = time.monotonic() + 10
+    while other.find_release("k3", "alice", "v1") is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # nobody in this process reads or writes: the lingerer writes it
+    assert other.find_release("k3", "alice", "v1") == {"rows": [[9]]}
+    assert not led._unsettled
+    other.close()
+    led.close()
+
+
+def test_a_queued_outcome_that_fails_is_logged_and_forgotten(
+    ledger: Ledger, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger.create_analyst("alice", 10.0, 1e-6)
+    r = charge(ledger, "alice", laplace(0.1), key="k1")
+    ghost = dataclasses.replace(r, id="0" * 32, query_key="ghost")  # no such reservation
+    with caplog.at_level("ERROR", logger="dpgate.ledger"):
+        ledger.commit(ghost, {"rows": [[1]]}, "answered", wait=False)
+        ledger.flush()
+    assert "was not recorded" in caplog.text and "0" * 32 in caplog.text
+    assert not ledger._unsettled  # a later lookup of that key does not wait for it again
+    assert ledger.find_release("ghost", None, "v1") is None
+    assert [h.outcome for h in ledger.history("alice")] == ["pending"]  # still charged

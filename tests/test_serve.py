@@ -271,8 +271,17 @@ def test_metrics_add_up_across_workers(server: Server) -> None:
         assert status == 200
         return headers["X-Request-Id"]
 
-    with ThreadPoolExecutor(8) as pool:
-        ids = set(pool.map(budget_call, range(40)))
+    # Bursts of 40 until both workers have served part of one: which worker accepts a
+    # new connection is the kernel's race (balancing keep-alive clients has its own test).
+    ids: set[str] = set()
+    pids: set[int] = set()
+    for _ in range(10):
+        with ThreadPoolExecutor(8) as pool:
+            ids |= set(pool.map(budget_call, range(40)))
+        pids = {line["pid"] for line in server.log_lines() if line.get("request_id") in ids}
+        if len(pids) == 2:
+            break
+    assert len(pids) == 2, "both workers should have served part of the bursts"
     sql = "SELECT sex, COUNT(*) AS n FROM patients GROUP BY sex"
     for eps in (0.1, 0.2, 0.3):
         status, _, body = server.call(
@@ -280,12 +289,10 @@ def test_metrics_add_up_across_workers(server: Server) -> None:
         )
         assert status == 200, body
 
-    pids = {line["pid"] for line in server.log_lines() if line.get("request_id") in ids}
-    assert len(pids) == 2, "both workers should have served part of the burst"
     # Whichever worker answers the scrape, it reports the sum over both.
     for _ in range(6):
         after = server.metric("dpgate_http_requests_total", endpoint="/v1/budget", status="200")
-        assert after - before == 40
+        assert after - before == len(ids)
         assert (
             server.metric("dpgate_queries_total", analyst="alice", outcome="answered") - answered
             == 3
