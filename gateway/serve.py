@@ -2,7 +2,9 @@
 
 On Unix the app runs under gunicorn with N worker processes of ``THREADS_PER_WORKER``
 threads each (requests spend most of their time waiting for their release moment, see
-``gateway.timing``, so a worker must serve many at once); SIGTERM stops it
+``gateway.timing``, so a worker must serve many at once); with at least one worker per
+CPU, each worker is pinned to a CPU of its own (``serve_workers.pin_worker``;
+``DPGATE_CPU_AFFINITY=off`` leaves the scheduler free); SIGTERM stops it
 gracefully (workers finish the requests they have, up to ``GRACEFUL_TIMEOUT`` seconds).
 Where gunicorn is unavailable (Windows), waitress serves it from one process with
 threads. Flask's development server is never used.
@@ -40,6 +42,7 @@ THREADS_PER_WORKER = 16
 WORKER_TIMEOUT = 120
 APP_FACTORY = "gateway.http.app:create_app"
 SERVER_ENV = "DPGATE_SERVER"  # auto | gunicorn | waitress
+AFFINITY_ENV = "DPGATE_CPU_AFFINITY"  # auto | off (gateway.serve_workers.pin_worker)
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # as gateway.metrics, without importing it early
 
 Server = Literal["auto", "gunicorn", "waitress"]
@@ -66,6 +69,9 @@ def run(
         _fail([f"{SERVER_ENV}: '{chosen}' is not one of auto, gunicorn, waitress"])
     if chosen == "auto":
         chosen = "gunicorn" if _gunicorn_available() else "waitress"
+    affinity = os.environ.get(AFFINITY_ENV, "auto")
+    if affinity not in ("auto", "off"):
+        _fail([f"{AFFINITY_ENV}: '{affinity}' is not one of auto, off"])
     _prepare_metrics_dir()
     from gateway.logs import configure_logging
 
@@ -188,7 +194,9 @@ def _bind_address(host: str, port: int) -> str:
 def _run_gunicorn(factory: Callable[[], Flask], *, host: str, port: int, workers: int) -> None:
     from gunicorn.app.base import BaseApplication
 
-    from gateway.serve_workers import balanced_worker_class
+    from gateway.serve_workers import balanced_worker_class, pin_worker
+
+    affinity = os.environ.get(AFFINITY_ENV, "auto")
 
     # Keep-alive connections go to the worker holding fewest (gateway/serve_workers.py);
     # twice the slots, for a reload's new workers starting beside the old ones.
@@ -202,6 +210,11 @@ def _run_gunicorn(factory: Callable[[], Flask], *, host: str, port: int, workers
 
     def pre_fork(_server: Any, worker: Any) -> None:
         connections.assign(worker)
+
+    def post_fork(server: Any, worker: Any) -> None:
+        cpu = pin_worker(getattr(worker, "dpgate_slot", None), workers, affinity)
+        if cpu is not None:
+            server.log.info("worker %s runs on CPU %s", worker.pid, cpu)
 
     options: dict[str, Any] = {
         "bind": [_bind_address(host, port)],
@@ -219,6 +232,7 @@ def _run_gunicorn(factory: Callable[[], Flask], *, host: str, port: int, workers
         "loglevel": "info",
         "child_exit": child_exit,
         "pre_fork": pre_fork,
+        "post_fork": post_fork,
         "preload_app": False,  # each worker opens its own database connections
         # gunicorn ≥ 25's control socket lives at one path per user: two gateways on a
         # host would fight over it, and dpgate is managed by signals, not gunicornc.

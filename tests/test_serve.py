@@ -465,3 +465,31 @@ def test_a_broken_installation_is_reported_before_the_port_is_bound(tmp_path: Pa
     assert "cannot load the application gateway.nowhere:create_app" in result.stderr
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _live_workers(server: Server) -> list[int]:
+    booted = re.findall(r"Booting worker with pid: (\d+)", server.log_path.read_text())
+    live = []
+    for pid in map(int, booted):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:  # exited (a test stopped it, gunicorn replaced it)
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == server.process.pid:
+            live.append(pid)
+    return live
+
+
+def test_with_a_worker_per_cpu_each_worker_runs_on_a_cpu_of_its_own(server: Server) -> None:
+    """gateway/serve_workers.py::pin_worker: the two workers of this server are pinned
+    to one CPU each when the server may use two CPUs, and left free with more."""
+    if not hasattr(os, "sched_getaffinity") or not Path("/proc/self/stat").exists():
+        pytest.skip("CPU affinity is Linux's")
+    cpus = sorted(os.sched_getaffinity(0))  # what the server inherited from this process
+    workers = _live_workers(server)
+    assert len(workers) == 2
+    placed = [sorted(os.sched_getaffinity(pid)) for pid in workers]
+    if len(cpus) == 2:
+        assert sorted(placed) == [[cpus[0]], [cpus[1]]]
+    else:  # one CPU (nothing to spread), or more CPUs than workers (C work may spill)
+        assert placed == [cpus, cpus]
