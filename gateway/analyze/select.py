@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from sqlglot import exp
-from sqlglot.optimizer.normalize_identifiers import normalize_identifiers
 
 from gateway.analyze.aggregates import AGGREGATES as LINEAR_AGGREGATES
 from gateway.analyze.aggregates import measures_for
@@ -169,11 +168,10 @@ def _canonical(node: exp.Expr) -> str:
 
 
 def canonical_sql(select: exp.Expr) -> str:
-    """The normalised text of a statement: the cache key and the ledger's record of it."""
-    normalized = normalize_identifiers(select.copy(), dialect=dialect(READ_DIALECT))
-    return normalized.sql(
-        dialect=dialect(READ_DIALECT), normalize=True, copy=False
-    )  # already a copy
+    """The normalised text of a statement: the cache key and the ledger's record of it.
+    ``normalize`` lowercases unquoted identifiers as PostgreSQL resolves them (what
+    ``normalize_identifiers`` does for this dialect, without a walk of its own)."""
+    return _canonical(select)
 
 
 def _contains_aggregate(node: exp.Expr) -> bool:
