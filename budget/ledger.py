@@ -961,7 +961,7 @@ class Ledger:
     ) -> dict[str, Any] | None:
         """The first released answer of an answered query with this key and data version,
         for that analyst (or any analyst when ``None``); ``None`` if there is none."""
-        self._await_outcome()
+        self._await_outcome(query_key)
         with self._transaction(write=False) as conn:
             return reads.find_release(conn, query_key, analyst, data_version)
 

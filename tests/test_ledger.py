@@ -469,7 +469,10 @@ def test_an_outcome_queued_without_waiting_is_read_at_once_here_and_soon_elsewhe
     assert found.budget is not None and found.budget.queries == 1
     r2 = charge(led, "alice", laplace(0.1), key="k2")
     led.commit(r2, {"rows": [[8]]}, "answered", wait=False)
-    assert [h.outcome for h in led.history("alice")] == ["answered", "answered"]
+    assert led.find_release("k2", "alice", "v1") == {"rows": [[8]]}  # the in-process cache
+    r4 = charge(led, "alice", laplace(0.1), key="k4")
+    led.commit(r4, {"rows": [[4]]}, "answered", wait=False)
+    assert [h.outcome for h in led.history("alice")] == ["answered"] * 3
     other = Ledger.from_url(ledger_url)  # another process: no queue of this one to wait for
     r3 = charge(led, "alice", laplace(0.1), key="k3")
     led.commit(r3, {"rows": [[9]]}, "answered", wait=False)
