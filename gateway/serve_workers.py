@@ -35,10 +35,10 @@ def pin_worker(slot: int | None, workers: int, setting: str = "auto") -> int | N
     when its threads hand the GIL to one another, a thread woken on the *other* core
     (busy with the other worker) stalls the whole process until it runs there; pinned,
     the hand-off stays on the worker's own core. Measured with ``--workers 2`` on 2 cores,
-    32 clients, distinct queries (``bench/throughput.py``), three interleaved pairs:
-    426→544, 522→586 and 494→529 answered/s, p50 69→55, 58→52 and 61→57 ms. With
-    fewer workers than CPUs nothing is pinned: a worker's C work (SQLite, sockets) may
-    then spill onto an idle core. ``setting`` ``off`` (``DPGATE_CPU_AFFINITY=off``)
+    32 clients, distinct queries (``bench/throughput.py``), three interleaved pairs,
+    pinned/free: 476/450, 548/411 and 523/459 answered/s, p50 62/67, 55/73 and 57/66 ms.
+    With fewer workers than CPUs nothing is pinned: a worker's C work (SQLite, sockets)
+    may then spill onto an idle core. ``setting`` ``off`` (``DPGATE_CPU_AFFINITY=off``)
     leaves the scheduler free. Linux only (``None`` elsewhere)."""
     if setting != "auto" or slot is None or not hasattr(os, "sched_setaffinity"):
         return None
