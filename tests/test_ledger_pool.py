@@ -7,6 +7,7 @@ in a savepoint, so one that fails loses nothing of the others."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -97,3 +98,44 @@ def test_request_log_rows_are_committed_together_and_one_failure_loses_no_other(
     ids = sorted(e.request_id for e in pg_ledger.audit_log(analyst="a"))
     assert ids == sorted(f"r{i}" for i in range(10))
     assert commits[0] < 10  # not one transaction per row
+
+
+def test_sixteen_threads_reuse_kept_connections_instead_of_opening_new_ones(
+    pg_ledger: Ledger,
+) -> None:
+    """A serving worker's 16 request threads each hold a connection for one short
+    transaction at a time: the pool keeps that many (``SERVER_POOL_SIZE``), so after the
+    first round nobody connects again. (SQLAlchemy's default keeps 5 and closes the rest
+    at check-in: a new PostgreSQL connection for most transactions under load.)"""
+    from budget.ledger import SERVER_POOL_SIZE
+
+    assert SERVER_POOL_SIZE >= 16
+    connects = [0]
+    event.listen(pg_ledger.engine, "connect", lambda *_: connects.__setitem__(0, connects[0] + 1))
+    barrier = threading.Barrier(16)
+    errors: list[BaseException] = []
+
+    def round_of_reads() -> None:
+        try:
+            barrier.wait(10)
+            with pg_ledger.engine.connect() as conn:  # held while the others take theirs
+                barrier.wait(10)
+                conn.execute(sa.text("SELECT 1"))
+        except BaseException as e:  # a pool too small: checkout times out, barrier breaks
+            errors.append(e)
+            barrier.abort()
+
+    def run_round() -> None:
+        threads = [threading.Thread(target=round_of_reads) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors[:1]
+
+    run_round()
+    opened = connects[0]
+    assert 0 < opened <= 16
+    for _ in range(3):
+        run_round()
+    assert connects[0] == opened
