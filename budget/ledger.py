@@ -215,6 +215,8 @@ class Ledger:
                 queue.close()
         if self._held is not None:
             self._held.close()
+        if self._write_lock is not None:
+            self._write_lock.close()
         self.engine.dispose()
 
     # -- plumbing ---------------------------------------------------------------------

@@ -81,6 +81,13 @@ class WriteLock:
             self._pid = os.getpid()
         return self._fd
 
+    def close(self) -> None:
+        """Close the lock file (a later ``hold`` opens it again)."""
+        with self._mutex:
+            if self._fd is not None and self._pid == os.getpid():
+                os.close(self._fd)
+            self._fd = None
+
     @contextmanager
     def hold(self) -> Iterator[None]:
         with self._mutex:

@@ -5,6 +5,7 @@ a thread that ends (or the ledger's close) releases its connection."""
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from pathlib import Path
 
@@ -143,3 +144,28 @@ def test_a_transaction_is_begun_and_ended_on_the_driver_with_sqlalchemy_inside(
         assert [v for (v,) in conn.exec_driver_sql("SELECT v FROM t ORDER BY v")] == [1, 2, 5]
     other.dispose()
     held.close()
+
+
+def test_closing_a_ledger_closes_its_write_lock_file(tmp_path: Path) -> None:
+    """The cross-process write lock is a file descriptor of the ledger's own: closing the
+    ledger closes it (a process that opens many ledgers must not pile them up)."""
+    locks = tmp_path / "ledger.db.locks"
+
+    def lock_fds() -> int:
+        fds = Path("/proc/self/fd")
+        if not fds.exists():
+            pytest.skip("counts descriptors through /proc")
+        held = 0
+        for fd in fds.iterdir():
+            try:
+                held += str(locks) in os.readlink(fd)
+            except OSError:
+                continue
+        return held
+
+    ledger = Ledger.from_url(f"sqlite:///{tmp_path}/ledger.db")
+    ledger.migrate()
+    ledger.create_analyst("a", 1.0, 1e-6)  # a write: the lock file is opened
+    assert lock_fds() == 1
+    ledger.close()
+    assert lock_fds() == 0
