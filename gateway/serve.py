@@ -80,7 +80,7 @@ def run(
     if config.postgres_wire is not None:
         _start_postgres_wire(config_path, host)
     if chosen == "gunicorn":
-        _run_gunicorn(factory, host=host, port=port, workers=workers)
+        _run_gunicorn(factory, host=host, port=port, workers=workers, affinity=affinity)
     else:
         _run_waitress(factory, host=host, port=port, workers=workers)
 
@@ -191,12 +191,12 @@ def _bind_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _run_gunicorn(factory: Callable[[], Flask], *, host: str, port: int, workers: int) -> None:
+def _run_gunicorn(
+    factory: Callable[[], Flask], *, host: str, port: int, workers: int, affinity: str
+) -> None:
     from gunicorn.app.base import BaseApplication
 
     from gateway.serve_workers import balanced_worker_class, pin_worker
-
-    affinity = os.environ.get(AFFINITY_ENV, "auto")
 
     # Keep-alive connections go to the worker holding fewest (gateway/serve_workers.py);
     # twice the slots, for a reload's new workers starting beside the old ones.
