@@ -183,7 +183,7 @@ def http_latency(cfg: Path, reps: int, epsilon: float) -> dict[str, Any]:
     from gateway.config import load_config
 
     ledger_url = load_config(cfg).ledger.url
-    keys = [create_analyst(ledger_url, f"http{i}") for i in range(reps + 1)]
+    keys = [create_analyst(ledger_url, f"http{i}-{os.getpid()}") for i in range(reps + 1)]
     port = _free_port()
     cmd = [*_dpgate_bin(), "serve", "--config", str(cfg), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--workers", "1"]

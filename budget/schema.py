@@ -102,7 +102,10 @@ ledger = sa.Table(
         "selection_delta",
     ),
     sa.Index("dpgate_ledger_reservation", "reservation_id"),
-    sa.Index("dpgate_ledger_query", "query_key", "data_version", "kind"),
+    # schema v6: a release of one analyst is found by seeking all four columns. The
+    # earlier (query_key, data_version, kind) made a cache miss read every analyst's
+    # release of the same query text: the lookup grew with the ledger.
+    sa.Index("dpgate_ledger_release", "query_key", "data_version", "kind", "analyst_id"),
     # schema v4, covering: a budget with a period sums the rows charged since its start.
     sa.Index(
         "dpgate_ledger_analyst_charged",
@@ -283,6 +286,14 @@ def _v5_scram_verifiers(conn: Connection) -> None:
     scram_verifiers.create(conn, checkfirst=True)
 
 
+def _v6_release_index(conn: Connection) -> None:
+    # The cache lookup's index gains analyst_id (see the ledger table).
+    conn.exec_driver_sql("DROP INDEX IF EXISTS dpgate_ledger_query")
+    for index in ledger.indexes:
+        if index.name == "dpgate_ledger_release":
+            index.create(conn, checkfirst=True)
+
+
 # Append new migrations here; never edit an applied one.
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _v1_initial,
@@ -290,6 +301,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _v3_refusals,
     _v4_periods,
     _v5_scram_verifiers,
+    _v6_release_index,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
