@@ -1,4 +1,5 @@
-"""gunicorn's threaded worker, with new connections going to the worker holding fewest.
+"""gunicorn's threaded worker: new connections go to the worker holding fewest, and a
+thread that has answered on a keep-alive connection waits there briefly for the next.
 
 Keep-alive clients (notebooks, BI tools, a load generator) hold one connection for many
 requests, and gunicorn's workers race for each new one: one process may end up holding
@@ -12,6 +13,20 @@ while it holds no more than any other live worker. A worker whose count rises wa
 workers that stopped listening (a byte on each one's pipe), so they look again at once:
 the least-loaded workers always listen, and a new connection never waits for a worker
 to notice.
+
+And a thread that has answered on a keep-alive connection serves that connection's next
+request itself if it comes within ``KEEPALIVE_LINGER_S``. In plain gthread every request
+takes two hand-offs between threads: the pool thread gives the connection back to the
+worker's main thread (a byte on a pipe, a poller registration), which submits it to the
+pool again once its next request arrives. A client that sends its next query as soon as
+it has read an answer (a notebook loop, a BI tool, the benchmark) no longer waits for
+either. A thread lingers only while its worker holds no more connections than it has
+threads, so no connection ever waits for a thread because another lingers; past the
+linger, or past that limit, the connection goes back to the poller as before. Measured
+with one client sending the 22 PUMS queries to two ``dpgate serve --workers 1``
+alternately (paired, 1,870–1,914 pairs per run): the lingering server answered 0.26 and
+0.34 ms sooner at the median (5.0 against 5.3 ms, 5.1 against 5.4 ms); a ``/healthz``
+round trip took 0.61–0.68 ms against 0.70–0.88 ms.
 """
 
 from __future__ import annotations
@@ -19,12 +34,16 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import select
 import selectors
 from typing import Any, ClassVar
 
 from gunicorn.workers.gthread import ThreadWorker
 
 _ABSENT = -1  # a slot no live worker holds
+# How long a pool thread that has just answered on a keep-alive connection waits there
+# for the next request before handing the connection back to the worker's poller.
+KEEPALIVE_LINGER_S = 0.005
 
 
 def pin_worker(slot: int | None, workers: int, setting: str = "auto") -> int | None:
@@ -120,7 +139,8 @@ class ConnectionTable:
 
 
 class BalancedThreadWorker(ThreadWorker):
-    """gunicorn's ``gthread`` worker that listens only while it is least loaded."""
+    """gunicorn's ``gthread`` worker that listens only while it is least loaded, and
+    whose threads linger on a keep-alive connection for its next request."""
 
     table: ClassVar[ConnectionTable | None] = None
 
@@ -161,6 +181,34 @@ class BalancedThreadWorker(ThreadWorker):
         if self._accepting and self.alive and not self._balanced():
             self.set_accept_enabled(False)
         super().wait_for_and_dispatch_events(timeout)
+
+    def handle(self, conn: Any) -> Any:
+        """Serve a request, then the connection's next ones while they come within
+        ``KEEPALIVE_LINGER_S`` (see the module's docstring); runs in a pool thread."""
+        result = super().handle(conn)
+        while result is True and self._may_linger(conn) and _readable_within(conn):
+            result = super().handle(conn)
+        return result
+
+    def _may_linger(self, conn: Any) -> bool:
+        """Whether this thread may wait on ``conn`` for its next request: only while the
+        worker holds no more connections than threads, so that no connection ever
+        waits for a thread because one lingers (plain HTTP/1.1 only)."""
+        return (
+            self.alive
+            and self.nr_conns <= self.cfg.threads
+            and not self.cfg.is_ssl
+            and not getattr(conn, "is_http2", False)
+        )
+
+
+def _readable_within(conn: Any, seconds: float = 0.0) -> bool:
+    """Whether ``conn``'s next request is read ahead or arrives within the linger."""
+    if conn.parser.unreader.buf.getvalue():  # a body drain read into the next request
+        return True
+    poller = select.poll()
+    poller.register(conn.sock.fileno(), select.POLLIN)
+    return bool(poller.poll((seconds or KEEPALIVE_LINGER_S) * 1000.0))
 
 
 def balanced_worker_class(slots: int) -> tuple[type[ThreadWorker], ConnectionTable]:
