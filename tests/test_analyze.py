@@ -126,3 +126,14 @@ def test_sensitivity_follows_the_contribution_bound(demo_config: Config) -> None
 )
 def test_bi_probes_are_constants(sql: str, demo_config: Config) -> None:
     assert isinstance(analyze(sql, demo_config.tables), ProbePlan)
+
+
+def test_a_parsed_statement_carries_no_parser_positions() -> None:
+    """Positions in errors come from the tokens; the nodes' own (``meta``) are dropped
+    after parsing, so that copying a tree — every canonical text is generated from a
+    copy — does not deep-copy a dict per identifier and literal."""
+    from gateway.analyze.parse import parse_select
+
+    select = parse_select("SELECT sex, COUNT(*) AS n FROM t WHERE age >= 40 GROUP BY sex")
+    assert all(node._meta is None for node in select.walk())
+    assert all(node._meta is None for node in select.copy().walk())
