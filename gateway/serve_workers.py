@@ -202,13 +202,14 @@ class BalancedThreadWorker(ThreadWorker):
         )
 
 
-def _readable_within(conn: Any, seconds: float = 0.0) -> bool:
-    """Whether ``conn``'s next request is read ahead or arrives within the linger."""
+def _readable_within(conn: Any) -> bool:
+    """Whether ``conn``'s next request is read ahead or arrives within the linger (a
+    closed connection counts: serving it ends the turn)."""
     if conn.parser.unreader.buf.getvalue():  # a body drain read into the next request
         return True
     poller = select.poll()
     poller.register(conn.sock.fileno(), select.POLLIN)
-    return bool(poller.poll((seconds or KEEPALIVE_LINGER_S) * 1000.0))
+    return bool(poller.poll(KEEPALIVE_LINGER_S * 1000.0))
 
 
 def balanced_worker_class(slots: int) -> tuple[type[ThreadWorker], ConnectionTable]:
