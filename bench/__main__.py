@@ -27,6 +27,7 @@ from typing import Any
 from bench.common import COUNT_MAE_THEORY, REPO_DIR, RESULTS_DIR, fmt, log
 
 PARTS = ("pums", "smartnoise", "scale", "throughput", "pgwire")
+PUMS_ROUNDS = 10  # turns dpgate and SmartNoise take on PUMS (each: reps / PUMS_ROUNDS)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -116,11 +117,28 @@ def main(argv: list[str] | None = None) -> int:
             results["parts"][name] = {"failed": f"{type(e).__name__}: {e}"}
         results["parts"][name]["wall_s"] = time.perf_counter() - t
 
-    if "pums" in parts:
+    if "pums" in parts and "smartnoise" in parts:
+        # Both systems take turns (PUMS_ROUNDS rounds), so that the speed-up compares
+        # them in the same minutes of a host whose speed drifts (bench/pums.py, run).
+        from bench import pums
+        from bench.peer import smartnoise
+
+        peer_rounds: list[dict[str, Any]] = []
+        rounds = min(PUMS_ROUNDS, reps)
+
+        def peer_round(n: int) -> None:
+            peer_rounds.append(smartnoise.run_round(n))
+
+        attempt(
+            "pums",
+            lambda: pums.run(reps, count_reps=count_reps, rounds=rounds, between=peer_round),
+        )
+        attempt("smartnoise", lambda: smartnoise.summarise_rounds(peer_rounds))
+    elif "pums" in parts:
         from bench import pums
 
         attempt("pums", lambda: pums.run(reps, count_reps=count_reps))
-    if "smartnoise" in parts:
+    elif "smartnoise" in parts:
         from bench.peer import smartnoise
 
         attempt("smartnoise", lambda: smartnoise.run(reps))
@@ -270,7 +288,7 @@ def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
             add(
                 "PUMS",
                 f"speed-up vs SmartNoise (median per-query ratio of medians, {len(ratios)} "
-                "queries both accept; min–max)",
+                f"queries both accept; min–max){_turns(sn)}",
                 f"{fmt(med)}× ({fmt(ratios[0])}–{fmt(ratios[-1])}×)",
                 "≥ 25× (issue 14)",
                 med >= 25,
@@ -289,7 +307,7 @@ def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
                 "PUMS",
                 f"speed-up vs SmartNoise over HTTP (dpgate serve --workers 1, one keep-alive "
                 f"client, cache miss; median per-query ratio, {len(over_http)} queries; "
-                f"dpgate median {fmt(http['median_ms'])} ms)",
+                f"dpgate median {fmt(http['median_ms'])} ms){_turns(sn)}",
                 f"{fmt(med)}× ({fmt(over_http[0])}–{fmt(over_http[-1])}×)",
                 "≥ 12× (issue 14)",
                 med >= 12,
@@ -406,6 +424,12 @@ def render(rows: list[dict[str, str]], r: dict[str, Any]) -> str:
         cells = [row[k].replace("|", "\\|") for k in ("part", "figure", "value", "target", "met")]
         lines.append("| " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"
+
+
+def _turns(peer: dict[str, Any]) -> str:
+    """How the two systems were timed, for a speed-up's label."""
+    rounds = peer.get("rounds")
+    return f"; the systems taking turns, {rounds} rounds" if rounds and rounds > 1 else ""
 
 
 if __name__ == "__main__":

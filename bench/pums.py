@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,13 +77,27 @@ def setup(workdir: Path) -> Path:
     )
 
 
-def run(reps: int, cache_reps: int = 50, count_reps: int = 0, epsilon: float = 1.0) -> dict:
-    """Every query ``reps`` times (cache misses), then cache hits, then (optionally)
-    ``count_reps`` extra ``count_all`` releases for a tighter COUNT MAE."""
+def run(
+    reps: int,
+    cache_reps: int = 50,
+    count_reps: int = 0,
+    epsilon: float = 1.0,
+    rounds: int = 1,
+    between: Callable[[int], None] | None = None,
+) -> dict:
+    """Every query ``reps`` times (cache misses) in process and ``min(reps, 30)`` times
+    over HTTP, then cache hits, then (optionally) ``count_reps`` extra ``count_all``
+    releases for a tighter COUNT MAE.
+
+    The timed repetitions run in ``rounds`` rounds; after each, ``between(n)`` runs the
+    peer's share of ``n`` repetitions. The host's speed drifts by a quarter from one
+    minute to the next here (SmartNoise's median was 36 ms in one run, 55 ms in the next),
+    so systems timed one after the other would compare minutes, not systems: taking
+    turns, both see the same minutes."""
     cfg = setup(DATA_DIR / "pums-run")
     gw = InProcess(cfg)
     try:
-        log(f"dpgate: {len(Q.QUERIES)} PUMS queries × {reps} reps at ε={epsilon}")
+        log(f"dpgate: {len(Q.QUERIES)} PUMS queries × {reps} reps at ε={epsilon}, {rounds} rounds")
         entries = {
             q.name: {
                 "name": q.name,
@@ -97,23 +112,36 @@ def run(reps: int, cache_reps: int = 50, count_reps: int = 0, epsilon: float = 1
         # Warm-up: one pass (imports, sqlglot, connection pools), not timed.
         for q in Q.QUERIES:
             gw.query(analyst, q.text("pums"), epsilon)
-        for _ in range(reps):
-            analyst = gw.new_analyst()  # a fresh cache: every query below is a miss
-            for q in Q.QUERIES:
-                e = entries[q.name]
-                if not e["accepted"]:
-                    continue
-                sql = q.text("pums")
-                t = time.perf_counter()
-                ans = gw.query(analyst, sql, epsilon)
-                dt = time.perf_counter() - t
-                if not ans.ok:
-                    e["accepted"], e["error"] = False, ans.error
-                    continue
-                if ans.cached:
-                    raise RuntimeError(f"{q.name}: unexpected cache hit for a fresh analyst")
-                e["latencies_s"].append(dt)
-                e["answers"].append(ans.rows)
+        http_reps = min(reps, 30)
+        http_lat: dict[str, list[float]] = {q.name: [] for q in Q.QUERIES}
+        http_command = ""
+        for r in range(rounds):
+            share = _share(reps, rounds, r)
+            for _ in range(share):
+                analyst = gw.new_analyst()  # a fresh cache: every query below is a miss
+                for q in Q.QUERIES:
+                    e = entries[q.name]
+                    if not e["accepted"]:
+                        continue
+                    sql = q.text("pums")
+                    t = time.perf_counter()
+                    ans = gw.query(analyst, sql, epsilon)
+                    dt = time.perf_counter() - t
+                    if not ans.ok:
+                        e["accepted"], e["error"] = False, ans.error
+                        continue
+                    if ans.cached:
+                        raise RuntimeError(f"{q.name}: unexpected cache hit for a fresh analyst")
+                    e["latencies_s"].append(dt)
+                    e["answers"].append(ans.rows)
+            http_share = _share(http_reps, rounds, r)
+            if http_share:
+                over_http = http_latency_apart(cfg, http_share, epsilon)
+                http_command = over_http["command"]
+                for name, lat in over_http["per_query_latencies_s"].items():
+                    http_lat[name].extend(lat)
+            if between is not None:
+                between(share)
         out = summarise(list(entries.values()), system="dpgate")
 
         # Cache hits: the last analyst repeats each accepted query.
@@ -140,7 +168,12 @@ def run(reps: int, cache_reps: int = 50, count_reps: int = 0, epsilon: float = 1
                     answers.append(ans.rows)
             errs = Q.errors_against_exact(q, exact, answers)
             out["count_all_mae_large"] = mae_summary(errs["abs_errors"])  # type: ignore[arg-type]
-        out["http"] = http_latency_apart(cfg, min(reps, 30), epsilon)
+        medians = {k: statistics.median(v) * 1e3 for k, v in http_lat.items() if v}
+        out["http"] = {
+            "median_ms": statistics.median(medians.values()) if medians else None,
+            "per_query_median_ms": medians,
+            "command": http_command,
+        }
         out["stages"] = stage_breakdown(gw, 100 if reps >= 100 else 30, epsilon)
         out["analyze_uncached"] = analyze_cost(gw)
         return out
@@ -173,7 +206,7 @@ def http_latency_apart(cfg: Path, reps: int, epsilon: float) -> dict[str, Any]:
 def http_latency(cfg: Path, reps: int, epsilon: float) -> dict[str, Any]:
     """The same cache-miss queries over HTTP: ``dpgate serve --workers 1`` on this config
     (timing off, as in-process), one keep-alive client, a fresh analyst per repetition.
-    Per query, the median latency as the client sees it."""
+    Per query, the latencies as the client sees them."""
     import os
     import signal
     import subprocess
@@ -208,12 +241,12 @@ def http_latency(cfg: Path, reps: int, epsilon: float) -> dict[str, Any]:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
-    medians = {k: statistics.median(v) * 1e3 for k, v in per_query.items() if v}
-    return {
-        "median_ms": statistics.median(medians.values()) if medians else None,
-        "per_query_median_ms": medians,
-        "command": " ".join(cmd),
-    }
+    return {"per_query_latencies_s": per_query, "command": " ".join(cmd)}
+
+
+def _share(total: int, rounds: int, r: int) -> int:
+    """Round ``r``'s share of ``total`` repetitions split over ``rounds`` rounds."""
+    return total // rounds + (1 if r < total % rounds else 0)
 
 
 # (path suffix, function name) of the pipeline stages, in pipeline order. Internal names:

@@ -45,6 +45,12 @@ def ensure_venv() -> Path:
 
 def run(reps: int, warmup: int = 5, epsilon: float = 1.0, delta: float = 1e-5) -> dict:
     """Run every query ``reps`` times at (ε, δ); latency, acceptance and MAE per query."""
+    return summarise_rounds([run_round(reps, warmup, epsilon, delta)], epsilon, delta)
+
+
+def run_round(reps: int, warmup: int = 5, epsilon: float = 1.0, delta: float = 1e-5) -> dict:
+    """One runner process: ``warmup`` untimed, then ``reps`` timed repetitions of each
+    query; its raw result (``summarise_rounds`` pools rounds)."""
     py = ensure_venv()
     job = {
         "csv": str(Q.PUMS_CSV),
@@ -66,9 +72,25 @@ def run(reps: int, warmup: int = 5, epsilon: float = 1.0, delta: float = 1e-5) -
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
         raise RuntimeError(f"SmartNoise runner failed with exit code {proc.returncode}")
-    raw = json.loads(proc.stdout)
-    return summarise(raw["queries"], system=f"smartnoise-sql {raw['version']}") | {
-        "setup_s": raw["setup_s"],
+    raw: dict = json.loads(proc.stdout)
+    return raw
+
+
+def summarise_rounds(rounds: list[dict], epsilon: float = 1.0, delta: float = 1e-5) -> dict:
+    """The statistics of every round's repetitions pooled (a query refused in any round
+    counts as refused)."""
+    if not rounds:
+        raise RuntimeError("SmartNoise SQL ran no round")
+    pooled = [dict(q) for q in rounds[0]["queries"]]
+    for later in rounds[1:]:
+        for entry, q in zip(pooled, later["queries"], strict=True):
+            entry["latencies_s"] = entry["latencies_s"] + q["latencies_s"]
+            entry["answers"] = entry["answers"] + q["answers"]
+            if not q["accepted"]:
+                entry["accepted"], entry["error"] = False, q["error"]
+    return summarise(pooled, system=f"smartnoise-sql {rounds[0]['version']}") | {
+        "setup_s": rounds[0]["setup_s"],
         "epsilon": epsilon,
         "delta": delta,
+        "rounds": len(rounds),
     }
