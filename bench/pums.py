@@ -91,9 +91,9 @@ def run(
 
     The timed repetitions run in ``rounds`` rounds; after each, ``between(n)`` runs the
     peer's share of ``n`` repetitions. The host's speed drifts by a quarter from one
-    minute to the next here (SmartNoise's median was 36 ms in one run, 55 ms in the next),
-    so systems timed one after the other would compare minutes, not systems: taking
-    turns, both see the same minutes."""
+    minute to the next here (SmartNoise's median was 36 ms in one run, 55 ms in a run
+    forty minutes later), so systems timed one after the other would compare minutes,
+    not systems: taking turns, both see the same minutes."""
     cfg = setup(DATA_DIR / "pums-run")
     gw = InProcess(cfg)
     try:
