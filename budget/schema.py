@@ -223,6 +223,14 @@ def as_utc(value: datetime) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+def _create_ledger_indexes(conn: Connection, *names: str) -> None:
+    """Create the ledger table's indexes of these names, as the table declares them
+    today (those that exist already are left alone)."""
+    for index in ledger.indexes:
+        if index.name in names:
+            index.create(conn, checkfirst=True)
+
+
 def _v1_initial(conn: Connection) -> None:
     for table in (analysts, global_lock, ledger, audit_log):
         table.create(conn, checkfirst=True)
@@ -232,9 +240,7 @@ def _v1_initial(conn: Connection) -> None:
 def _v2_checkpoints(conn: Connection) -> None:
     # v1 indexed (analyst_id, kind, …); summing from a checkpoint needs (analyst_id, id, …).
     conn.exec_driver_sql("DROP INDEX IF EXISTS dpgate_ledger_analyst")
-    for index in ledger.indexes:
-        if index.name == "dpgate_ledger_analyst_seq":
-            index.create(conn, checkfirst=True)
+    _create_ledger_indexes(conn, "dpgate_ledger_analyst_seq")
     checkpoints.create(conn, checkfirst=True)
 
 
@@ -275,9 +281,7 @@ def _v4_periods(conn: Connection) -> None:
     )
     # The earlier checkpoints carry no Gaussian count: they are a cache, so drop them.
     conn.execute(sa.delete(checkpoints))
-    for index in ledger.indexes:
-        if index.name in ("dpgate_ledger_analyst_charged", "dpgate_ledger_charged"):
-            index.create(conn, checkfirst=True)
+    _create_ledger_indexes(conn, "dpgate_ledger_analyst_charged", "dpgate_ledger_charged")
 
 
 def _v5_scram_verifiers(conn: Connection) -> None:
@@ -289,9 +293,7 @@ def _v5_scram_verifiers(conn: Connection) -> None:
 def _v6_release_index(conn: Connection) -> None:
     # The cache lookup's index gains analyst_id (see the ledger table).
     conn.exec_driver_sql("DROP INDEX IF EXISTS dpgate_ledger_query")
-    for index in ledger.indexes:
-        if index.name == "dpgate_ledger_release":
-            index.create(conn, checkfirst=True)
+    _create_ledger_indexes(conn, "dpgate_ledger_release")
 
 
 # Append new migrations here; never edit an applied one.

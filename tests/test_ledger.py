@@ -410,7 +410,9 @@ def test_a_cache_miss_reads_no_other_analysts_releases_of_the_same_query(tmp_pat
     """Every analyst of a team asks the same queries: the per-analyst cache lookup must
     seek its own release, not read every other analyst's release of that query text
     (with schema v5's index a PUMS run's ledger took a cache miss from 2.0 to 3.8 ms).
-    Counted in SQLite virtual-machine steps, which do not depend on the machine's speed."""
+    The attack it also closes: with release timing off, an analyst timing their own
+    cache misses learnt how many others had asked the same query. Counted in SQLite
+    virtual-machine steps, which do not depend on the machine's speed."""
     from budget import reads
 
     led = Ledger.from_url(f"sqlite:///{tmp_path / 'ledger.db'}")
