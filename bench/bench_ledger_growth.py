@@ -7,9 +7,11 @@ A SQLite file ledger (``synchronous=full``) with one analyst; for each size, cha
 are appended straight to ``dpgate_ledger`` (as months of charges by that analyst would
 leave them), then the median of ``--reps`` ``Ledger.reserve`` calls is taken, once on a
 ledger without a global budget and once on the same file with one. An analyst's sum
-starts from their latest checkpoint, so without a global budget the charge should not
-grow with the ledger; the global sum has no checkpoint (``budget/ledger.py``,
-``_spent``), so with one it does, and it runs under the write lock.
+starts from their latest checkpoint, and the global budget's from its latest global
+checkpoint (schema v7; ``budget/ledger.py``, ``_spent_global``), so neither should grow
+with the ledger: the first charge after the rows are appended sums them once and writes
+a checkpoint, the timed ones after it do not. Before v7 the global sum read every row,
+under the write lock, at each charge.
 """
 
 from __future__ import annotations

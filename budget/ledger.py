@@ -11,7 +11,10 @@ write lock, WAL journal, busy timeout); PostgreSQL: ``SELECT … FOR UPDATE`` on
 analyst row, then on the single global row. Lock order is always analyst → global, so
 charges cannot deadlock. Budgets hold across processes and hosts sharing the database.
 Refunds take the analyst's lock too, so every cost-bearing row of an analyst is appended
-under it: that makes the per-analyst checkpoints (partial sums) exact.
+under it: that makes the per-analyst checkpoints (partial sums) exact. The global
+budget's checkpoints need every analyst's rows settled below them: SQLite's write lock
+gives that; on PostgreSQL every charge and refund row is appended holding an advisory
+lock shared, which a checkpointing charge must obtain exclusively (``_spent_global``).
 
 Layout: ``statements`` (the hot-path SQL, built once), ``sqlite`` (WAL and BEGIN
 IMMEDIATE), ``reads`` (history, releases, audit log), ``schema`` (tables, migrations).
@@ -29,6 +32,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -158,6 +162,9 @@ class Ledger:
         # (``commit(wait=False)``): a read that looks for one waits for the queue first.
         self._unsettled: Counter[str] = Counter()
         self._unsettled_lock = threading.Lock()
+        # Rows after the latest global checkpoint when this process last summed them
+        # (a hint: when to try for a new one on PostgreSQL; ``_spent_global``).
+        self._global_rows_seen = CHECKPOINT_EVERY
 
         def write_transaction(durable: bool) -> AbstractContextManager[Connection]:
             return self._transaction(write=True, durable=durable)
@@ -330,46 +337,94 @@ class Ledger:
         locked: bool = False,
     ) -> tuple[Spent, int]:
         """Σ of the charge and refund rows charged at or after ``since`` (refunds are
-        stored negated), and how many charges are live.
+        stored negated), and how many charges are live: one analyst's rows, or with
+        ``analyst_id`` None every analyst's (the global budget).
 
-        Per analyst: the latest checkpoint of the same ``since`` plus the rows after it;
-        with ``locked`` (the caller holds the analyst's charge lock) a new checkpoint is
-        written once enough rows follow the last one. The global scope sums every row.
+        The latest checkpoint of the same ``since`` plus the rows after it. With
+        ``locked`` a new checkpoint is written once enough rows follow the last one: the
+        caller holds the analyst's charge lock, or for the global sum is in a write
+        transaction (``_spent_global`` says what more that needs).
         """
-        period = since != ALL_TIME
         if analyst_id is None:
-            statement = st.SPENT_ALL_SINCE if period else st.SPENT_ALL
-            g = conn.execute(statement, {"since": since} if period else {}).one()
-            return _clamped(g.epsilon, g.delta, g.rho, g.selection_delta, g.gaussian), int(g.n)
+            return self._spent_global(conn, since, checkpoint=locked)
+        period = since != ALL_TIME
         params: dict[str, Any] = {"analyst_id": analyst_id}
         if period:
             params["since"] = since
         r = (st.SPENT_ANALYST_SINCE if period else st.SPENT_ANALYST).first(conn, params)
-        eps = (r.cp_epsilon or 0.0) + r.epsilon
-        delta = (r.cp_delta or 0.0) + r.delta
-        rho = (r.cp_rho or 0.0) + r.rho
-        sel = (r.cp_selection_delta or 0.0) + r.selection_delta
-        count = int(r.cp_charges or 0) + int(r.n)
-        # A checkpoint without a Gaussian count (written by an older dpgate) may hide one.
-        cp_gaussian = 0 if r.cp_id is None else (1 if r.cp_gaussian is None else r.cp_gaussian)
-        gaussian = int(cp_gaussian) + int(r.gaussian)
+        sums = _after_checkpoint(r)
         if locked and r.rows >= CHECKPOINT_EVERY:
-            conn.execute(
-                st.INSERT_CHECKPOINT,
-                {
-                    "analyst_id": analyst_id,
-                    "upto_id": int(r.max_id),
-                    "epsilon": eps,
-                    "delta": delta,
-                    "rho": rho,
-                    "selection_delta": sel,
-                    "charges": count,
-                    "gaussian": gaussian,
-                    "since": since if period else None,
-                    "created_at": self._now(),
-                },
+            self._checkpoint(conn, st.INSERT_CHECKPOINT, r, sums, since, analyst_id=analyst_id)
+        return sums.spent, sums.charges
+
+    def _spent_global(
+        self, conn: Connection, since: datetime, *, checkpoint: bool
+    ) -> tuple[Spent, int]:
+        """Every analyst's rows charged at or after ``since``, from the latest global
+        checkpoint (the global budget's sum; without checkpoints it would read the whole
+        ledger on every charge, under the write lock).
+
+        A global checkpoint at ``upto_id`` is exact only if no cost-bearing row can
+        commit with a smaller id after it is written. On SQLite the caller's write
+        transaction holds the database's only write lock, and a new row's id exceeds
+        every id present. On PostgreSQL ids come from a sequence and commit out of order,
+        so this transaction first tries the cost-rows advisory lock exclusively
+        (``st.COST_ROWS_EXCLUSIVE``; every cost-bearing row is appended holding it
+        shared, ``_share_cost_rows``): if another transaction is appending one, no
+        checkpoint is written this time. The lock is only tried, never waited for, so it
+        adds no wait and no lock cycle; and only once the rows after the latest
+        checkpoint, as this process last counted them, near the threshold (the try is a
+        statement of its own: 0.2 ms)."""
+        period = since != ALL_TIME
+        quiet = checkpoint and (
+            self._sqlite
+            or (
+                self._global_rows_seen >= CHECKPOINT_EVERY - CHECKPOINT_EVERY // 8
+                and bool(st.COST_ROWS_EXCLUSIVE.scalar(conn))
             )
-        return _clamped(eps, delta, rho, sel, gaussian), count
+        )
+        r = (st.SPENT_GLOBAL_SINCE if period else st.SPENT_GLOBAL).first(
+            conn, {"since": since} if period else {}
+        )
+        self._global_rows_seen = int(r.rows)
+        sums = _after_checkpoint(r)
+        if quiet and r.rows >= CHECKPOINT_EVERY:
+            self._checkpoint(conn, st.INSERT_GLOBAL_CHECKPOINT, r, sums, since)
+        return sums.spent, sums.charges
+
+    def _checkpoint(
+        self,
+        conn: Connection,
+        insert: sa.Insert,
+        r: Any,
+        sums: _Sums,
+        since: datetime,
+        **key: int,
+    ) -> None:
+        conn.execute(
+            insert,
+            {
+                **key,
+                "upto_id": int(r.max_id),
+                "epsilon": sums.epsilon,
+                "delta": sums.delta,
+                "rho": sums.rho,
+                "selection_delta": sums.selection_delta,
+                "charges": sums.charges,
+                "gaussian": sums.gaussian,
+                "since": since if since != ALL_TIME else None,
+                "created_at": self._now(),
+            },
+        )
+
+    def _share_cost_rows(self, conn: Connection) -> None:
+        """Before appending a refund row on PostgreSQL: hold the cost-rows advisory lock
+        shared, so no global checkpoint is written while this row may still commit
+        below it (``_spent_global``; a charge's row takes it in its own statement,
+        ``st.INSERT_ENTRY_SHARED``). Shared holders never wait for each other; they
+        wait only for a checkpointing charge's transaction to end."""
+        if not self._sqlite:
+            st.COST_ROWS_SHARED.rows(conn)
 
     def recompute_spent(self, analyst: str) -> tuple[PrivacyCost, int]:
         """Σ of every charge and refund row of the analyst in their current period,
@@ -654,7 +709,7 @@ class Ledger:
                 .where(schema.global_lock.c.id == 1)
                 .values(epsilon=new_eps, delta=new_delta, period=new_period, updated_at=now)
             )
-            spent, n = self._spent(conn, None, since=period_start(new_period, now))
+            spent, n = self._spent(conn, None, since=period_start(new_period, now), locked=True)
         return self._status(GLOBAL_NAME, False, new_eps, new_delta, new_period, spent, n, now)
 
     def list_analysts(self) -> list[BudgetStatus]:
@@ -702,9 +757,12 @@ class Ledger:
             self._admit("analyst", row.epsilon, row.delta, period, spent, cost, mechanism, now)
             if global_budget is not None:
                 g_eps, g_delta, g_period = global_budget
-                global_spent, _ = self._spent(conn, None, since=period_start(g_period, now))
+                global_spent, _ = self._spent(
+                    conn, None, since=period_start(g_period, now), locked=True
+                )
                 self._admit("global", g_eps, g_delta, g_period, global_spent, cost, mechanism, now)
-            st.INSERT_ENTRY.run(
+            # PostgreSQL: appended holding the cost-rows lock shared (``_spent_global``)
+            (st.INSERT_ENTRY if self._sqlite else st.INSERT_ENTRY_SHARED).run(
                 conn,
                 {
                     "reservation_id": reservation_id,
@@ -840,6 +898,7 @@ class Ledger:
         def settle(conn: Connection) -> None:
             if kind == "refund":
                 conn.execute(st.LOCK_ANALYST_OF_RESERVATION, {"rid": reservation.id}).first()
+                self._share_cost_rows(conn)
             if st.SETTLE.run(conn, params) == 0:
                 raise ValueError(f"no reservation {reservation.id!r} in this ledger")
 
@@ -1050,6 +1109,37 @@ def _store_verifier(conn: Connection, analyst_id: int, verifier: ScramVerifier) 
             server_key=b64(verifier.server_key),
             created_at=schema.utcnow(),
         )
+    )
+
+
+@dataclass(frozen=True)
+class _Sums:
+    """A checkpoint plus the rows after it (unclamped: a new checkpoint stores these)."""
+
+    epsilon: float
+    delta: float
+    rho: float
+    selection_delta: float
+    charges: int
+    gaussian: int
+
+    @property
+    def spent(self) -> Spent:
+        return _clamped(self.epsilon, self.delta, self.rho, self.selection_delta, self.gaussian)
+
+
+def _after_checkpoint(r: Any) -> _Sums:
+    """The sums of a ``SPENT_ANALYST`` / ``SPENT_GLOBAL`` row: its checkpoint's (none:
+    zero) plus those of the rows after it."""
+    # A checkpoint without a Gaussian count (written by an older dpgate) may hide one.
+    cp_gaussian = 0 if r.cp_id is None else (1 if r.cp_gaussian is None else r.cp_gaussian)
+    return _Sums(
+        epsilon=(r.cp_epsilon or 0.0) + r.epsilon,
+        delta=(r.cp_delta or 0.0) + r.delta,
+        rho=(r.cp_rho or 0.0) + r.rho,
+        selection_delta=(r.cp_selection_delta or 0.0) + r.selection_delta,
+        charges=int(r.cp_charges or 0) + int(r.n),
+        gaussian=int(cp_gaussian) + int(r.gaussian),
     )
 
 

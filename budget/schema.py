@@ -170,6 +170,26 @@ checkpoints = sa.Table(
 )
 
 
+# The same partial sums over every analyst's rows (schema v7), for the global budget: a
+# charge under a global budget sums only the rows after the latest one. Written only by a
+# transaction in which no other can be appending a cost-bearing row (budget/ledger.py,
+# ``_spent_global``), so that no row can ever appear below ``upto_id`` afterwards.
+global_checkpoints = sa.Table(
+    "dpgate_global_checkpoints",
+    metadata,
+    sa.Column("id", _BigId, primary_key=True, autoincrement=True),
+    sa.Column("upto_id", sa.BigInteger, nullable=False),
+    sa.Column("epsilon", sa.Float, nullable=False),
+    sa.Column("delta", sa.Float, nullable=False),
+    sa.Column("rho", sa.Float, nullable=False),
+    sa.Column("selection_delta", sa.Float, nullable=False),
+    sa.Column("charges", sa.Integer, nullable=False),
+    sa.Column("gaussian", sa.Integer, nullable=False),
+    sa.Column("since", sa.DateTime, nullable=True),  # as in dpgate_checkpoints
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Index("dpgate_global_checkpoints_since", "since", "id"),
+)
+
 # Audit refusals (schema v3), append-only: a query the auditor refused, so that the same
 # request (same query_key) is refused again from here, free, without being recomputed,
 # and the analyst's history can say why. ``reservation_id`` is set when the refusal came
@@ -296,6 +316,10 @@ def _v6_release_index(conn: Connection) -> None:
     _create_ledger_indexes(conn, "dpgate_ledger_release")
 
 
+def _v7_global_checkpoints(conn: Connection) -> None:
+    global_checkpoints.create(conn, checkfirst=True)
+
+
 # Append new migrations here; never edit an applied one.
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _v1_initial,
@@ -304,6 +328,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _v4_periods,
     _v5_scram_verifiers,
     _v6_release_index,
+    _v7_global_checkpoints,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -174,6 +174,38 @@ def test_checkpoints_within_a_period_are_exact(
     assert len(sinces) == 3  # one set of checkpoints per day
 
 
+def test_global_checkpoints_within_a_period_are_exact(
+    ledger: Ledger, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a global budget a charge sums every analyst's rows from the latest global
+    checkpoint of the period; refunds and a new period in between change nothing."""
+    import budget.ledger
+
+    monkeypatch.setattr(budget.ledger, "CHECKPOINT_EVERY", 3)
+    small = PrivacyCost(0.01, 0.0, 0.00005)
+    ledger.set_global_budget(epsilon=100.0, delta=0.0, period="day")
+    for name in ("alice", "bob"):
+        ledger.create_analyst(name, 100.0, 0.0)
+    for day in range(3):
+        for i in range(10):
+            r = charge(ledger, ("alice", "bob")[i % 2], small, key=f"{day}-{i}")
+            if i % 4 == 0:
+                ledger.refund(r, "unreachable")
+        status = ledger.global_status()
+        assert status is not None and status.queries == 7
+        assert status.epsilon_spent == pytest.approx(0.07)
+        clock.advance(days=1)
+    with ledger.engine.begin() as conn:
+        table = schema.global_checkpoints
+        sinces = conn.execute(sa.select(table.c.since).distinct()).scalars().all()
+        assert len(sinces) == 3  # one set of global checkpoints per day
+        conn.execute(sa.delete(table))
+    clock.advance(days=-1)  # the last day again: without checkpoints, the same figures
+    status = ledger.global_status()
+    assert status is not None and status.queries == 7
+    assert status.epsilon_spent == pytest.approx(0.07)
+
+
 def test_the_global_budget_set_in_the_ledger_has_a_period(ledger_url: str, clock: Clock) -> None:
     led = Ledger.from_url(ledger_url, clock=clock, global_budget=(0.5, 0.0))
     led.migrate()

@@ -172,3 +172,30 @@ def test_refunds_and_checkpoints_under_concurrency(
     with led.engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM dpgate_checkpoints").scalar()
     led.close()
+
+
+def test_global_checkpoints_under_concurrent_charges_and_refunds(
+    ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The global budget's sum from its checkpoints stays exact while processes charge
+    and refund at once: exactly the queries the global budget fits are answered, and it
+    reports what the rows say (on PostgreSQL a checkpoint is skipped while a refund may
+    still commit below it; budget/ledger.py, ``_spent_global``)."""
+    import budget.ledger
+
+    monkeypatch.setattr(budget.ledger, "CHECKPOINT_EVERY", 3)  # forked clients inherit it
+    led = Ledger.from_url(ledger_url, **ZCDP)
+    led.migrate()
+    for name in ("alice", "bob"):
+        led.create_analyst(name, 100.0, 1e-6)
+    kw = {**ZCDP, "global_budget": (cks_epsilon(N * COST.rho, 1e-6) * (1 + 1e-12), 1e-6)}
+    total = race(ledger_url, kw, ["alice", "bob"], refund_every=2)
+    assert total["error"] == 0 and total["refunded"] > 0
+    assert total["answered"] == N
+    capped = Ledger.from_url(ledger_url, **kw)
+    status = capped.global_status()
+    rho, _ = ledger_sum(capped)
+    assert status is not None and status.queries == N
+    assert status.rho_spent == pytest.approx(rho) == pytest.approx(N * COST.rho)
+    led.close()
+    capped.close()

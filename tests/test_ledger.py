@@ -10,6 +10,7 @@ import dataclasses
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -26,10 +27,12 @@ from budget import (
     UnknownAnalyst,
     UnsupportedCost,
     cks_epsilon,
+    schema,
 )
 from budget.keys import key_hash
 from budget.records import CacheProbe
 from mechanisms.types import PrivacyCost
+from tests.conftest import drop_postgres_schema, postgres_schema_url
 
 
 @pytest.fixture
@@ -289,8 +292,6 @@ def test_checkpoints_are_exact_partial_sums(
 
 
 def test_migrate_upgrades_a_version_1_ledger(ledger_url: str) -> None:
-    from budget import schema
-
     engine = sa.create_engine(ledger_url)
     with engine.begin() as conn:  # a ledger as dpgate's schema version 1 left it
         schema.schema_version.create(conn)
@@ -339,6 +340,7 @@ def test_migrate_upgrades_a_version_1_ledger(ledger_url: str) -> None:
     indexes = {i["name"] for i in sa.inspect(led.engine).get_indexes("dpgate_ledger")}
     assert "dpgate_ledger_analyst_seq" in indexes and "dpgate_ledger_analyst" not in indexes
     assert "dpgate_ledger_release" in indexes and "dpgate_ledger_query" not in indexes
+    assert "dpgate_global_checkpoints" in sa.inspect(led.engine).get_table_names()  # v7
     assert led.budget_status("alice").rho_spent == pytest.approx(0.005)
     charge(led, "alice", laplace(0.1))
     assert led.budget_status("alice").queries == 2
@@ -442,6 +444,115 @@ def test_a_cache_miss_reads_no_other_analysts_releases_of_the_same_query(tmp_pat
     many = steps_of_a_miss()
     assert many <= few + 5, (few, many)
     led.close()
+
+
+def test_a_charge_under_a_global_budget_does_not_read_the_whole_ledger(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The global budget's sum starts from the latest global checkpoint, like an
+    analyst's: without one, every charge under a global budget summed the whole ledger
+    while holding the write lock (25 ms at 100,000 rows, 237 ms at a million:
+    ``python -m bench.bench_ledger_growth``). Counted in SQLite virtual-machine steps, at
+    the same distance from the latest checkpoint, with 9 times as many rows."""
+    import budget.ledger
+
+    monkeypatch.setattr(budget.ledger, "CHECKPOINT_EVERY", 16)
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.set_progress_handler(count, 1)
+
+    sa.event.listen(sa.engine.Engine, "connect", on_connect)
+    led = Ledger.from_url(f"sqlite:///{tmp_path / 'ledger.db'}", global_budget=(1e6, 0.0))
+    try:
+        led.migrate()
+        led.create_analyst("alice", 1e6, 0.0)
+
+        def steps_of_a_charge(i: int) -> int:
+            before = steps
+            charge(led, "alice", laplace(0.001), key=f"q{i}")
+            return steps - before
+
+        for i in range(40):
+            charge(led, "alice", laplace(0.001), key=f"q{i}")
+        few = steps_of_a_charge(40)
+        for i in range(41, 41 + 16 * 20):
+            charge(led, "alice", laplace(0.001), key=f"q{i}")
+        many = steps_of_a_charge(41 + 16 * 20)
+    finally:
+        sa.event.remove(sa.engine.Engine, "connect", on_connect)
+        led.close()
+    assert many <= few * 1.1, (few, many)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("held", ["refund", "charge"])
+def test_no_global_checkpoint_leaves_out_a_row_still_committing(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, held: str
+) -> None:
+    """PostgreSQL numbers ledger rows from a sequence, so a row can commit after rows with
+    larger ids. A global checkpoint written in between would leave it out of the global
+    budget's sum for good. Here a refund, or a charge by a gateway that knows no global
+    budget (another worker's config, or one that read the ledger before an admin set
+    it), is held open after its row is written, while another analyst's charges under
+    the global budget each reach the checkpoint threshold: none may write one until the
+    held row has committed."""
+    import threading
+
+    import budget.ledger
+    from budget import statements as st
+
+    monkeypatch.setattr(budget.ledger, "CHECKPOINT_EVERY", 2)
+    url, name = postgres_schema_url(postgres_url)
+    led = Ledger.from_url(url, global_budget=(100.0, 0.0))
+    unaware = Ledger.from_url(url)  # no global budget: takes no global lock
+    try:
+        led.migrate()
+        for analyst in ("alice", "bob"):
+            led.create_analyst(analyst, 100.0, 0.0)
+        refunded = charge(led, "alice", laplace(0.1), key="refunded")
+        written, go_on = threading.Event(), threading.Event()
+        statement = st.SETTLE if held == "refund" else st.INSERT_ENTRY_SHARED
+        run = statement.run
+
+        def held_open(conn: Any, params: Any = None) -> int:
+            n = run(conn, params)
+            if params and (params.get("kind") == "refund" or params.get("query_key") == "held"):
+                written.set()
+                go_on.wait(30)
+            return n
+
+        monkeypatch.setattr(statement, "run", held_open)
+        if held == "refund":
+            work = threading.Thread(target=led.refund, args=(refunded, "unreachable"))
+        else:
+            work = threading.Thread(
+                target=charge, args=(unaware, "alice", laplace(0.1)), kwargs={"key": "held"}
+            )
+        work.start()
+        assert written.wait(30)
+        for i in range(6):
+            charge(led, "bob", laplace(0.1), key=f"b{i}")
+        go_on.set()
+        work.join(30)
+        for i in range(6, 12):
+            charge(led, "bob", laplace(0.1), key=f"b{i}")
+        with led.engine.connect() as conn:
+            written_checkpoints = sa.select(sa.func.count()).select_from(schema.global_checkpoints)
+            assert conn.execute(written_checkpoints).scalar()
+        live = 12 if held == "refund" else 14  # alice's first charge, refunded or not
+        status = led.global_status()
+        assert status is not None and status.queries == live
+        assert status.epsilon_spent == pytest.approx(live * 0.1)
+    finally:
+        led.close()
+        unaware.close()
+        drop_postgres_schema(postgres_url, name)
 
 
 # -- the request audit log --------------------------------------------------------------
