@@ -370,7 +370,8 @@ class Ledger:
         every id present. On PostgreSQL ids come from a sequence and commit out of order,
         so this transaction first tries the cost-rows advisory lock exclusively
         (``st.COST_ROWS_EXCLUSIVE``; every cost-bearing row is appended holding it
-        shared, ``_share_cost_rows``): if another transaction is appending one, no
+        shared: ``st.INSERT_ENTRY_SHARED``, ``_share_cost_rows``): if another
+        transaction is appending one, no
         checkpoint is written this time. The lock is only tried, never waited for, so it
         adds no wait and no lock cycle; and only once the rows after the latest
         checkpoint, as this process last counted them, near the threshold (the try is a

@@ -50,7 +50,8 @@ def _sums() -> list[sa.ColumnElement[object]]:
     ]
 
 
-# Every cost-bearing row (all analysts: the global budget), all time or in one period.
+# Every cost-bearing row, all time or in one period, no checkpoint: for recomputing a sum
+# from the raw rows (``Ledger.recompute_spent``).
 SPENT_ALL = sa.select(*_sums()).where(_COST_ROW)
 SPENT_ALL_SINCE = SPENT_ALL.where(_IN_PERIOD)
 _cp = schema.checkpoints
@@ -96,9 +97,10 @@ SPENT_GLOBAL_SINCE = Prepared(_spent_after_checkpoint(_gcp, per_analyst=False, p
 INSERT_GLOBAL_CHECKPOINT = sa.insert(_gcp)
 # PostgreSQL numbers ledger rows from a sequence, so a row can commit below one already
 # visible. Every cost-bearing row is therefore appended holding this advisory lock shared
-# (COST_ROWS_SHARED), and a global checkpoint is written only by a transaction that took it
-# exclusively (COST_ROWS_EXCLUSIVE, never waited for) before summing: no row it did not see
-# can then get an id below the ones it saw. (SQLite's write lock gives the same.)
+# (a refund: COST_ROWS_SHARED first; a charge: INSERT_ENTRY_SHARED), and a global
+# checkpoint is written only by a transaction that took it exclusively
+# (COST_ROWS_EXCLUSIVE, never waited for) before summing: no row it did not see can then
+# get an id below the ones it saw. (SQLite's write lock gives the same.)
 COST_ROWS_LOCK = 0x64706763  # "dpgc"
 _COST_ROWS_KEY = sa.literal(COST_ROWS_LOCK, sa.BigInteger)
 COST_ROWS_SHARED = Prepared(sa.select(sa.func.pg_advisory_xact_lock_shared(_COST_ROWS_KEY)))
