@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -150,17 +151,22 @@ audit_log = sa.Table(
 # Partial sums of one analyst's charge and refund rows up to ``upto_id`` (schema v2): a
 # cache of what the ledger already says, written under the analyst's lock, so a charge
 # sums only the rows after the latest checkpoint. Deleting them changes nothing but speed.
+def _partial_sums() -> list[sa.Column[Any]]:
+    """A checkpoint's sums: the cost components and live charges of the rows it covers."""
+    return [
+        sa.Column("upto_id", sa.BigInteger, nullable=False),
+        *(sa.Column(c, sa.Float, nullable=False) for c in ("epsilon", "delta", "rho")),
+        sa.Column("selection_delta", sa.Float, nullable=False),
+        sa.Column("charges", sa.Integer, nullable=False),
+    ]
+
+
 checkpoints = sa.Table(
     "dpgate_checkpoints",
     metadata,
     sa.Column("id", _BigId, primary_key=True, autoincrement=True),
     sa.Column("analyst_id", sa.Integer, sa.ForeignKey("dpgate_analysts.id"), nullable=False),
-    sa.Column("upto_id", sa.BigInteger, nullable=False),
-    sa.Column("epsilon", sa.Float, nullable=False),
-    sa.Column("delta", sa.Float, nullable=False),
-    sa.Column("rho", sa.Float, nullable=False),
-    sa.Column("selection_delta", sa.Float, nullable=False),
-    sa.Column("charges", sa.Integer, nullable=False),
+    *_partial_sums(),
     sa.Column("created_at", sa.DateTime, nullable=False),
     # schema v4: the sums cover the rows charged at or after ``since`` (NULL: all rows),
     # and ``gaussian`` counts the live Gaussian charges among them (NULL: unknown).
@@ -178,15 +184,10 @@ global_checkpoints = sa.Table(
     "dpgate_global_checkpoints",
     metadata,
     sa.Column("id", _BigId, primary_key=True, autoincrement=True),
-    sa.Column("upto_id", sa.BigInteger, nullable=False),
-    sa.Column("epsilon", sa.Float, nullable=False),
-    sa.Column("delta", sa.Float, nullable=False),
-    sa.Column("rho", sa.Float, nullable=False),
-    sa.Column("selection_delta", sa.Float, nullable=False),
-    sa.Column("charges", sa.Integer, nullable=False),
-    sa.Column("gaussian", sa.Integer, nullable=False),
-    sa.Column("since", sa.DateTime, nullable=True),  # as in dpgate_checkpoints
+    *_partial_sums(),
     sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("since", sa.DateTime, nullable=True),  # as in dpgate_checkpoints
+    sa.Column("gaussian", sa.Integer, nullable=False),
     sa.Index("dpgate_global_checkpoints_since", "since", "id"),
 )
 
