@@ -118,22 +118,7 @@ def run(
         for r in range(rounds):
             share = _share(reps, rounds, r)
             for _ in range(share):
-                analyst = gw.new_analyst()  # a fresh cache: every query below is a miss
-                for q in Q.QUERIES:
-                    e = entries[q.name]
-                    if not e["accepted"]:
-                        continue
-                    sql = q.text("pums")
-                    t = time.perf_counter()
-                    ans = gw.query(analyst, sql, epsilon)
-                    dt = time.perf_counter() - t
-                    if not ans.ok:
-                        e["accepted"], e["error"] = False, ans.error
-                        continue
-                    if ans.cached:
-                        raise RuntimeError(f"{q.name}: unexpected cache hit for a fresh analyst")
-                    e["latencies_s"].append(dt)
-                    e["answers"].append(ans.rows)
+                _time_misses(gw, entries, epsilon)
             http_share = _share(http_reps, rounds, r)
             if http_share:
                 over_http = http_latency_apart(cfg, http_share, epsilon)
@@ -242,6 +227,26 @@ def http_latency(cfg: Path, reps: int, epsilon: float) -> dict[str, Any]:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
     return {"per_query_latencies_s": per_query, "command": " ".join(cmd)}
+
+
+def _time_misses(gw: InProcess, entries: dict[str, dict[str, Any]], epsilon: float) -> None:
+    """One repetition in process: a fresh analyst (a fresh cache: every query is a miss)
+    asks each query still accepted; its latency and answer go to its entry."""
+    analyst = gw.new_analyst()
+    for q in Q.QUERIES:
+        e = entries[q.name]
+        if not e["accepted"]:
+            continue
+        t = time.perf_counter()
+        ans = gw.query(analyst, q.text("pums"), epsilon)
+        dt = time.perf_counter() - t
+        if not ans.ok:
+            e["accepted"], e["error"] = False, ans.error
+            continue
+        if ans.cached:
+            raise RuntimeError(f"{q.name}: unexpected cache hit for a fresh analyst")
+        e["latencies_s"].append(dt)
+        e["answers"].append(ans.rows)
 
 
 def _share(total: int, rounds: int, r: int) -> int:

@@ -148,19 +148,21 @@ audit_log = sa.Table(
 )
 
 
-# Partial sums of one analyst's charge and refund rows up to ``upto_id`` (schema v2): a
-# cache of what the ledger already says, written under the analyst's lock, so a charge
-# sums only the rows after the latest checkpoint. Deleting them changes nothing but speed.
 def _partial_sums() -> list[sa.Column[Any]]:
     """A checkpoint's sums: the cost components and live charges of the rows it covers."""
     return [
         sa.Column("upto_id", sa.BigInteger, nullable=False),
-        *(sa.Column(c, sa.Float, nullable=False) for c in ("epsilon", "delta", "rho")),
-        sa.Column("selection_delta", sa.Float, nullable=False),
+        *(
+            sa.Column(c, sa.Float, nullable=False)
+            for c in ("epsilon", "delta", "rho", "selection_delta")
+        ),
         sa.Column("charges", sa.Integer, nullable=False),
     ]
 
 
+# Partial sums of one analyst's charge and refund rows up to ``upto_id`` (schema v2): a
+# cache of what the ledger already says, written under the analyst's lock, so a charge
+# sums only the rows after the latest checkpoint. Deleting them changes nothing but speed.
 checkpoints = sa.Table(
     "dpgate_checkpoints",
     metadata,

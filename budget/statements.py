@@ -63,6 +63,7 @@ def _spent_after_checkpoint(cp: sa.Table, *, per_analyst: bool, period: bool) ->
     rows (``dpgate_checkpoints``), or every analyst's (``dpgate_global_checkpoints``)."""
     since = cp.c.since == sa.bindparam("since") if period else cp.c.since.is_(None)
     mine = [cp.c.analyst_id == sa.bindparam("analyst_id")] if per_analyst else []
+    my_rows = [_c.analyst_id == sa.bindparam("analyst_id")] if per_analyst else []
     latest = sa.select(cp).where(*mine, since).order_by(cp.c.id.desc()).limit(1).subquery("cp")
     rows = sa.select(
         *_sums(),
@@ -70,7 +71,7 @@ def _spent_after_checkpoint(cp: sa.Table, *, per_analyst: bool, period: bool) ->
         sa.func.max(_c.id).label("max_id"),
     ).where(
         _COST_ROW,
-        *([_c.analyst_id == sa.bindparam("analyst_id")] if per_analyst else []),
+        *my_rows,
         _c.id > sa.func.coalesce(sa.select(latest.c.upto_id).scalar_subquery(), sa.literal(0)),
     )
     if period:
