@@ -11,6 +11,9 @@ Two closed-loop scenarios of a fixed duration each:
 
 The load generator runs on the same machine (stdlib threads, so it takes CPU from the
 server's workers on a small machine): the figures are a lower bound of the server's rate.
+Each scenario starts once the other processes of the machine are quiet (an earlier part's
+database may still be vacuuming or checkpointing what it loaded) and reports the share of
+CPU they took while it ran (``other_cpu_share``), beside the hypervisor's (``steal_share``).
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ from bench.common import BENCH_DIR, DATA_DIR, latency_summary, log
 from bench.pums import setup
 
 REPO = BENCH_DIR.parent
+#: Before each scenario: wait (at most QUIET_TIMEOUT_S) until other processes use less
+#: than QUIET_SHARE of the CPUs; each scenario reports that share while it ran.
+QUIET_SHARE = 0.10
+QUIET_TIMEOUT_S = 120.0
 
 
 def _free_port() -> int:
@@ -82,15 +89,49 @@ def _group_cpu_s(pgid: int) -> float | None:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_steal() -> tuple[int, int] | None:
-    """(all, stolen) CPU time of the machine so far, in ticks (``/proc/stat``): on a
-    virtual machine, the time the hypervisor gave this machine's CPUs to others."""
+def _cpu_steal() -> tuple[int, int, int] | None:
+    """(all, stolen, busy) CPU time of the machine so far, in ticks (``/proc/stat``):
+    stolen is, on a virtual machine, the time the hypervisor gave this machine's CPUs to
+    others; busy is every tick that was neither idle nor waiting for I/O."""
     try:
         first = Path("/proc/stat").read_text().splitlines()[0].split()
     except OSError:
         return None
     values = [int(v) for v in first[1:]]
-    return sum(values[:8]), (values[7] if len(values) > 7 else 0)
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return sum(values[:8]), (values[7] if len(values) > 7 else 0), sum(values[:8]) - idle
+
+
+def _wait_until_quiet(
+    pgid: int, share: float = QUIET_SHARE, timeout: float = QUIET_TIMEOUT_S
+) -> float:
+    """Wait until the processes other than the server (its process group) and this one
+    use less than ``share`` of the machine's CPUs over a second — an earlier part's
+    leftovers (a database vacuuming or checkpointing the rows it loaded) would otherwise
+    be measured as the server's latency — or ``timeout`` seconds; return the wait."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        before = (_group_cpu_s(pgid), time.process_time(), _cpu_steal())
+        time.sleep(1.0)
+        after = (_group_cpu_s(pgid), time.process_time(), _cpu_steal())
+        other = _other_share(before, after)
+        if other is None or other < share:
+            break
+    return time.monotonic() - started
+
+
+def _other_share(before: tuple[Any, float, Any], after: tuple[Any, float, Any]) -> float | None:
+    """The share of the machine's CPU time that processes other than the server and the
+    load generator used between two readings (``None`` without ``/proc``)."""
+    if before[0] is None or after[0] is None or before[2] is None or after[2] is None:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    total = (after[2][0] - before[2][0]) / tick
+    if total <= 0:
+        return None
+    busy = (after[2][2] - before[2][2]) / tick
+    ours = (after[0] - before[0]) + (after[1] - before[1])
+    return max(0.0, busy - ours) / total
 
 
 def _costs(
@@ -106,6 +147,9 @@ def _costs(
         out["client_cpu_ms_per_answer"] = (after[1] - before[1]) * 1000 / answered
     if before[2] is not None and after[2] is not None and after[2][0] > before[2][0]:
         out["steal_share"] = (after[2][1] - before[2][1]) / (after[2][0] - before[2][0])
+    other = _other_share(before, after)
+    if other is not None:
+        out["other_cpu_share"] = other
     return out
 
 
@@ -139,6 +183,7 @@ def _scenario(
             latencies.extend(local_lat)
             outcomes.update(local)
 
+    quiet_wait = _wait_until_quiet(pgid)
     started = time.monotonic()
     before = (_group_cpu_s(pgid), time.process_time(), _cpu_steal())
     threads = [threading.Thread(target=client, args=(i, k)) for i, k in enumerate(keys)]
@@ -155,6 +200,7 @@ def _scenario(
         "answered_per_s": answered / elapsed,
         "outcomes": dict(outcomes),
         "latency": latency_summary(latencies),
+        "quiet_wait_s": quiet_wait,
         **_costs(pgid, answered, before, after),
     }
 
