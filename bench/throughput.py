@@ -11,6 +11,8 @@ Two closed-loop scenarios of a fixed duration each:
 
 The load generator runs on the same machine (stdlib threads, so it takes CPU from the
 server's workers on a small machine): the figures are a lower bound of the server's rate.
+It speaks just enough HTTP/1.1 over raw sockets (``bench.adapter.LeanHttp``) to take as
+little of that CPU as it can.
 Each scenario starts once the other processes of the machine are quiet (an earlier part's
 database may still be vacuuming or checkpointing what it loaded) and reports the share of
 CPU they took while it ran (``other_cpu_share``), beside the hypervisor's (``steal_share``).
@@ -31,7 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.adapter import Http, create_analyst
+from bench.adapter import LeanHttp, create_analyst
 from bench.common import BENCH_DIR, DATA_DIR, latency_summary, log
 from bench.pums import setup
 
@@ -162,7 +164,7 @@ def _scenario(
     outcomes: Counter[str] = Counter()
 
     def client(i: int, key: str) -> None:
-        h = Http("127.0.0.1", port, key)
+        h = LeanHttp("127.0.0.1", port, key)
         local_lat: list[float] = []
         local: Counter[str] = Counter()
         while time.monotonic() < stop:
