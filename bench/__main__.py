@@ -372,6 +372,12 @@ def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
             "distinct queries, SQLite ledger, durable charge each, release timing off",
             (300.0, 60.0),
         ),
+        (
+            "distinct_fixed_rate",
+            "the same distinct queries offered at a fixed rate (open loop; each latency "
+            "from the request's scheduled moment)",
+            None,
+        ),
         ("repeated", "repeated query (cache hits), SQLite ledger", None),
         ("postgres_ledger", "distinct queries, PostgreSQL ledger, release timing off", None),
         (
@@ -388,8 +394,10 @@ def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
             add(
                 "throughput",
                 f"HTTP, --workers {tp['workers']}, {tp['clients']} clients: {label}",
-                f"{rate:.1f} answered/s (median {fmt(median)}"
+                (f"offered {s['offered_per_s']:.0f}/s: " if s.get("offered_per_s") else "")
+                + f"{rate:.1f} answered/s (median {fmt(median)}"
                 f" ms, p99 {fmt(s['latency']['p99_ms'])} ms)"
+                + (f", {s['sent_late']} sent late" if s.get("sent_late") else "")
                 + _costs_text(s)
                 + (f"; not answered: {other}" if other else ""),
                 "≥ 300/s, p50 ≤ 60 ms" if target else "",

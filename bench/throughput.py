@@ -2,10 +2,14 @@
 
 The server serves PUMS (SQLite) with a fresh SQLite ledger; each client thread is its own
 analyst (created in the ledger before the server starts) on a keep-alive connection.
-Two closed-loop scenarios of a fixed duration each:
+Scenarios of a fixed duration each:
 
 - ``distinct``: every request is a new query (``… WHERE income >= <i>`` with a unique i),
   so each one is a full pipeline run with a durable ledger reserve + commit;
+- ``distinct_fixed_rate``: the same queries offered at a fixed 300 requests/s in all
+  (open loop, each client on its own schedule), latency counted from each request's
+  scheduled moment: the latency at that load, where the closed loop's median is the wait
+  of 32 clients queueing at saturation (``mean = clients / rate``);
 - ``repeated``: every thread repeats one query, so all but its first request are cache
   hits (free, no ledger charge).
 
@@ -42,6 +46,8 @@ REPO = BENCH_DIR.parent
 #: than QUIET_SHARE of the CPUs; each scenario reports that share while it ran.
 QUIET_SHARE = 0.10
 QUIET_TIMEOUT_S = 120.0
+#: The rate the fixed-rate scenario offers: issue 14's "300 answered/s".
+FIXED_RATE = 300.0
 
 
 def _free_port() -> int:
@@ -156,10 +162,23 @@ def _costs(
 
 
 def _scenario(
-    port: int, keys: list[str], duration: float, make_sql: Any, pgid: int
+    port: int,
+    keys: list[str],
+    duration: float,
+    make_sql: Any,
+    pgid: int,
+    rate: float | None = None,
 ) -> dict[str, Any]:
-    stop = time.monotonic() + duration
+    """Every client sends ``make_sql(i)`` for ``duration`` seconds: as soon as it has its
+    previous answer (closed loop), or, with ``rate``, on a fixed schedule — the clients
+    together offer ``rate`` requests a second, client ``i`` at ``(k + i / n) · n / rate``
+    — and each latency then counts from the request's scheduled moment, so a request the
+    client could only send late (its previous answer was slow) counts its wait too."""
+    quiet_wait = _wait_until_quiet(pgid)
+    begin = time.monotonic() + 0.1  # every thread is running by then
+    stop = begin + duration
     lock = threading.Lock()
+    late = [0]
     latencies: list[float] = []
     outcomes: Counter[str] = Counter()
 
@@ -167,15 +186,23 @@ def _scenario(
         h = LeanHttp("127.0.0.1", port, key)
         local_lat: list[float] = []
         local: Counter[str] = Counter()
-        while time.monotonic() < stop:
+        period = len(keys) / rate if rate else 0.0
+        due = begin + i / rate if rate else begin
+        behind = 0
+        while (now := time.monotonic()) < stop and due < stop:
+            if now < due:
+                time.sleep(due - now)
+            elif rate:
+                behind += 1
             sql = make_sql(i)
-            t = time.perf_counter()
+            t = due if rate else time.monotonic()
+            due += period
             try:
                 status, body = h.query(sql, 1.0)
             except Exception as e:
                 local[f"transport:{type(e).__name__}"] += 1
                 continue
-            dt = time.perf_counter() - t
+            dt = time.monotonic() - t
             if status == 200 and body.get("ok"):
                 local["answered_cached" if body.get("cached") else "answered"] += 1
                 local_lat.append(dt)
@@ -184,9 +211,8 @@ def _scenario(
         with lock:
             latencies.extend(local_lat)
             outcomes.update(local)
+            late[0] += behind
 
-    quiet_wait = _wait_until_quiet(pgid)
-    started = time.monotonic()
     before = (_group_cpu_s(pgid), time.process_time(), _cpu_steal())
     threads = [threading.Thread(target=client, args=(i, k)) for i, k in enumerate(keys)]
     for t in threads:
@@ -194,9 +220,11 @@ def _scenario(
     for t in threads:
         t.join()
     after = (_group_cpu_s(pgid), time.process_time(), _cpu_steal())
-    elapsed = time.monotonic() - started
+    elapsed = time.monotonic() - begin
     answered = outcomes["answered"] + outcomes["answered_cached"]
+    paced = {"offered_per_s": rate, "sent_late": late[0]} if rate else {}
     return {
+        **paced,
         "duration_s": elapsed,
         "answered": answered,
         "answered_per_s": answered / elapsed,
@@ -275,8 +303,9 @@ def _serve(
     out: dict[str, Any] = {"command": " ".join(cmd)}
     try:
         _wait_ready(port, proc)
-        for name, make_sql in scenarios.items():
-            out[name] = _scenario(port, keys, duration, make_sql, proc.pid)
+        for name, spec in scenarios.items():
+            make_sql, rate = spec if isinstance(spec, tuple) else (spec, None)
+            out[name] = _scenario(port, keys, duration, make_sql, proc.pid, rate)
             log(f"throughput {name}: {out[name]['answered_per_s']:.1f}/s {out[name]['outcomes']}")
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -293,8 +322,9 @@ def _serve(
 def run(duration: float = 20.0, workers: int = 2, clients: int = 32) -> dict[str, Any]:
     """Three servers, one after the other, each on a fresh ledger:
 
-    - SQLite ledger, release timing off: distinct queries, then a repeated query — the
-      pipeline's own throughput (the acceptance figures);
+    - SQLite ledger, release timing off: distinct queries (closed loop, then offered at
+      ``FIXED_RATE``), then a repeated query — the pipeline's own throughput (the
+      acceptance figures);
     - PostgreSQL ledger, release timing off: distinct queries;
     - SQLite ledger, the default release timing (``deadline``): distinct queries — what
       the side-channel padding (every answer leaves at its release moment) does to the
@@ -315,7 +345,11 @@ def run(duration: float = 20.0, workers: int = 2, clients: int = 32) -> dict[str
         _pums_config(workdir, None, "off"),
         workers,
         clients,
-        {"distinct": distinct, "repeated": repeated},
+        {
+            "distinct": distinct,
+            "distinct_fixed_rate": (distinct, FIXED_RATE),
+            "repeated": repeated,
+        },
         duration,
     )
     result["command"] = sqlite_off.pop("command")
