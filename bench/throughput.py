@@ -97,7 +97,7 @@ def _group_cpu_s(pgid: int) -> float | None:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_steal() -> tuple[int, int, int] | None:
+def _cpu_ticks() -> tuple[int, int, int] | None:
     """(all, stolen, busy) CPU time of the machine so far, in ticks (``/proc/stat``):
     stolen is, on a virtual machine, the time the hypervisor gave this machine's CPUs to
     others; busy is every tick that was neither idle nor waiting for I/O."""
@@ -110,6 +110,12 @@ def _cpu_steal() -> tuple[int, int, int] | None:
     return sum(values[:8]), (values[7] if len(values) > 7 else 0), sum(values[:8]) - idle
 
 
+def _readings(pgid: int) -> tuple[float | None, float, tuple[int, int, int] | None]:
+    """The server group's CPU seconds, this process's, and the machine's CPU ticks: what
+    ``_costs`` and ``_other_share`` compare between two moments."""
+    return _group_cpu_s(pgid), time.process_time(), _cpu_ticks()
+
+
 def _wait_until_quiet(
     pgid: int, share: float = QUIET_SHARE, timeout: float = QUIET_TIMEOUT_S
 ) -> float:
@@ -119,9 +125,9 @@ def _wait_until_quiet(
     be measured as the server's latency — or ``timeout`` seconds; return the wait."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
-        before = (_group_cpu_s(pgid), time.process_time(), _cpu_steal())
+        before = _readings(pgid)
         time.sleep(1.0)
-        after = (_group_cpu_s(pgid), time.process_time(), _cpu_steal())
+        after = _readings(pgid)
         other = _other_share(before, after)
         if other is None or other < share:
             break
@@ -213,13 +219,13 @@ def _scenario(
             outcomes.update(local)
             late[0] += behind
 
-    before = (_group_cpu_s(pgid), time.process_time(), _cpu_steal())
+    before = _readings(pgid)
     threads = [threading.Thread(target=client, args=(i, k)) for i, k in enumerate(keys)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    after = (_group_cpu_s(pgid), time.process_time(), _cpu_steal())
+    after = _readings(pgid)
     elapsed = time.monotonic() - begin
     answered = outcomes["answered"] + outcomes["answered_cached"]
     paced = {"offered_per_s": rate, "sent_late": late[0]} if rate else {}
