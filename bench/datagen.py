@@ -19,6 +19,7 @@ A database is rebuilt only when its row count is not N.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -108,8 +109,37 @@ def _count(engine: sa.Engine, table: str) -> int | None:
         return None
 
 
+#: Bytes a generated row takes in each backend's files under DATA_DIR (measured at 10M
+#: rows: SQLite 228 MB, DuckDB 46 MB, chDB 254 MB for its 1M and 10M tables together);
+#: PostgreSQL's rows live in the server's own data directory.
+BYTES_PER_ROW = {"sqlite": 24, "duckdb": 5, "clickhouse": 24}
+#: Free space kept beyond a table's estimate (journals, temporary sorts, the JSON).
+DISK_MARGIN = 256 * 2**20
+
+
+class NoRoom(RuntimeError):
+    """Not enough free disk under DATA_DIR to generate a table: said before writing."""
+
+
+def check_room(backend: str, rows: int, free: int | None = None) -> None:
+    """Raise ``NoRoom`` when DATA_DIR's file system cannot hold ``rows`` more rows of
+    ``backend`` (with ``DISK_MARGIN`` to spare): a run on a small disk then reports
+    which table did not fit, instead of failing half-way through writing it."""
+    need = BYTES_PER_ROW.get(backend, 0) * rows
+    if not need:
+        return
+    if free is None:
+        free = shutil.disk_usage(DATA_DIR).free
+    if free < need + DISK_MARGIN:
+        raise NoRoom(
+            f"{backend} {rows:,} rows need about {(need + DISK_MARGIN) / 2**20:,.0f} MB free "
+            f"under {DATA_DIR} (DPGATE_BENCH_DATA); {free / 2**20:,.0f} MB are"
+        )
+
+
 def ensure(backend: str, rows: int) -> ScaleTable:
-    """Build the table if it is missing or has the wrong size; return where it is."""
+    """Build the table if it is missing or has the wrong size (when the disk can hold
+    it: ``check_room``); return where it is."""
     t = target(backend, rows)
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     if backend == "clickhouse":
@@ -118,6 +148,7 @@ def ensure(backend: str, rows: int) -> ScaleTable:
     try:
         if _count(engine, t.table) == rows:
             return t
+        check_room(backend, rows)
         log(f"generating {rows:,} rows in {backend} ({t.table}) …")
         started = time.perf_counter()
         cols = ", ".join(f"{c} BIGINT NOT NULL{CHECKS.get(c, '')}" for c in EXPRS)
@@ -177,6 +208,7 @@ def _ensure_clickhouse(t: ScaleTable) -> ScaleTable:
             cursor.execute(f"SELECT count() FROM {t.table}")
             if cursor.fetchall()[0][0] == t.rows:
                 return t
+        check_room("clickhouse", t.rows)
         log(f"generating {t.rows:,} rows in clickhouse ({t.table}) …")
         started = time.perf_counter()
         cols = ", ".join(f"{c} Int64" for c in EXPRS)

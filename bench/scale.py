@@ -84,6 +84,17 @@ BEFORE_SQL = {
 BEFORE_ROWS_PER_UNIT = {"before_unit_sql": 1, "before_unit3_sql": 3}
 
 
+def _available_mb() -> str:
+    """The machine's available memory in MB (Linux ``/proc/meminfo``), or ``?``."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return f"{int(line.split()[1]) // 1024:,}"
+    except (OSError, ValueError, IndexError):
+        pass
+    return "?"
+
+
 def _rss_mb() -> float:
     # ru_maxrss is in KiB on Linux.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -233,6 +244,12 @@ ACCEPTANCE_ROWS = 10_000_000
 Row = tuple[str, str, str, str, bool | None]
 
 
+def _last_line(text: str) -> str:
+    """A failure's last non-empty line: a traceback's exception, or the whole message."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[-1] if lines else "?"
+
+
 def summary_rows(scale: dict[str, Any], baseline: dict[str, Any] | None = None) -> list[Row]:
     """The scale part's lines of the bench table: (part, figure, value, target, met).
 
@@ -248,7 +265,7 @@ def summary_rows(scale: dict[str, Any], baseline: dict[str, Any] | None = None) 
                 (
                     "scale",
                     f"{x['backend']} {x['rows']:,} rows",
-                    "worker failed (see JSON)",
+                    f"failed: {_last_line(x['failed'])[:160]} (more in the JSON)",
                     "",
                     None,
                 )
@@ -434,8 +451,15 @@ def run(sizes: list[int], backends: list[str], reps_for: dict[int, int]) -> dict
                 env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
             )
             if proc.returncode != 0:
-                log(f"scale worker failed: {proc.stderr[-3000:]}")
-                results.append({"backend": backend, "rows": rows, "failed": proc.stderr[-3000:]})
+                failure = proc.stderr[-3000:]
+                if proc.returncode < 0:  # the kernel's OOM killer sends SIGKILL, silently
+                    failure += (
+                        f"\nthe worker was killed by signal {-proc.returncode}; "
+                        f"{_available_mb()} MB of memory are available now (DuckDB's "
+                        "worker peaks near 1.8 GB at 10M rows)"
+                    )
+                log(f"scale worker failed: {failure}")
+                results.append({"backend": backend, "rows": rows, "failed": failure})
                 continue
             results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     return {"runs": results}
