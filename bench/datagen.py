@@ -192,11 +192,17 @@ def ensure(backend: str, rows: int) -> ScaleTable:
 
 def _ensure_clickhouse(t: ScaleTable) -> ScaleTable:
     if os.environ.get(_CHDB_BUILDER) != "1":
-        subprocess.run(
+        proc = subprocess.run(
             [sys.executable, "-m", "bench.datagen", "clickhouse", str(t.rows)],
-            check=True,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
             env={**os.environ, _CHDB_BUILDER: "1"},
         )
+        sys.stderr.write(proc.stderr)  # its log lines, after it ends
+        if proc.returncode != 0:  # its last line: the exception (a NoRoom, say)
+            lines = [line for line in proc.stderr.splitlines() if line.strip()]
+            raise RuntimeError(lines[-1] if lines else f"exit status {proc.returncode}")
         return t
     from gateway.engines import chdb_dbapi
 
