@@ -23,6 +23,12 @@ def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
+def last_line(text: str) -> str:
+    """A failure's last non-empty line: a traceback's exception, or the whole message."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[-1] if lines else "?"
+
+
 def percentile(values: list[float], p: float) -> float:
     """Nearest-rank percentile (p in [0, 100]); NaN for an empty list."""
     if not values:

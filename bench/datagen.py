@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from bench.common import DATA_DIR, log
+from bench.common import DATA_DIR, last_line, log
 
 VERSION = "v3"
 PG_URL = os.environ.get("DPGATE_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -121,15 +121,14 @@ class NoRoom(RuntimeError):
     """Not enough free disk under DATA_DIR to generate a table: said before writing."""
 
 
-def check_room(backend: str, rows: int, free: int | None = None) -> None:
+def check_room(backend: str, rows: int) -> None:
     """Raise ``NoRoom`` when DATA_DIR's file system cannot hold ``rows`` more rows of
     ``backend`` (with ``DISK_MARGIN`` to spare): a run on a small disk then reports
     which table did not fit, instead of failing half-way through writing it."""
     need = BYTES_PER_ROW.get(backend, 0) * rows
     if not need:
         return
-    if free is None:
-        free = shutil.disk_usage(DATA_DIR).free
+    free = shutil.disk_usage(DATA_DIR).free
     if free < need + DISK_MARGIN:
         raise NoRoom(
             f"{backend} {rows:,} rows need about {(need + DISK_MARGIN) / 2**20:,.0f} MB free "
@@ -201,8 +200,7 @@ def _ensure_clickhouse(t: ScaleTable) -> ScaleTable:
         )
         sys.stderr.write(proc.stderr)  # its log lines, after it ends
         if proc.returncode != 0:  # its last line: the exception (a NoRoom, say)
-            lines = [line for line in proc.stderr.splitlines() if line.strip()]
-            raise RuntimeError(lines[-1] if lines else f"exit status {proc.returncode}")
+            raise RuntimeError(last_line(proc.stderr))
         return t
     from gateway.engines import chdb_dbapi
 

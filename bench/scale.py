@@ -42,7 +42,7 @@ from typing import Any
 
 from bench import datagen
 from bench.adapter import InProcess, scale_tables, write_config
-from bench.common import DATA_DIR, fmt, log
+from bench.common import DATA_DIR, fmt, last_line, log
 
 QUERIES = (
     ("count", "SELECT COUNT(*) AS n FROM {t}"),
@@ -244,12 +244,6 @@ ACCEPTANCE_ROWS = 10_000_000
 Row = tuple[str, str, str, str, bool | None]
 
 
-def _last_line(text: str) -> str:
-    """A failure's last non-empty line: a traceback's exception, or the whole message."""
-    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
-    return lines[-1] if lines else "?"
-
-
 def summary_rows(scale: dict[str, Any], baseline: dict[str, Any] | None = None) -> list[Row]:
     """The scale part's lines of the bench table: (part, figure, value, target, met).
 
@@ -265,7 +259,7 @@ def summary_rows(scale: dict[str, Any], baseline: dict[str, Any] | None = None) 
                 (
                     "scale",
                     f"{x['backend']} {x['rows']:,} rows",
-                    f"failed: {_last_line(x['failed'])[:160]} (more in the JSON)",
+                    f"failed: {last_line(x['failed'])[:160]} (more in the JSON)",
                     "",
                     None,
                 )
