@@ -25,6 +25,7 @@ from gateway.errors import (
     Unauthenticated,
 )
 from gateway.plan import QueryRequest
+from gateway.release import RECORD_ONLY
 from mechanisms import PrivacyCost
 
 
@@ -105,9 +106,7 @@ class Charges:
         for e in entries:
             release = None
             if e.release is not None and e.outcome == "answered":
-                release = {
-                    k: v for k, v in e.release.items() if k not in ("audit_cells", "audit_flags")
-                }
+                release = {k: v for k, v in e.release.items() if k not in RECORD_ONLY}
             out.append(
                 {
                     "query_id": e.reservation_id,

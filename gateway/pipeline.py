@@ -55,11 +55,11 @@ from gateway.execute import (
     units_unique_by_schema,
 )
 from gateway.identity import Principal, identify
-from gateway.noising import add_noise, selection_note
+from gateway.noising import add_noise
 from gateway.plan import ProbePlan, QueryRequest
 from gateway.planning import PLAN_CACHE_SIZE, PlannedQuery, Planner
 from gateway.post_query import run_post_query
-from gateway.postprocess import finish
+from gateway.postprocess import finish, shown
 from gateway.release import NO_PRIVACY_SPENT, ColumnInfo, Release, privacy_spent
 from gateway.request import check_request
 from gateway.timing import ReleaseClock, start_clock
@@ -195,7 +195,8 @@ class Gateway:
         if isinstance(planned, ProbePlan):
             return principal, self._probe(self.charges.status(principal.name), planned)
         if lookup.release is not None and lookup.budget is not None:
-            return principal, _post_process(planned, self.cache.hit(lookup.release, lookup.budget))
+            hit = self.cache.hit(planned, lookup.release, lookup.budget)
+            return principal, _post_process(planned, hit)
         return principal, _post_process(planned, self._answer(principal.name, planned))
 
     def _answer(self, analyst: str, planned: PlannedQuery) -> Release:
@@ -273,19 +274,20 @@ class Gateway:
             self._charged_failure(reservation, "noising")
         cells_json = noisy.cells_json()
         flags += self.audit.after(scope, planned, reservation, noisy.cells, cells_json)
-        answer = finish(plan, calibration, noisy)
+        uncut = finish(plan, calibration, noisy)
         release = Release(
             query_id=reservation.id,
             cached=False,
             columns=tuple(ColumnInfo(o.name, o.type) for o in plan.visible_outputs),
-            rows=answer.rows,
-            accuracy=answer.accuracy,
+            rows=uncut.rows,
+            accuracy=uncut.accuracy,
             privacy=privacy_spent(planned),
             budget=reservation.budget,
-            extra=_selection_extra(planned, len(answer.rows)),
             charge=reservation.charge,
         )
+        release = shown(planned, release, uncut)
         record = release.answer_json()
+        record["uncut"] = {"rows": [list(r) for r in uncut.rows], "accuracy": uncut.accuracy}
         record["audit_cells"] = cells_json
         if flags:
             record["audit_flags"] = flags
@@ -329,13 +331,6 @@ def _post_process(planned: PlannedQuery, release: Release) -> Release:
     if planned.plan.post_query is None:
         return release
     return run_post_query(planned, release)
-
-
-def _selection_extra(planned: PlannedQuery, rows: int | None) -> dict[str, Any]:
-    """The partition-selection note of a query whose group keys are not public."""
-    if not planned.plan.needs_partition_selection:
-        return {}
-    return {"partition_selection": selection_note(planned.plan, planned.calibration, rows)}
 
 
 def _prefill(planned: PlannedQuery) -> None:

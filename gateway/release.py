@@ -14,6 +14,9 @@ from gateway.planning import PlannedQuery
 
 # Parts of a response that belong to the request, never to the answer it shares.
 _PER_REQUEST = frozenset({"ok", "cached", "budget", "charge"})
+# Parts of a ledger record never released as such: the auditor's cells and flags, and
+# the uncut answer (every row HAVING kept, values as drawn) later requests are cut from.
+RECORD_ONLY = ("audit_cells", "audit_flags", "uncut")
 
 
 @dataclass(frozen=True)

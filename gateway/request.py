@@ -15,7 +15,7 @@ from gateway.config import PrivacyConfig
 from gateway.errors import InvalidPrivacyParameters, InvalidRequest
 from gateway.plan import QueryRequest
 
-QUERY_FIELDS = frozenset({"sql", "epsilon", "delta", "mechanism", "dry_run", "accuracy"})
+QUERY_FIELDS = frozenset({"sql", "epsilon", "delta", "mechanism", "dry_run", "accuracy", "raw"})
 MAX_SQL_CHARS = 100_000
 
 
@@ -51,6 +51,9 @@ def parse_request(body: Any, raw: bytes, defaults: PrivacyConfig) -> QueryReques
     dry_run = body.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise InvalidRequest("'dry_run' must be true or false")
+    raw = body.get("raw", False)
+    if not isinstance(raw, bool):
+        raise InvalidRequest("'raw' must be true or false")
     request = QueryRequest(
         sql=sql,
         epsilon=epsilon,
@@ -58,6 +61,7 @@ def parse_request(body: Any, raw: bytes, defaults: PrivacyConfig) -> QueryReques
         mechanism=mechanism,
         dry_run=dry_run,
         accuracy=accuracy,
+        raw=raw,
     )
     check_request(request, defaults)
     return request
