@@ -36,12 +36,13 @@ class PrivacySpent:
     selection_delta: float
 
     def to_json(self) -> dict[str, Any]:
+        # 12 significant digits, as the budget's figures (budget.records.JSON_DIGITS)
         return {
             "mechanism": self.mechanism,
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "rho": self.rho,
-            "selection_delta": self.selection_delta,
+            "epsilon": float(f"{self.epsilon:.12g}"),
+            "delta": float(f"{self.delta:.12g}"),
+            "rho": float(f"{self.rho:.12g}"),
+            "selection_delta": float(f"{self.selection_delta:.12g}"),
         }
 
     @staticmethod

@@ -239,3 +239,26 @@ def test_query_says_why_an_answer_is_empty(served: str, analyst_key: str) -> Non
         served, analyst_key, "SELECT zip, COUNT(*) FROM patients WHERE age = 100 GROUP BY zip"
     )
     assert "No group reached the threshold." in out
+
+
+def test_delta_line_says_what_the_halves_of_delta_are_for() -> None:
+    from gateway.cli.render import delta_line
+
+    line = delta_line(
+        {"delta": 1e-6, "selection_delta_budget": 5e-7, "delta_spent": 0, "delta_remaining": 5e-7}
+    )
+    assert line == (
+        "δ: 1e-06 in all; 5e-07 for partition selection (0 spent, 5e-07 remaining), "
+        "the rest converts the zCDP total to (ε, δ)"
+    )
+
+
+def test_budget_figures_in_json_carry_twelve_digits() -> None:
+    """0.7 + 0.7 is 1.4000000000000001 in floats: the JSON says 1.4 (a stated precision)."""
+    from budget import Charge
+
+    assert Charge(0.7 + 0.7, 0.1 + 0.2).to_json() == {"epsilon": 1.4, "delta": 0.3}
+    assert Charge(1 / 3, 1e-7 / 3).to_json() == {
+        "epsilon": 0.333333333333,
+        "delta": 3.33333333333e-08,
+    }
