@@ -43,6 +43,9 @@ unit: $(STAMP)
 	if [ -n "$$url" ]; then echo "PostgreSQL tests: on, against $$url"; \
 	else echo "PostgreSQL tests: skipped (no server on $(PG_HOST):$(PG_PORT);" \
 	  "set DPGATE_TEST_POSTGRES_URL to run them)"; fi; \
+	if [ -x /usr/bin/chromium ]; then echo "Console browser tests: on (/usr/bin/chromium)"; \
+	else echo "Console browser tests: skipped (no /usr/bin/chromium;" \
+	  "apt-get install -y chromium to run them)"; fi; \
 	DPGATE_TEST_POSTGRES_URL="$$url" $(BIN)/pytest -n 2 --dist loadgroup
 
 test: lint typecheck unit

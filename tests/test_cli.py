@@ -262,3 +262,26 @@ def test_budget_figures_in_json_carry_twelve_digits() -> None:
         "epsilon": 0.333333333333,
         "delta": 3.33333333333e-08,
     }
+
+
+def test_a_second_demo_keeps_the_admin_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second ``dpgate demo`` must not silently invalidate the admin key in use: it is
+    kept in the demo folder (owner-only) and reused; ``--fresh`` makes a new one."""
+    monkeypatch.delenv("DPGATE_ADMIN_KEY", raising=False)
+    where = str(tmp_path / "d")
+
+    def admin_key(*flags: str) -> tuple[str, str]:
+        # the command exports the key for the server it starts: forget it between runs
+        monkeypatch.delenv("DPGATE_ADMIN_KEY", raising=False)
+        result = CliRunner().invoke(main, ["demo", "--dir", where, "--no-serve", *flags])
+        assert result.exit_code == 0, result.output
+        line = next(x for x in result.output.splitlines() if "admin key:" in x)
+        return line.split()[2], line
+
+    first, first_line = admin_key()
+    assert "new; kept in" in first_line
+    assert (tmp_path / "d" / "admin.key").stat().st_mode & 0o777 == 0o600
+    again, again_line = admin_key()
+    assert again == first and "the earlier demo's" in again_line
+    fresh, _ = admin_key("--fresh")
+    assert fresh != first
