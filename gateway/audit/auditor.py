@@ -27,6 +27,7 @@ from sqlglot import exp
 
 from gateway.audit.components import Extension, TableKnowledge, add_noise_terms
 from gateway.audit.confidence import CountNoise, noise_quantile
+from gateway.audit.describe import describe_region
 from gateway.audit.knowledge import Knowledge, RowInfo
 from gateway.audit.normalise import Undecidable
 from gateway.audit.predicates import DimensionKey, Formula, FormulaBuilder, conj
@@ -71,6 +72,19 @@ class AuditDecision:
     allowed: bool
     combined_with: tuple[str, ...]
     reason: str
+    groups: tuple[str, ...] = ()  # the groups it would determine, as WHERE clauses
+
+
+@dataclass(frozen=True)
+class AuditPrediction:
+    """What the audit will do with a query, decided before anything is spent (a dry
+    run): ``refused`` now (free), ``may_be_withheld`` after execution (it determines
+    ``groups`` whose size only its own noisy answer can show), or ``answered``."""
+
+    verdict: str
+    reason: str
+    groups: tuple[str, ...] = ()
+    combined_with: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,9 +102,11 @@ class Sizing:
 
 @dataclass(frozen=True)
 class Finding:
-    """A determined region that is too small (or whose size cannot be shown large)."""
+    """A determined region that is too small (or whose size cannot be shown large), and
+    that region as a WHERE clause over the declared columns (public: query texts)."""
 
     combined_with: tuple[str, ...]
+    group: str = ""
 
 
 ALLOWED = AuditDecision(True, (), "no small group is determined")
@@ -139,6 +155,11 @@ class Auditor:
         """Refuse, before anything is spent, a query that earlier noisy answers alone show
         would determine a small group, or whose conditions the auditor cannot relate to
         earlier ones. Its own answer is unknown here."""
+        return self._pre_audit(scope, plan, None)
+
+    def _pre_audit(
+        self, scope: str, plan: QueryPlan, open_groups: list[str] | None
+    ) -> AuditDecision:
         try:
             cells = _declared_cells(plan)
             if cells is None:  # partition selection: the keys' dimensions, at least
@@ -146,6 +167,8 @@ class Auditor:
                 formulas = self._formulas(plan, [tuple(samples)])
                 with self._lock:
                     unrelated = self._unrelated(self._knowledge((scope, plan.table)), formulas)
+                if unrelated is None and open_groups is not None:
+                    open_groups.append("one of the groups partition selection releases")
                 return unrelated or AuditDecision(True, (), "cells known only after the answer")
             rows = [
                 (RowInfo("", j, None, pending=True), f)
@@ -153,7 +176,34 @@ class Auditor:
             ]
         except Undecidable as e:
             return AuditDecision(False, (), f"{e}: the auditor cannot decide on it.")
-        return self._decide(scope, plan.table, rows, pre=True, query_id=None)
+        return self._decide(
+            scope, plan.table, rows, pre=True, query_id=None, open_groups=open_groups
+        )
+
+    def predict(self, scope: str, plan: QueryPlan) -> AuditPrediction:
+        """The pre-audit's verdict, and whether a post-audit could still withhold the
+        answer: the groups the query would newly determine, whose size depends on its own
+        noisy answer. Changes nothing (a dry run); public information only."""
+        open_groups: list[str] = []
+        decision = self._pre_audit(scope, plan, open_groups)
+        if not decision.allowed:
+            return AuditPrediction(
+                "refused", decision.reason, decision.groups, decision.combined_with
+            )
+        if open_groups:
+            groups = tuple(dict.fromkeys(open_groups))
+            return AuditPrediction(
+                "may_be_withheld",
+                "the query would determine "
+                + "; ".join(f"WHERE {g}" for g in groups[:3])
+                + (f" (and {len(groups) - 3} more)" if len(groups) > 3 else "")
+                + " with earlier answers; whether the noisy answers show that group to hold "
+                "the minimum group size is known only once this query's own answer is "
+                "computed (and charged). Asking that group directly first, at the ε you "
+                "use, makes the answer certain.",
+                groups,
+            )
+        return AuditPrediction("answered", decision.reason)
 
     def post_audit(self, scope: str, answer: AnsweredQuery) -> AuditDecision:
         """Withhold a charged answer that, with earlier ones, determines a small group."""
@@ -323,6 +373,7 @@ class Auditor:
         *,
         pre: bool,
         query_id: str | None,
+        open_groups: list[str] | None = None,
     ) -> AuditDecision:
         key = (scope, table)
         with self._lock:
@@ -339,7 +390,13 @@ class Auditor:
             try:
                 new, candidates = self._extended(key, base, rows)
                 findings = _findings(
-                    new, candidates, self.min_group_size, self.alpha, pre=pre, observe=self.observe
+                    new,
+                    candidates,
+                    self.min_group_size,
+                    self.alpha,
+                    pre=pre,
+                    observe=self.observe,
+                    open_groups=open_groups,
                 )
             except SpaceTooLarge:
                 return AuditDecision(
@@ -352,15 +409,28 @@ class Auditor:
         if not findings:
             return ALLOWED
         combined = tuple(sorted({q for f in findings for q in f.combined_with if q != query_id}))
-        names = ", ".join(combined) if combined else "earlier answers"
-        return AuditDecision(
-            False,
-            combined,
-            f"this query would, with {names}, determine a group that the noisy answers "
-            "cannot show to reach the minimum group size (differencing). To go on, ask for "
-            "that group (or its complement) directly, where it is released with its own "
-            "noise, or use coarser groups and fewer overlapping filters.",
-        )
+        groups = tuple(dict.fromkeys(f.group for f in findings if f.group))
+        return AuditDecision(False, combined, refusal_reason(combined, groups), groups)
+
+
+def refusal_reason(combined: tuple[str, ...], groups: tuple[str, ...]) -> str:
+    """Why a query is refused, in the analyst's terms: the group it would determine (a
+    WHERE clause over declared columns, from query texts only), the earlier answers it
+    combines with, and what to ask instead. Never a size or a value."""
+    names = ", ".join(combined) if combined else "earlier answers"
+    if not groups:
+        said = "a group"
+    elif len(groups) == 1:
+        said = f"the group WHERE {groups[0]}"
+    else:
+        said = "the groups " + "; ".join(f"WHERE {g}" for g in groups[:3])
+        said += f" (and {len(groups) - 3} more)" if len(groups) > 3 else ""
+    return (
+        f"this query would, with {names}, determine {said}, which the noisy answers "
+        "cannot show to hold the minimum group size (differencing). To go on, ask for "
+        "that group directly (a COUNT with that WHERE clause: it is then released with its "
+        "own noise), or use coarser groups and fewer overlapping filters."
+    )
 
 
 def counted_expression(plan: QueryPlan) -> exp.Expr | None:
@@ -507,6 +577,7 @@ def _findings(
     *,
     pre: bool,
     observe: Callable[[Sizing], None] | None = None,
+    open_groups: list[str] | None = None,
 ) -> list[Finding]:
     """The candidates not shown to hold ``k`` people or more with confidence 1 − ``alpha``
     (a lower confidence bound from the noisy answers and their public noise scales)."""
@@ -564,6 +635,10 @@ def _findings(
             small = not lows or max(lows) < k
         else:
             small = estimate - margin < k
+        waits = pre and not small and open_groups is not None and len(open_groups) < MAX_FINDINGS
+        if waits and open_groups is not None and np.any(used & bc.member_pending):
+            # its size rests on the new answer too: the post-audit decides
+            open_groups.append(describe_region(new.space, block.cols[local]))
         if observe is not None:
             terms = None if noise is None else tuple(noise.values())
             observe(Sizing(pre, upper if pre else estimate, margin, terms, small))
@@ -574,7 +649,8 @@ def _findings(
                 else set(block.members[i] for i in np.nonzero(used)[0]) | bounds
             )
             names = {q for r in rows for q in new.info[r].query_id.split(",") if q}
-            out.append(Finding(tuple(sorted(names))))
+            group = describe_region(new.space, block.cols[local])
+            out.append(Finding(tuple(sorted(names)), group))
             if len(out) >= MAX_FINDINGS:
                 break  # enough to refuse and to name the queries involved
     return out
