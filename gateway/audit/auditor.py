@@ -32,7 +32,13 @@ from gateway.audit.knowledge import Knowledge, RowInfo
 from gateway.audit.normalise import Undecidable
 from gateway.audit.predicates import DimensionKey, Formula, FormulaBuilder, conj
 from gateway.audit.space import SpaceTooLarge
-from gateway.audit.span import Block, Doubt, coefficients, determined_regions, in_span
+from gateway.audit.span import (
+    Block,
+    Doubt,
+    coefficients,
+    determined_regions,
+    in_span,
+)
 from gateway.config import TableConfig
 from gateway.joins import audit_relations
 from gateway.plan import QueryPlan
@@ -170,14 +176,21 @@ class Auditor:
                 if unrelated is None and open_groups is not None:
                     open_groups.append("one of the groups partition selection releases")
                 return unrelated or AuditDecision(True, (), "cells known only after the answer")
+            stats = statistics(plan)
             rows = [
-                (RowInfo("", j, None, pending=True), f)
+                (RowInfo("", j, None, pending=True, stats=stats), f)
                 for j, f in enumerate(self._formulas(plan, cells))
             ]
         except Undecidable as e:
             return AuditDecision(False, (), f"{e}: the auditor cannot decide on it.")
         return self._decide(
-            scope, plan.table, rows, pre=True, query_id=None, open_groups=open_groups
+            scope,
+            plan.table,
+            rows,
+            pre=True,
+            query_id=None,
+            open_groups=open_groups,
+            pending_counts=releases_counts(plan),
         )
 
     def predict(self, scope: str, plan: QueryPlan) -> AuditPrediction:
@@ -321,6 +334,7 @@ class Auditor:
 
     def _rows(self, answer: AnsweredQuery) -> list[tuple[RowInfo, Formula]]:
         formulas = self._formulas(answer.plan, [c.group_values for c in answer.cells])
+        stats = statistics(answer.plan)
         return [
             (
                 RowInfo(
@@ -328,6 +342,7 @@ class Auditor:
                     j,
                     c.count,
                     noise=None if c.noise is None else (((answer.query_id, j), 1.0, c.noise),),
+                    stats=stats,
                 ),
                 f,
             )
@@ -374,6 +389,7 @@ class Auditor:
         pre: bool,
         query_id: str | None,
         open_groups: list[str] | None = None,
+        pending_counts: bool = True,
     ) -> AuditDecision:
         key = (scope, table)
         with self._lock:
@@ -397,6 +413,7 @@ class Auditor:
                     pre=pre,
                     observe=self.observe,
                     open_groups=open_groups,
+                    pending_counts=pending_counts,
                 )
             except SpaceTooLarge:
                 return AuditDecision(
@@ -441,6 +458,26 @@ def counted_expression(plan: QueryPlan) -> exp.Expr | None:
     if "count_rows" in kinds or "count_units" in kinds or "count_values" not in kinds:
         return None
     return plan.measures[kinds.index("count_values")].expression
+
+
+def statistics(plan: QueryPlan) -> frozenset[str]:
+    """What each of the query's cells releases about its region: ``count`` (COUNT, or
+    the count inside an AVG or a VARIANCE), ``sum:<expr>``, ``sum_squares:<expr>``,
+    ``histogram:<expr>`` (a quantile). Only answers that release the same statistic
+    combine into an estimate of it for another region."""
+    out: set[str] = set()
+    for m in plan.measures:
+        if m.kind in ("count_rows", "count_units", "count_values"):
+            out.add("count")
+        else:
+            out.add(f"{m.kind}:{m.expression.sql() if m.expression is not None else ''}")
+    return frozenset(out)
+
+
+def releases_counts(plan: QueryPlan) -> bool:
+    """Whether the query's cells carry a noisy count (COUNT, or an AVG's, a VARIANCE's
+    count), as ``gateway/noising.py`` picks it; a SUM or a quantile carries none."""
+    return any(m.kind in ("count_rows", "count_units", "count_values") for m in plan.measures)
 
 
 def _sample(value_type: str) -> Any:
@@ -530,6 +567,43 @@ def _in_old_span(old: Knowledge, region: np.ndarray) -> bool:
     return True
 
 
+def _statistics_apart(kn: Knowledge, block: Block) -> list[str]:
+    """The statistics a block's answers release, when no one statistic is released by
+    all of them (empty: they share one, or release unknown ones — one span for all)."""
+    common: frozenset[str] | None = None
+    names: set[str] = set()
+    for i in block.asked_ids:
+        stats = kn.info[i].stats
+        if stats is None:
+            continue
+        names |= stats
+        common = stats if common is None else common & stats
+    return [] if common is None or common else sorted(names)
+
+
+def _sub_block(kn: Knowledge, block: Block, statistic: str) -> Block:
+    """The span of the block's answers that release ``statistic`` (or anything)."""
+    sub = Block.empty(block.cols)
+    for j, row_id in enumerate(block.asked_ids):
+        stats = kn.info[row_id].stats
+        if stats is None or statistic in stats:
+            sub, _ = sub.insert(block.asked[j].astype(float), row_id)
+    return sub
+
+
+def _in_old_sub_span(old: Knowledge, region: np.ndarray, statistic: str) -> bool:
+    """``_in_old_span`` within the answers that release ``statistic``."""
+    atoms = np.nonzero(region)[0]
+    owners = old.block_of[atoms]
+    if np.any(owners < 0):
+        return False
+    for b in {int(o) for o in owners}:
+        block = _sub_block(old, old.blocks[b], statistic)
+        if not in_span(block, region[old.blocks[b].cols][None, :].astype(float))[0]:
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A determined region never asked and not determined before: where it lies
@@ -558,13 +632,31 @@ def _part_candidates(
     out: list[Candidate] = []
     for b in sorted(touched):
         block = new.blocks[b]
-        for local in determined_regions(block, changed_only=not rescan):
+        apart = _statistics_apart(new, block)
+        # Only answers releasing one statistic combine into an estimate of it (a COUNT
+        # minus a SUM estimates nothing): a block whose answers share none is searched
+        # per statistic, in the span of the answers that release it.
+        searched: list[tuple[str | None, np.ndarray]] = (
+            [(None, r) for r in determined_regions(block, changed_only=not rescan)]
+            if not apart
+            else [
+                (name, r)
+                for name in apart
+                for r in determined_regions(_sub_block(new, block, name), changed_only=False)
+            ]
+        )
+        seen: set[bytes] = set()
+        for name, local in searched:
             if np.any(np.all(block.asked == local[None, :], axis=1)):
                 continue  # released directly, with its own noise
             region = np.zeros(new.space.n_atoms, dtype=bool)
             region[block.cols[local]] = True
-            if _in_old_span(old, region):
+            known = (
+                _in_old_span(old, region) if name is None else _in_old_sub_span(old, region, name)
+            )
+            if known or local.tobytes() in seen:
                 continue
+            seen.add(local.tobytes())
             out.append(Candidate(part, b, local, coefficients(block, local)))
     return out
 
@@ -578,6 +670,7 @@ def _findings(
     pre: bool,
     observe: Callable[[Sizing], None] | None = None,
     open_groups: list[str] | None = None,
+    pending_counts: bool = True,
 ) -> list[Finding]:
     """The candidates not shown to hold ``k`` people or more with confidence 1 − ``alpha``
     (a lower confidence bound from the noisy answers and their public noise scales)."""
@@ -615,7 +708,21 @@ def _findings(
                 extra = math.inf
         direct: set[int] | None = None
         upper = math.inf if unknown else estimate + extra
-        if pre:
+        pending_used = bool(np.any(used & bc.member_pending))
+        if pre and (unknown or (pending_used and not pending_counts)):
+            # No count estimate, before or after the answer (a SUM's or a quantile's
+            # region, or this query releases no count): the post-audit would decide from
+            # the answered counts inside the region alone, and those are known now —
+            # unless one of this query's own cells lies inside it and brings a count.
+            # So decide now, for free (the same rule, the same noisy counts).
+            inside = ~np.any(asked & ~local[None, :], axis=1)
+            lows = [
+                bc.counts[j] - noise_quantile(_terms(new.info[block.asked_ids[j]]), alpha)
+                for j in np.nonzero(inside & bc.counted)[0]
+            ]
+            shown = bool(lows) and max(lows) >= k
+            small = not shown and not (pending_counts and bool(np.any(inside & bc.pending)))
+        elif pre:
             # a region inside an answered region is no larger than its noisy count
             supersets = ~np.any(local[None, :] & ~asked, axis=1) & bc.counted
             upper_direct = float(np.min(bc.counts[supersets])) if supersets.any() else math.inf
@@ -636,7 +743,7 @@ def _findings(
         else:
             small = estimate - margin < k
         waits = pre and not small and open_groups is not None and len(open_groups) < MAX_FINDINGS
-        if waits and open_groups is not None and np.any(used & bc.member_pending):
+        if waits and open_groups is not None and pending_used:
             # its size rests on the new answer too: the post-audit decides
             open_groups.append(describe_region(new.space, block.cols[local]))
         if observe is not None:
@@ -668,6 +775,7 @@ class _BlockCounts:
 
     counted: np.ndarray
     counts: np.ndarray
+    pending: np.ndarray  # asked rows of the query being pre-audited
     position: dict[int, int]
     member_counts: np.ndarray
     member_known: np.ndarray
@@ -695,6 +803,7 @@ class _BlockCounts:
         return _BlockCounts(
             counted=np.array([r.count is not None and not r.pending for r in infos], dtype=bool),
             counts=np.array([r.count if r.count is not None else np.nan for r in infos]),
+            pending=np.array([r.pending for r in infos], dtype=bool),
             position=position,
             member_counts=np.array([r.count if r.count is not None else 0.0 for r in members]),
             member_known=~pending & ~missing,
