@@ -19,7 +19,14 @@ from dataclasses import replace
 
 import budget
 from budget import Reservation
-from gateway.audit import AnsweredCell, AnsweredQuery, AuditDecision, Auditor, AuditPrediction
+from gateway.audit import (
+    AnsweredCell,
+    AnsweredQuery,
+    AuditDecision,
+    Auditor,
+    AuditPrediction,
+    CountNoise,
+)
 from gateway.charges import Charges, ledger_errors
 from gateway.config import AuditConfig, TableConfig
 from gateway.errors import AuditRefused, GatewayError
@@ -79,7 +86,8 @@ class AuditPolicy:
             return []
         if self.mode == "refuse":
             self._refused_before(analyst, planned.key)
-        decision = _decide(lambda: self.auditor.pre_audit(scope, planned.plan))
+        noise = count_noise(planned)
+        decision = _decide(lambda: self.auditor.pre_audit(scope, planned.plan, noise))
         if decision.allowed:
             return []
         if self.mode == "refuse":
@@ -110,7 +118,8 @@ class AuditPolicy:
                         f"{refusal.reason} This request was refused before.",
                         combined_with=tuple(refusal.combined_with),
                     )
-            prediction = _predict(lambda: self.auditor.predict(scope, planned.plan))
+            noise = count_noise(planned)
+            prediction = _predict(lambda: self.auditor.predict(scope, planned.plan, noise))
         if self.mode == "flag" and prediction.verdict != "answered":
             # flag mode answers and records the objection
             return replace(
@@ -220,6 +229,18 @@ class AuditPolicy:
                             cells=audit_cells_from_json(cells),
                         ),
                     )
+
+
+def count_noise(planned: PlannedQuery) -> CountNoise | None:
+    """The public noise of the count each released cell will carry (the first of
+    COUNT(*), COUNT(DISTINCT unit), COUNT(x), as ``gateway/noising.py`` picks it)."""
+    plan, calibration = planned.plan, planned.calibration
+    for kind in ("count_rows", "count_units", "count_values"):
+        for j, m in enumerate(plan.measures):
+            if m.kind == kind:
+                n = calibration.noises[j]
+                return CountNoise(n.mechanism, float(n.scale))
+    return None
 
 
 def _predict(predict: Callable[[], AuditPrediction]) -> AuditPrediction:

@@ -157,14 +157,22 @@ class Auditor:
 
     # -- public interface -------------------------------------------------------------
 
-    def pre_audit(self, scope: str, plan: QueryPlan) -> AuditDecision:
+    def pre_audit(
+        self, scope: str, plan: QueryPlan, noise: CountNoise | None = None
+    ) -> AuditDecision:
         """Refuse, before anything is spent, a query that earlier noisy answers alone show
         would determine a small group, or whose conditions the auditor cannot relate to
-        earlier ones. Its own answer is unknown here."""
-        return self._pre_audit(scope, plan, None)
+        earlier ones. Its own answer is unknown here; ``noise`` is its counts' public
+        noise (from the calibration), which the post-audit's margin will include: a group
+        that cannot clear k even with the most favourable answer is refused now, free."""
+        return self._pre_audit(scope, plan, None, noise)
 
     def _pre_audit(
-        self, scope: str, plan: QueryPlan, open_groups: list[str] | None
+        self,
+        scope: str,
+        plan: QueryPlan,
+        open_groups: list[str] | None,
+        noise: CountNoise | None = None,
     ) -> AuditDecision:
         try:
             cells = _declared_cells(plan)
@@ -191,14 +199,17 @@ class Auditor:
             query_id=None,
             open_groups=open_groups,
             pending_counts=releases_counts(plan),
+            pending_noise=noise,
         )
 
-    def predict(self, scope: str, plan: QueryPlan) -> AuditPrediction:
+    def predict(
+        self, scope: str, plan: QueryPlan, noise: CountNoise | None = None
+    ) -> AuditPrediction:
         """The pre-audit's verdict, and whether a post-audit could still withhold the
         answer: the groups the query would newly determine, whose size depends on its own
         noisy answer. Changes nothing (a dry run); public information only."""
         open_groups: list[str] = []
-        decision = self._pre_audit(scope, plan, open_groups)
+        decision = self._pre_audit(scope, plan, open_groups, noise)
         if not decision.allowed:
             return AuditPrediction(
                 "refused", decision.reason, decision.groups, decision.combined_with
@@ -390,6 +401,7 @@ class Auditor:
         query_id: str | None,
         open_groups: list[str] | None = None,
         pending_counts: bool = True,
+        pending_noise: CountNoise | None = None,
     ) -> AuditDecision:
         key = (scope, table)
         with self._lock:
@@ -414,6 +426,7 @@ class Auditor:
                     observe=self.observe,
                     open_groups=open_groups,
                     pending_counts=pending_counts,
+                    pending_noise=pending_noise,
                 )
             except SpaceTooLarge:
                 return AuditDecision(
@@ -671,6 +684,7 @@ def _findings(
     observe: Callable[[Sizing], None] | None = None,
     open_groups: list[str] | None = None,
     pending_counts: bool = True,
+    pending_noise: CountNoise | None = None,
 ) -> list[Finding]:
     """The candidates not shown to hold ``k`` people or more with confidence 1 − ``alpha``
     (a lower confidence bound from the noisy answers and their public noise scales)."""
@@ -726,9 +740,18 @@ def _findings(
             # a region inside an answered region is no larger than its noisy count
             supersets = ~np.any(local[None, :] & ~asked, axis=1) & bc.counted
             upper_direct = float(np.min(bc.counts[supersets])) if supersets.any() else math.inf
+            # the post-audit's margin will include this query's own noise (public: its
+            # calibration), so count it in now
+            full = margin
+            if pending_noise is not None and noise is not None and pending_used:
+                with_new = dict(noise)
+                for i in np.nonzero(used & bc.member_pending)[0]:
+                    source = ("", bc.member_info[i].cell)
+                    with_new[source] = (float(cand.coefs[i]), pending_noise)
+                full = noise_quantile(list(with_new.values()), alpha)
             # refuse before spending only when the answer cannot help: even at its upper
-            # bound, the confidence bound (from the earlier answers' noise) stays below k
-            small = min(upper - margin, upper_direct) < k
+            # bound, the confidence bound (with every noise it will carry) stays below k
+            small = min(upper - full, upper_direct) < k
             if small and upper_direct < upper:
                 best = int(np.nonzero(supersets)[0][np.argmin(bc.counts[supersets])])
                 direct = {block.asked_ids[best]}
