@@ -6,8 +6,10 @@ query with ``audit.mode: refuse`` at most 1 ms above the same with the audit off
     python -m bench.bench_audit_http [--probes 60] [--marks 300 1000]
 
 Starts ``dpgate serve --workers 1`` on the demo (12,000 patients, release timing off)
-twice — audit ``refuse`` and ``off`` — and sends one analyst's distinct range counts
-(``bench.bench_latency``'s queries) over one keep-alive connection. At each mark (that
+twice — audit ``refuse`` and ``off`` — and sends one analyst's distinct counts over
+random age × income boxes on a coarse grid (5 years, 5,000) over one keep-alive
+connection; the refused ones (a box that differs from earlier ones by a small group)
+are counted, not timed. At each mark (that
 many answered queries in the history) the next ``--probes`` answered queries are timed;
 refusals are counted, not timed. Both servers see the same query sequence.
 """
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_latency import SQL, post, start_server
+from bench.bench_latency import post, start_server
 from bench.common import RESULTS_DIR
 
 
@@ -39,14 +41,22 @@ def run(audit: str, root: Path, sqls: list[str], marks: list[int], probes: int) 
         queue = iter(sqls)
         for mark in marks:
             while answered < mark:
-                if post(conn, key, next(queue)).get("ok"):
+                sql = next(queue, None)
+                if sql is None:
+                    out["exhausted_at"] = answered
+                    return out
+                if post(conn, key, sql).get("ok"):
                     answered += 1
                 else:
                     refused += 1
             times = []
             while len(times) < probes:
+                sql = next(queue, None)
+                if sql is None:
+                    out["exhausted_at"] = answered
+                    return out
                 t = time.perf_counter()
-                body = post(conn, key, next(queue))
+                body = post(conn, key, sql)
                 elapsed = time.perf_counter() - t
                 if body.get("ok"):
                     times.append(elapsed * 1000)
@@ -72,8 +82,19 @@ def main() -> None:
     parser.add_argument("--marks", type=int, nargs="+", default=[300, 1000])
     args = parser.parse_args()
     rng = random.Random(11)
-    need = (max(args.marks) + args.probes * len(args.marks)) * 3
-    sqls = [SQL.format(x=x) for x in rng.sample(range(0, 200_000, 7), need)]
+    boxes = [
+        (a, b, x, y)
+        for a in range(0, 100, 5)
+        for b in range(a + 10, 101, 5)
+        for x in range(0, 60_000, 5_000)
+        for y in range(x + 10_000, 80_001, 5_000)
+    ]
+    rng.shuffle(boxes)
+    sqls = [
+        f"SELECT COUNT(*) FROM patients WHERE age BETWEEN {a} AND {b} "
+        f"AND income >= {x} AND income < {y}"
+        for a, b, x, y in boxes
+    ]
     root = Path(tempfile.mkdtemp(prefix="dpgate-audit-http-"))
     results = {
         audit: run(audit, root, sqls, args.marks, args.probes) for audit in ("off", "refuse")
@@ -81,6 +102,9 @@ def main() -> None:
     print("| answered in history | audit off median ms | audit refuse median ms | added |")
     print("|---|---|---|---|")
     for mark in args.marks:
+        if str(mark) not in results["off"] or str(mark) not in results["refuse"]:
+            print(f"| {mark} | not reached: {results} |")
+            continue
         off, on = results["off"][str(mark)], results["refuse"][str(mark)]
         added = on["median_ms"] - off["median_ms"]
         print(f"| {mark} | {off['median_ms']:.2f} | {on['median_ms']:.2f} | {added:+.2f} |")
