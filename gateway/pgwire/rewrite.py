@@ -36,6 +36,7 @@ from gateway.pgwire.catalog_tables import (
     INFORMATION_SCHEMA_TABLES,
     OWNER,
 )
+from gateway.pgwire.commands import UnknownSetting
 
 Route = Literal["session", "catalog", "query", "empty"]
 
@@ -135,7 +136,6 @@ _AMPLIFIERS = frozenset(
         "list_resize",
         "array_resize",
         "printf",
-        "format",
         "generate_series",
         "explodinggenerateseries",
         "generatedaterange",
@@ -144,8 +144,13 @@ _AMPLIFIERS = frozenset(
 
 
 def rewrite_catalog(tree: exp.Expr, context: SessionContext) -> str:
-    """The catalogue query as DuckDB SQL over the emulated tables."""
-    tree = tree.copy()
+    """The catalogue query as DuckDB SQL over the emulated tables.
+
+    Its result columns are named as PostgreSQL names them (``name_columns``), and it may
+    call only the functions in ``_ALLOWED_FUNCTIONS`` once rewritten: whatever else the
+    engine underneath offers stays out of reach, so no answer tells what it runs on.
+    """
+    tree = name_columns(tree.copy())
     for func in tree.find_all(exp.Func):
         name = _function_name(func)
         key = name.replace("_", "")
@@ -197,6 +202,7 @@ def rewrite_catalog(tree: exp.Expr, context: SessionContext) -> str:
     for rewrite in (_unqualify, _operators, _casts):
         tree = tree.transform(rewrite)
     tree = tree.transform(lambda node: _functions(node, context))
+    _check_functions(tree)
     return tree.sql(dialect="duckdb")
 
 
@@ -242,6 +248,111 @@ def _functions(node: exp.Expr, context: SessionContext) -> exp.Expr:
             args = [a.transform(lambda n: _functions(n, context)) for a in _arguments(node)]
             return replacement(args, context)
     return node
+
+
+class UndefinedFunction(UnsupportedQuery):
+    """A function the emulated catalogue does not offer (SQLSTATE 42883)."""
+
+
+#: What a rewritten catalogue query may call: standard SQL functions (sqlglot's typed
+#: nodes, by class name), and by name the catalogue's own macros and the few engine
+#: functions the rewrites produce. Everything else is refused as PostgreSQL refuses an
+#: unknown function, so no engine-only function (typeof, uuid, pragma_*, …) answers.
+_ALLOWED_FUNCTIONS = frozenset(
+    {
+        "And", "Or", "Xor", "Cast", "TryCast", "If", "Case", "Array", "Coalesce", "Nullif",
+        "Greatest", "Least", "Count", "Sum", "Min", "Max", "Avg", "ArrayAgg", "GroupConcat",
+        "Lower", "Upper", "Initcap", "Length", "Substring", "Concat", "ConcatWs", "Trim",
+        "Replace", "Left", "Right", "StrPosition", "SplitPart", "StartsWith", "Reverse",
+        "RegexpLike", "RegexpILike", "RegexpReplace", "Abs", "Round", "Floor", "Ceil",
+        "Exists", "Unnest", "GenerateSeries", "ExplodingGenerateSeries", "ArrayToString",
+        "ArraySize", "ArrayContains", "StringToArray", "Split", "ArrayPosition",
+        "RowNumber", "Rank", "DenseRank",
+    }
+)  # fmt: skip
+_ALLOWED_BY_NAME = frozenset(
+    {
+        "dpg_format_type", "dpg_table_is_visible", "dpg_regclass", "dpg_regclass_name",
+        "dpg_regtype", "dpg_regtype_name", "dpg_regnamespace_name", "len", "json_object",
+        "array_to_string", "replace", "string_to_array", "regexp_matches",
+    }
+)  # fmt: skip
+
+
+def _check_functions(tree: exp.Expr) -> None:
+    for func in tree.find_all(exp.Func):
+        if isinstance(func, exp.Anonymous):
+            allowed = str(func.this).lower() in _ALLOWED_BY_NAME
+        else:
+            allowed = type(func).__name__ in _ALLOWED_FUNCTIONS
+        if not allowed:
+            raise UndefinedFunction(
+                f"function {_function_name(func)}() does not exist in dpgate's catalogue",
+                construct="catalog",
+            )
+
+
+def name_columns(tree: exp.Expr) -> exp.Expr:
+    """The query with each unnamed result column named as PostgreSQL would name it.
+
+    PostgreSQL (``FigureColname``): a column reference is named after the column, a
+    function call after the function, a cast after what it casts (or the type), CASE
+    ``case``, a scalar subquery after its own column, EXISTS ``exists``, ARRAY
+    ``array``, anything else ``?column?``. The engine below would name them after the
+    expression's text, which is neither PostgreSQL's nor free of its own spelling.
+    """
+    select = tree
+    while isinstance(select, exp.SetOperation):
+        select = select.this
+    if not isinstance(select, exp.Select):
+        return tree
+    named: list[exp.Expr] = []
+    for item in select.expressions:
+        if isinstance(item, exp.Alias | exp.Star | exp.Column) or (
+            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+        ):
+            named.append(item)
+            continue
+        named.append(exp.alias_(item, _pg_name(item) or "?column?", quoted=True))
+    select.set("expressions", named)
+    return tree
+
+
+def _pg_name(node: exp.Expr) -> str | None:
+    """PostgreSQL's name for an unaliased result column (None: ``?column?``)."""
+    if isinstance(node, exp.Paren):
+        return _pg_name(node.this)
+    if isinstance(node, exp.Column):
+        return None if isinstance(node.this, exp.Star) else node.name
+    if isinstance(node, exp.Dot):
+        return _pg_name(node.expression)
+    if isinstance(node, exp.Alias):
+        return node.alias
+    if isinstance(node, exp.Cast):
+        return _pg_name(node.this) or _type_name(node.to) or None
+    if isinstance(node, exp.Case):
+        return "case"
+    if isinstance(node, exp.Exists):
+        return "exists"
+    if isinstance(node, exp.Array):
+        return "array"
+    if isinstance(node, exp.Subquery):
+        inner = node.this
+        if isinstance(inner, exp.Select) and inner.expressions:
+            first = inner.expressions[0]
+            return first.alias if isinstance(first, exp.Alias) else _pg_name(first)
+        return None
+    if isinstance(node, exp.Bracket):
+        return _pg_name(node.this)
+    if isinstance(node, exp.CurrentVersion):
+        return "version"
+    if isinstance(node, exp.Anonymous):
+        return str(node.this).lower()
+    if isinstance(node, exp.Func):
+        text = node.sql(dialect="postgres")
+        head = text.split("(", 1)[0].strip()
+        return head.split(".")[-1].strip('"').lower() or None
+    return None
 
 
 def _is_pg_catalog(node: exp.Expr) -> bool:
@@ -305,11 +416,69 @@ def _format_type(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
 
 
 def _current_setting(args: list[exp.Expr], context: SessionContext) -> exp.Expr:
+    """A setting of the session (PostgreSQL's names, case-insensitive); an unknown one is
+    an error (42704) unless the second argument, missing_ok, is true."""
     if args and isinstance(args[0], exp.Literal):
-        value = context.settings.get(args[0].name)
-        if value is not None:
-            return exp.Literal.string(value)
+        wanted = args[0].name.lower()
+        for name, value in context.settings.items():
+            if name.lower() == wanted:
+                return exp.Literal.string(value)
+        missing_ok = len(args) > 1 and isinstance(args[1], exp.Boolean) and args[1].this
+        if not missing_ok:
+            raise UnknownSetting(f'unrecognized configuration parameter "{args[0].name[:64]}"')
     return exp.Null()
+
+
+def _format(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
+    """``format('…%s…%I…', …)`` as a concatenation (no width or position specifiers:
+    those could make a short statement allocate without bound)."""
+    if not args or not (isinstance(args[0], exp.Literal) and args[0].is_string):
+        raise UnsupportedQuery("format() needs a literal format string", construct="catalog")
+    parts = re.split(r"(%[sIL%])", args[0].name)
+    values = iter(args[1:])
+    pieces: list[exp.Expr] = []
+    for part in parts:
+        if part == "%%":
+            pieces.append(exp.Literal.string("%"))
+        elif part in ("%s", "%I", "%L"):
+            value = next(values, None)
+            if value is None:
+                raise UnsupportedQuery("too few arguments for format()", construct="catalog")
+            text: exp.Expr = exp.cast(value, exp.DataType.build("VARCHAR"))
+            if part == "%I":
+                text = exp.Case(
+                    ifs=[
+                        exp.If(
+                            this=exp.RegexpLike(
+                                this=text, expression=exp.Literal.string("^[a-z_][a-z0-9_$]*$")
+                            ),
+                            true=text,
+                        )
+                    ],
+                    default=_quote_ident([text], _context),
+                )
+            elif part == "%L":
+                doubled = exp.Anonymous(
+                    this="replace",
+                    expressions=[text, exp.Literal.string("'"), exp.Literal.string("''")],
+                )
+                text = exp.DPipe(
+                    this=exp.DPipe(this=exp.Literal.string("'"), expression=doubled),
+                    expression=exp.Literal.string("'"),
+                )
+            pieces.append(text)
+        elif "%" in part:
+            raise UnsupportedQuery(
+                "format() supports only %s, %I, %L and %% here", construct="catalog"
+            )
+        elif part:
+            pieces.append(exp.Literal.string(part))
+    if not pieces:
+        return exp.Literal.string("")
+    result = pieces[0]
+    for piece in pieces[1:]:
+        result = exp.DPipe(this=result, expression=piece)
+    return result
 
 
 def _set_config(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
@@ -337,6 +506,22 @@ def _backend_pid(_args: list[exp.Expr], context: SessionContext) -> exp.Expr:
 
 _FUNCTIONS: dict[str, Callable[[list[exp.Expr], SessionContext], exp.Expr]] = {
     "version": _const(VERSION_TEXT),
+    "current_version": _const(VERSION_TEXT),
+    "format": _format,
+    "parse_ident": lambda args, _c: exp.Anonymous(
+        this="string_to_array",
+        expressions=[
+            exp.Anonymous(
+                this="replace",
+                expressions=[args[0], exp.Literal.string('"'), exp.Literal.string("")],
+            ),
+            exp.Literal.string("."),
+        ],
+    ),
+    "array_lower": _const(1),
+    "current_schemas": lambda _args, _c: exp.Array(
+        expressions=[exp.Literal.string("pg_catalog"), exp.Literal.string("public")]
+    ),
     "pg_get_userbyid": _const(OWNER),
     "pg_encoding_to_char": _const("UTF8"),
     "pg_get_expr": _const(None),
