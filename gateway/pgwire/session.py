@@ -52,6 +52,7 @@ from gateway.pgwire.values import (
     bind,
     duckdb_type_oid,
     encode,
+    infer_parameter_types,
     parameter_literal,
     placeholders,
     type_size,
@@ -377,6 +378,9 @@ class Session(SessionCommands):
         self._hold(size)
         count = max(placeholders(message.sql), len(message.parameter_types))
         types = tuple(message.parameter_types) + (0,) * (count - len(message.parameter_types))
+        if 0 in types:  # the client left some to the server (asyncpg, node-postgres)
+            inferred = infer_parameter_types(message.sql, self.server.column_types)
+            types = tuple(t or inferred.get(i + 1, 0) for i, t in enumerate(types))
         self.statements[message.name] = Statement(message.name, message.sql, types, size)
         self.send(codec.parse_complete())
 
