@@ -20,6 +20,7 @@ from typing import Any
 import duckdb
 import psycopg
 import pytest
+import yaml
 
 import gateway
 from gateway.pgwire.server import WireServer
@@ -224,3 +225,22 @@ def test_catalogue_columns_are_named_as_postgresql_names_them(
     with connect(port, key) as conn:
         cur = conn.execute(sql)
         assert [d.name for d in cur.description or []] == [name]
+
+
+BI_QUERIES = yaml.safe_load(
+    (Path(__file__).parent / "fixtures" / "pgwire_bi_catalogue.yaml").read_text()
+)
+
+
+@pytest.mark.parametrize("case", BI_QUERIES, ids=[f"{c['tool']}: {c['what']}" for c in BI_QUERIES])
+def test_bi_tools_catalogue_queries_replayed(
+    wire: tuple[WireServer, int, str], case: dict[str, Any]
+) -> None:
+    server, port, key = wire
+    with connect(port, key) as conn:
+        params = case.get("params")
+        rows = conn.execute(case["sql"], params).fetchall()
+    assert len(rows) == case["rows"], rows
+    if "first_row" in case:
+        assert list(rows[0]) == case["first_row"], rows
+    assert server.gateway.ledger.history("alice") == []

@@ -18,6 +18,7 @@ protected table among them) is refused, never half-answered.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,7 +88,13 @@ def classify(sql: str) -> tuple[Route, exp.Expr | None]:
     try:
         tree = sqlglot.parse_one(sql, read="postgres")
     except SqlglotError:
-        return "query", None
+        quoted = _quote_keyword_aliases(sql)
+        if quoted is None:
+            return "query", None
+        try:  # `… AS select` (Metabase's privileges query): PostgreSQL takes a keyword
+            tree = sqlglot.parse_one(quoted, read="postgres")  # after AS as a name
+        except SqlglotError:
+            return "query", None
     if not isinstance(tree, exp.Query):
         return "query", None
     tables = list(tree.find_all(exp.Table))
@@ -95,6 +102,27 @@ def classify(sql: str) -> tuple[Route, exp.Expr | None]:
     if all(_is_catalog_table(t, ctes) for t in tables):
         return "catalog", tree
     return "query", None
+
+
+def _quote_keyword_aliases(sql: str) -> str | None:
+    """``sql`` with each keyword written right after AS double-quoted (None: none)."""
+    try:
+        tokens = sqlglot.Tokenizer(dialect="postgres").tokenize(sql)
+    except SqlglotError:
+        return None
+    spans = [
+        (token.start, token.end)
+        for before, token in itertools.pairwise(tokens)
+        if before.token_type == TokenType.ALIAS
+        and token.token_type not in (TokenType.VAR, TokenType.IDENTIFIER, TokenType.STRING)
+        and token.text.isidentifier()
+    ]
+    if not spans:
+        return None
+    out = sql
+    for start, end in reversed(spans):
+        out = out[:start] + '"' + out[start : end + 1].lower() + '"' + out[end + 1 :]
+    return out
 
 
 def _strip_comments(sql: str) -> str:
@@ -118,6 +146,8 @@ def _table_function(table: exp.Table) -> str | None:
     inner = table.this
     if isinstance(inner, exp.ExplodingGenerateSeries | exp.GenerateSeries):
         return "generate_series"
+    if isinstance(inner, exp.StringToArray):
+        return "string_to_array"  # one row, one array (Grafana's search_path walk)
     if isinstance(inner, exp.Anonymous) and str(inner.this).lower() in _TABLE_FUNCTIONS:
         return str(inner.this).lower()
     return None
@@ -174,6 +204,7 @@ def rewrite_catalog(tree: exp.Expr, context: SessionContext) -> str:
         if not isinstance(table.this, exp.Identifier):
             table.set("db", None)  # pg_catalog.generate_series(…) → generate_series(…)
             table.set("catalog", None)
+            _name_function_column(table)
             continue
         name, db = table.name.lower(), table.db.lower()
         if not db and name in ctes:
@@ -206,6 +237,20 @@ def rewrite_catalog(tree: exp.Expr, context: SessionContext) -> str:
     return tree.sql(dialect="duckdb")
 
 
+def _name_function_column(table: exp.Table) -> None:
+    """A function in FROM, aliased ``f(…) AS x``, has one column named ``x`` too, as in
+    PostgreSQL; a scalar one (string_to_array) becomes a one-row subquery."""
+    alias = table.args.get("alias")
+    if not isinstance(alias, exp.TableAlias) or not alias.name or alias.columns:
+        return
+    name = alias.name
+    if isinstance(table.this, exp.StringToArray):
+        row = exp.select(exp.alias_(table.this.copy(), name)).subquery(name)
+        table.replace(row)
+        return
+    alias.set("columns", [exp.to_identifier(name)])
+
+
 def _unqualify(node: exp.Expr) -> exp.Expr:
     if isinstance(node, exp.Dot) and _is_pg_catalog(node.this):
         return node.expression  # pg_catalog.func(...) → func(...)
@@ -217,7 +262,18 @@ def _unqualify(node: exp.Expr) -> exp.Expr:
 
 
 def _casts(node: exp.Expr) -> exp.Expr:
+    if isinstance(node, exp.Div) and _integral(node.this) and _integral(node.expression):
+        return exp.IntDiv(this=node.this, expression=node.expression)  # PostgreSQL's int / int
     return _cast(node) if isinstance(node, exp.Cast) else node
+
+
+def _integral(node: exp.Expr) -> bool:
+    """Integer-typed by its spelling alone: an integer literal or a cast to an integer."""
+    if isinstance(node, exp.Paren):
+        return _integral(node.this)
+    if isinstance(node, exp.Literal):
+        return not node.is_string and node.name.isdigit()
+    return isinstance(node, exp.Cast) and node.to.is_type(*exp.DataType.INTEGER_TYPES)
 
 
 def _operators(node: exp.Expr) -> exp.Expr:
@@ -231,7 +287,12 @@ def _operators(node: exp.Expr) -> exp.Expr:
 
 
 def _functions(node: exp.Expr, context: SessionContext) -> exp.Expr:
-    if isinstance(node, exp.CurrentUser | exp.SessionUser):
+    if isinstance(node, exp.CurrentUser | exp.SessionUser) or (
+        isinstance(node, exp.Column)
+        and not node.table
+        and node.name.lower() == "user"
+        and not node.this.args.get("quoted")
+    ):  # `user` unquoted is PostgreSQL's keyword for current_user
         return exp.Literal.string(context.user)
     if isinstance(node, exp.CurrentSchema):
         return exp.Literal.string("public")
@@ -446,17 +507,7 @@ def _format(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
                 raise UnsupportedQuery("too few arguments for format()", construct="catalog")
             text: exp.Expr = exp.cast(value, exp.DataType.build("VARCHAR"))
             if part == "%I":
-                text = exp.Case(
-                    ifs=[
-                        exp.If(
-                            this=exp.RegexpLike(
-                                this=text, expression=exp.Literal.string("^[a-z_][a-z0-9_$]*$")
-                            ),
-                            true=text,
-                        )
-                    ],
-                    default=_quote_ident([text], _context),
-                )
+                text = _quote_ident([text], _context)
             elif part == "%L":
                 doubled = exp.Anonymous(
                     this="replace",
@@ -486,14 +537,18 @@ def _set_config(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
 
 
 def _quote_ident(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
+    """PostgreSQL's quote_ident: quoted only when it must be (not all lower-case letters,
+    digits and underscores; keywords are not singled out)."""
     doubled = exp.Anonymous(
         this="replace",
         expressions=[args[0], exp.Literal.string('"'), exp.Literal.string('""')],
     )
-    return exp.DPipe(
+    quoted = exp.DPipe(
         this=exp.DPipe(this=exp.Literal.string('"'), expression=doubled),
         expression=exp.Literal.string('"'),
     )
+    plain = exp.RegexpLike(this=args[0], expression=exp.Literal.string("^[a-z_][a-z0-9_$]*$"))
+    return exp.Case(ifs=[exp.If(this=plain, true=args[0])], default=quoted)
 
 
 def _array_length(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
