@@ -256,8 +256,9 @@ def spend_chart(
                     # UTC, as the ledger records it; padded so that one charge is not
                     # drawn on a zero-width axis.
                     "scale": {"type": "utc", "padding": 24},
-                    # one format for every tick (Vega's default mixes "07:48" and "08 PM")
-                    "axis": {"labelAngle": 0, "format": "%m-%d %H:%M", "formatType": "utc"},
+                    # one format for every tick (Vega's default mixes "07:48" and "08 PM"),
+                    # in UTC as the scale is (a "formatType" would make Vega ignore it)
+                    "axis": {"labelAngle": 0, "format": "%m-%d %H:%M"},
                 },
                 "y": {"field": "epsilon_spent", "type": "quantitative", "title": "ε spent"},
                 "tooltip": [

@@ -283,8 +283,9 @@ async function loadSchema() {
       if (t.public) meta.push(`public rows${t.key ? `, one per ${t.key}` : ""}: no person's data`);
       if (t.privacy_unit) meta.push(`one person = one ${t.privacy_unit}`);
       // contribution bounds mean something only where rows belong to people
-      if (t.privacy_unit && t.max_rows_per_unit) meta.push(`≤ ${t.max_rows_per_unit} rows per person`);
-      if (t.privacy_unit && t.max_groups_per_unit) meta.push(`≤ ${t.max_groups_per_unit} groups per person`);
+      const per = (n, what) => `≤ ${n} ${what}${n === 1 ? "" : "s"} per person`;
+      if (t.privacy_unit && t.max_rows_per_unit) meta.push(per(t.max_rows_per_unit, "row"));
+      if (t.privacy_unit && t.max_groups_per_unit) meta.push(per(t.max_groups_per_unit, "group"));
       const columns = el(
         "ul",
         { class: "columns" },
