@@ -396,7 +396,7 @@ def test_what_the_pages_say_is_tidy(served: Served, watched: Watched) -> None:
     assert "2019" in cells and not any("," in c for c in cells), cells
     ticks = page.locator("#chart svg").text_content() or ""
     assert "2,019" not in ticks and "2019.0" not in ticks
-    w.shot("13-years")
+    w.shot("20-years")
 
     page.get_by_label("SQL").fill("SELECT name FROM patients")
     page.get_by_role("button", name="Run", exact=True).click()
@@ -405,7 +405,7 @@ def test_what_the_pages_say_is_tidy(served: Served, watched: Watched) -> None:
     page.get_by_role("link", name="History").click()
     page.locator("#history-table tbody tr").first.wait_for()
     assert "Refused" not in page.locator("#status").inner_text()
-    w.shot("14-history-after-refusal")
+    w.shot("21-history-after-refusal")
     sign_out(w)
 
     sign_in(w, served, served.admin_key)
@@ -416,6 +416,6 @@ def test_what_the_pages_say_is_tidy(served: Served, watched: Watched) -> None:
     labels = page.locator("#spend-chart svg").text_content() or ""
     assert " AM" not in labels and " PM" not in labels, labels
     assert re.search(r"\d\d-\d\d \d\d:\d\d", labels), labels  # month-day hour:minute
-    w.shot("15-spend-axis")
+    w.shot("22-spend-axis")
     sign_out(w)
     w.assert_clean(key, served.admin_key)
