@@ -115,8 +115,8 @@ def test_config_check_reports_a_bad_number_once(tmp_path: Path) -> None:
     assert result.exit_code == 2
     problems = [line for line in result.output.splitlines() if line.startswith("  - ")]
     assert problems == [
-        "  - privacy.max_epsilon_per_query: must be > 0",
-        "  - tables.t.columns.age.lower: must be a number, got str",
+        "  - line 6: privacy.max_epsilon_per_query: must be > 0",
+        "  - line 11: tables.t.columns.age.lower: must be a number, got str",
     ]
 
 
@@ -285,3 +285,25 @@ def test_a_second_demo_keeps_the_admin_key(tmp_path: Path, monkeypatch: pytest.M
     assert again == first and "the earlier demo's" in again_line
     fresh, _ = admin_key("--fresh")
     assert fresh != first
+
+
+def test_config_check_gives_lines_and_names_a_typo_first(demo_db: Path, tmp_path: Path) -> None:
+    """A misspelt setting is reported on its line with the setting it resembles, and the
+    problems it causes are said to perhaps follow from it (not presented as new ones)."""
+    text = config_yaml(str(demo_db), str(tmp_path / "ledger.db"))
+    lines = text.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.strip() == "privacy_unit: patient_id") + 1
+    path = tmp_path / "typo.yaml"
+    path.write_text(text.replace("    privacy_unit: patient_id", "    privacy_unti: patient_id", 1))
+    result = CliRunner().invoke(main, ["config", "check", str(path)])
+    assert result.exit_code == 2
+    problems = [x.removeprefix("  - ") for x in result.output.splitlines()[1:]]
+    assert problems[0] == (
+        f"line {at}: tables.patients.privacy_unti: unknown setting — did you mean 'privacy_unit'?"
+    )
+    assert len(problems) > 1  # the reference from visits to patients, now unit-less
+    assert all(
+        re.match(r"line \d+: ", p)
+        and p.endswith(f"(perhaps only because of the typo at line {at})")
+        for p in problems[1:]
+    ), problems
