@@ -143,7 +143,9 @@ def test_a_flood_of_idle_half_open_and_slow_connections_leaves_logins_answered(
     assert seen["opened"] >= 10 * max_connections, seen
     assert _refused("authenticating_per_address") > refused_before["authenticating_per_address"]
     assert _refused("evicted") > refused_before["evicted"]
-    assert seen["slow_cut"] > 0 and seen["slow_longest_s"] < 1.5 + 1.0, seen
+    # seen from the flood process, which notices a close only when it gets the CPU: well
+    # under the 8 s the flood lasts (a per-read timeout would let them live that long)
+    assert seen["slow_cut"] > 0 and seen["slow_longest_s"] < 1.5 + 3.0, seen
     # When the flood has gone, so have its slots.
     deadline = time.monotonic() + 5
     while server.admission.counts() != (0, 0) and time.monotonic() < deadline:
