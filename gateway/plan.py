@@ -54,6 +54,11 @@ class Measure:
       ``threshold``, below it — one cumulative count of a quantile's public grid. It is
       never noised nor released: a quantile's bucket is chosen from these counts by
       permute-and-flip (``gateway/quantiles.py``). A plan lists these measures last.
+
+    ``center`` (grid units, a ``sum`` of an AVG only): the measure is Σ(round(v/g) − c),
+    computed from the exact SUM and the AVG's own count of the same rows
+    (``gateway/noising.py``), with ``sensitivity`` for the centred values — about half the
+    uncentred one when the bounds do not straddle 0 (``mechanisms.grid_center``).
     """
 
     kind: MeasureKind
@@ -63,6 +68,7 @@ class Measure:
     upper: float | None = None
     resolution: Fraction = Fraction(1)
     threshold: Fraction | None = None
+    center: int = 0
 
     @property
     def noised(self) -> bool:

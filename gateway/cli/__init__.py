@@ -318,11 +318,13 @@ def _nullability_report(cfg: object) -> list[str]:
 
 
 def _check_against_database(cfg: object) -> list[str]:
-    """Declared tables and columns exist in the protected database."""
+    """Declared tables and columns exist in the protected database, and the declared
+    join keys are stored as declared (``gateway/join_keys.py``, ``key_type_problems``)."""
     import sqlalchemy as sa
 
     from gateway.config import Config
     from gateway.execute import open_protected_engine
+    from gateway.join_keys import key_type_problems
 
     assert isinstance(cfg, Config)
     try:
@@ -342,6 +344,8 @@ def _check_against_database(cfg: object) -> list[str]:
             for c in t.columns.values():
                 if c.name.lower() not in present:
                     problems.append(f"tables.{t.name}.columns.{c.name}: no such column")
+        if not problems:
+            problems += key_type_problems(engine, cfg.tables)
     except sa.exc.SQLAlchemyError as e:
         problems.append(f"database.url: cannot read the schema ({type(e).__name__})")
     finally:
