@@ -204,7 +204,12 @@ class Gateway:
         """A planned request that is not in the cache: a dry run, or the data's turn."""
         if planned.request.dry_run:
             return dry_run(
-                planned, self.charges, analyst, self.config.execution, self.config.tables
+                planned,
+                self.charges,
+                analyst,
+                self.config.execution,
+                self.config.tables,
+                self.audit.predict(analyst, planned),
             )
         plan, calibration = planned.plan, planned.calibration
         table = self.config.tables[plan.table]
