@@ -108,7 +108,7 @@ def score(
 
 
 def run_dpgate(reps: int) -> dict[str, Any]:
-    work = DATA_DIR / "accuracy-run"
+    work = DATA_DIR / f"accuracy-run-{os.getpid()}"
     db = Q.write_pums_sqlite(work / "pums.sqlite")
     ledger = work / "ledger.db"
     for suffix in ("", "-wal", "-shm"):
@@ -176,13 +176,13 @@ def run_opendp(reps: int) -> dict[str, Any]:
     return result
 
 
-def report(reps: int, peers: bool) -> dict[str, Any]:
+def report(reps: int, peers: bool, peer_reps: int | None = None) -> dict[str, Any]:
     exact = exact_answers()
     log(f"dpgate: {len(SHAPES)} shapes x {reps} releases at epsilon={EPSILON}")
     systems = {"dpgate": run_dpgate(reps)}
     if peers:
         log(f"OpenDP: the same, in {VENV}")
-        opendp = run_opendp(reps)
+        opendp = run_opendp(peer_reps or reps)
         systems[f"OpenDP {opendp['version']}"] = opendp["shapes"]
     table: dict[str, Any] = {}
     for name, (_, keys) in SHAPES.items():
@@ -221,9 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=200)
     p.add_argument("--no-peers", action="store_true", help="dpgate only")
+    p.add_argument(
+        "--peer-reps", type=int, help="releases per shape for the peers (default: --reps)"
+    )
     p.add_argument("--json", type=Path, help="also write the figures here")
     a = p.parse_args(argv)
-    table = report(a.reps, not a.no_peers)
+    table = report(a.reps, not a.no_peers, a.peer_reps)
     print(render(table))
     if a.json:
         a.json.write_text(json.dumps(table, indent=2))
