@@ -7,7 +7,7 @@ commit's ``gateway/serve_workers.py``, in alternating rounds on one machine.
 
 Each round starts a server from a copy of this checkout whose ``serve_workers.py`` is
 either this one or the baseline's (``git show``), on the small deployment of
-``tests/test_serve.py`` (300 rows, SQLite ledger, audit off, timing off), and sends
+``tests/test_serve.py`` (300 rows, SQLite ledger, audit off; release timing turned off), and sends
 distinct queries (each a ledger reserve + commit) for ``duration`` seconds. The load
 generator shares the machine: the figures compare, they are not the server's ceiling.
 """
@@ -50,7 +50,10 @@ def _checkout(baseline: str | None, into: Path) -> Path:
 
 def _round(code: Path, clients: int, duration: float) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="dpgate-door-"))
-    server = start(root, write_deployment(root), workers=2, env={"PYTHONPATH": str(code)})
+    config = write_deployment(root)
+    with config.open("a") as f:  # the pipeline's own rate, not the release timing's
+        f.write('execution: {timing: "off"}\n')
+    server = start(root, config, workers=2, env={"PYTHONPATH": str(code)})
     try:
         keys = []
         for i in range(clients):

@@ -1,9 +1,9 @@
 """Stage: request validation — the one place where a query request's SQL size, ε, δ and
 mechanism are checked, for every front end (HTTP body, in-process callers).
 
-``load_json`` reads a JSON body within limits checked before the parser runs (nesting
-depth, digits of a number): a body nested 1,000 deep would otherwise exhaust the
-parser's recursion, and a 310-digit ε overflow a float. ``parse_request`` turns a JSON
+``load_json`` reads a JSON body within limits (nesting depth, digits of a number): a
+body nested 1,000 deep would otherwise exhaust the parser's recursion, and a 310-digit
+ε overflow a float. ``parse_request`` turns a JSON
 body into a ``QueryRequest`` with the config's defaults; ``check_request`` checks its
 privacy parameters against the gateway's limits. All raise errors that cost nothing.
 """
@@ -27,32 +27,48 @@ MAX_JSON_DEPTH = 32
 #: Most characters in one JSON number: a double has 17 significant digits, so a longer
 #: number says nothing more, and a 310-digit integer is not a float at all.
 MAX_JSON_NUMBER_CHARS = 40
-
-_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
-_JSON_BRACKET = re.compile(r"[\[\]{}]")
+_LONG_DIGITS = re.compile(rf"\d{{{MAX_JSON_NUMBER_CHARS - 1}}}")  # a number past it, maybe
 
 
 def load_json(text: str | bytes) -> Any:
     """A JSON document, or ``InvalidRequest`` if it nests deeper than ``MAX_JSON_DEPTH``
-    or holds a number longer than ``MAX_JSON_NUMBER_CHARS`` (checked before, or while,
-    the parser reads it, in time linear in its length); ``ValueError`` if it is not JSON."""
+    or holds a number longer than ``MAX_JSON_NUMBER_CHARS`` (the parser's own hooks, and
+    its recursion guard for a body nested past Python's limit: linear time, in C);
+    ``ValueError`` if it is not JSON."""
     if isinstance(text, bytes | bytearray):
         text = text.decode("utf-8")  # UnicodeDecodeError is a ValueError
-    _check_json_depth(text)
-    return json.loads(text, parse_int=_json_int, parse_float=_json_float)
+    try:
+        if _LONG_DIGITS.search(text) is None:  # the usual body: no hook per number
+            value = json.loads(text)
+        else:
+            value = json.loads(text, parse_int=_json_int, parse_float=_json_float)
+    except RecursionError:
+        raise _too_deep() from None
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH:  # else it cannot be too deep
+        _check_json_depth(value)
+    return value
 
 
-def _check_json_depth(text: str) -> None:
-    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
-        return
+def _check_json_depth(value: Any) -> None:
+    """Walk the parsed containers (iteratively) for one deeper than ``MAX_JSON_DEPTH``."""
+    level = [value] if isinstance(value, list | dict) else []
     depth = 0
-    for bracket in _JSON_BRACKET.findall(_JSON_STRING.sub('""', text)):
-        depth += 1 if bracket in "[{" else -1
+    while level:
+        depth += 1
         if depth > MAX_JSON_DEPTH:
-            raise InvalidRequest(
-                f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels",
-                limit="max_json_depth",
-            )
+            raise _too_deep()
+        level = [
+            child
+            for container in level
+            for child in (container.values() if isinstance(container, dict) else container)
+            if isinstance(child, list | dict)
+        ]
+
+
+def _too_deep() -> InvalidRequest:
+    return InvalidRequest(
+        f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", limit="max_json_depth"
+    )
 
 
 def _json_number_text(text: str) -> str:
