@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import budget
 from budget import Reservation
+from gateway import metrics
 from gateway.audit import AnsweredCell, AnsweredQuery, AuditDecision, Auditor
 from gateway.charges import Charges, ledger_errors
 from gateway.config import AuditConfig, TableConfig
@@ -67,7 +69,9 @@ class AuditPolicy:
         if not self.active:
             yield scope
             return
+        asked = time.monotonic()
         with self.ledger.scope_lock(scope):
+            metrics.record_audit_lock_wait(time.monotonic() - asked)
             self._sync(scope)
             yield scope
 
