@@ -387,6 +387,9 @@ def engine_copy(
     url = engines.url(request.param, tmp_path_factory)
     config = demo_config(url, schema=database)
     engine = open_protected_engine(url, statement_timeout_ms=30_000)
+    # warm the engine: a cold Spark (Connect's server above all) plans its first statements
+    # slowly, and a loaded machine can push one past the 30 s a test statement gets
+    run_aggregate(engine, f"SELECT COUNT(*) FROM {database}.patients", timeout_ms=300_000)
     yield engine, as_the_gateway_reads(engine, config)
     engine.dispose()
 
