@@ -47,6 +47,7 @@ import subprocess
 import tempfile
 import threading
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,12 @@ threadsafety = 1
 paramstyle = "qmark"  # declared for SQLAlchemy; no parameter is ever bound
 
 _SESSION_LOCK = threading.Lock()
+_LOCAL: list[Any] = []  # the process's local SparkSession, once started
+# pyspark warns on import when pandas is 3.x; dpgate hands pyspark no pandas frame (it
+# collects Rows), so the warning is expected here and would only be noise in the log.
+warnings.filterwarnings(
+    "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
+)
 _LOG4J_FILES: dict[str | None, str] = {}  # written once per process and log target
 _ENGINE = "Spark"
 
@@ -117,6 +124,8 @@ def session(
             remote_spark = ConnectSession.builder.remote(remote).getOrCreate()
             remote_spark.conf.set("spark.sql.ansi.enabled", "false")
             return remote_spark
+        if _LOCAL and _LOCAL[0].sparkContext._jsc is not None:
+            return _LOCAL[0]  # asking the builder again would only log that it exists
         settings = local_settings(warehouse, metastore, engine_log)
         _start_jvm(master or "local[2]", settings, engine_log)
         builder = SparkSession.builder.appName("dpgate").master(master or "local[2]")
@@ -124,6 +133,7 @@ def session(
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
         spark.conf.set("spark.sql.ansi.enabled", "false")
+        _LOCAL[:] = [spark]
         return spark
 
 
