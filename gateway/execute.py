@@ -289,6 +289,8 @@ def units_unique_by_schema(engine: sa.Engine, tables: Mapping[str, TableConfig])
                 continue
             if not inspector.has_table(t.sql_name, schema=t.schema):
                 continue
+            if not _keys_hold_for_reads(engine, t):
+                continue
             unit = t.privacy_unit.lower()
             if any([c.lower() for c in cols] == [unit] for cols in candidates_of(engine, t)):
                 unique.add(key)
@@ -297,9 +299,43 @@ def units_unique_by_schema(engine: sa.Engine, tables: Mapping[str, TableConfig])
     return unique
 
 
+def _keys_hold_for_reads(engine: sa.Engine, t: TableConfig) -> bool:
+    """Whether the table's own keys and constraints bind every row a statement reading
+    it sees, as that statement compares them (issue 31):
+
+    - PostgreSQL reads a table with its inheritance children, which its PRIMARY KEY and
+      UNIQUE constraints do not span and its ``NO INHERIT`` CHECKs do not bind (a
+      partitioned table's keys span its partitions: it counts as whole);
+    - DuckDB's unique index on a collated column compares bytes (it keeps 'a' and 'A'
+      under NOCASE) while PARTITION BY and COUNT(DISTINCT) use the collation.
+    """
+    name = engine.dialect.name
+    if name == "postgresql":
+        with engine.connect() as conn:
+            children = conn.execute(
+                sa.text(
+                    "SELECT EXISTS (SELECT 1 FROM pg_inherits i "
+                    "JOIN pg_class c ON c.oid = i.inhparent "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE c.relname = :t AND n.nspname = COALESCE(:s, current_schema()) "
+                    "AND c.relkind = 'r')"
+                ),
+                {"t": t.sql_name, "s": t.schema},
+            ).scalar()
+        return not children
+    if name == "duckdb":
+        (rows,) = _duckdb_catalogue(
+            engine,
+            t,
+            "SELECT sql FROM duckdb_tables() WHERE table_name = :t AND schema_name = :s",
+        )
+        return not any("COLLATE" in str(sql or "").upper() for (sql,) in rows)
+    return True
+
+
 def _unique_columns(engine: sa.Engine, t: TableConfig) -> list[list[str]]:
-    """The column lists of the table's primary key, unique constraints and unique indexes
-    (SQLAlchemy's reflection)."""
+    """The column lists of the table's primary key, unique constraints and whole unique
+    indexes (SQLAlchemy's reflection)."""
     inspector = sa.inspect(engine)
     pk = inspector.get_pk_constraint(t.sql_name, schema=t.schema)
     out = [[str(c) for c in pk.get("constrained_columns") or []]]
@@ -310,9 +346,17 @@ def _unique_columns(engine: sa.Engine, t: TableConfig) -> list[list[str]]:
     out += [
         [str(c) for c in i.get("column_names") or []]
         for i in inspector.get_indexes(t.sql_name, schema=t.schema)
-        if i.get("unique")
+        if i.get("unique") and _whole(i)
     ]
     return out
+
+
+def _whole(index: Mapping[str, Any]) -> bool:
+    """Whether a unique index holds every row: a partial one (``WHERE …``, SQLite and
+    PostgreSQL) is unique among the rows its predicate admits only, and PostgreSQL's
+    invalid one (a failed ``CREATE INDEX CONCURRENTLY``) promises nothing (issue 31)."""
+    options = index.get("dialect_options") or {}
+    return not any(k.endswith("_where") or k.endswith("_invalid") for k in options)
 
 
 def _duckdb_catalogue(engine: sa.Engine, t: TableConfig, *queries: str) -> list[list[Any]]:
@@ -429,6 +473,8 @@ def domains_enforced_by_schema(
     dialect = sqlglot_dialect(engine)
     try:
         for key, t in tables.items():
+            if not _keys_hold_for_reads(engine, t):
+                continue
             facts = (
                 _duckdb_column_facts(engine, t)
                 if engine.dialect.name == "duckdb"
@@ -472,11 +518,12 @@ def _column_facts(engine: sa.Engine, t: TableConfig) -> _Facts | None:
         integral = isinstance(ctype, sa.Integer) and not sqlite
         boolean = isinstance(ctype, sa.Boolean) and not sqlite
         catalogue[name] = (not_null, integral, boolean)
-    # A PostgreSQL constraint added NOT VALID binds new rows only: older ones may break it.
+    # A PostgreSQL constraint added NOT VALID binds new rows only: older ones may break
+    # it; one declared NO INHERIT does not bind the rows of the table's children.
     checks = [
         str(c["sqltext"])
         for c in inspector.get_check_constraints(t.sql_name, t.schema)
-        if not (c.get("dialect_options") or {}).get("not_valid")
+        if not any((c.get("dialect_options") or {}).get(k) for k in ("not_valid", "no_inherit"))
     ]
     return catalogue, checks
 

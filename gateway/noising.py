@@ -83,6 +83,7 @@ def add_noise(
     nk, nm = compiled.n_keys, compiled.n_measures
     by_key = {tuple(r[:nk]): r for r in exact_rows}
     zeros = (0,) * nm
+    selected: dict[int, list[int]] = {}
     if not plan.group_keys:
         keys: list[Row] = [()]
         exact = [tuple(by_key[()][nk : nk + nm]) if () in by_key else zeros]
@@ -93,18 +94,26 @@ def add_noise(
         selection = calibration.selection
         assert selection is not None
         candidates = list(by_key)
-        unit_noise = sample(selection.noise, len(candidates)) if candidates else []
-        keys = [
-            k
-            for k, z in zip(candidates, unit_noise, strict=True)
-            if int(by_key[k][nk + nm] or 0) + z >= selection.threshold
-        ]
+        # the selecting count: a separate unit count (last column), or a measure's own
+        column = nk + nm if selection.measure is None else nk + selection.measure
+        draws = sample(selection.noise, len(candidates)) if candidates else []
+        noisy_count = {
+            k: int(by_key[k][column] or 0) + z for k, z in zip(candidates, draws, strict=True)
+        }
+        keys = [k for k in candidates if noisy_count[k] >= selection.threshold]
         keys.sort(key=lambda k: tuple((v is None, str(v)) for v in k))
         exact = [tuple(by_key[k][nk : nk + nm]) for k in keys]
+        if selection.measure is not None:
+            # the count that selected is released as drawn: one noise, one budget
+            selected = {selection.measure: [noisy_count[k] for k in keys]}
+    exact = _centred(plan, exact)
     n = len(keys)
     noised = len(calibration.noises)  # the histogram measures come after, never noised
     noisy_measures: list[list[int]] = []
     for j, noise in enumerate(calibration.noises):
+        if j in selected:
+            noisy_measures.append(selected[j])
+            continue
         draws = sample(noise, n) if n else []
         noisy_measures.append([int(exact[i][j] or 0) + draws[i] for i in range(n)])
     per_cell = [[noisy_measures[j][i] for j in range(noised)] for i in range(n)]
@@ -123,6 +132,26 @@ def add_noise(
     ]
     cells = tuple(_cell(plan, calibration, keys[i], per_cell[i]) for i in range(n))
     return NoisyCells(rows=tuple(all_rows), cells=cells)
+
+
+def _centred(plan: QueryPlan, exact: list[Row]) -> list[Row]:
+    """Each cell's exact measures with every centred SUM (an AVG's) made Σ(x − c) = S − c·n,
+    n being the AVG's count of the same rows (both are exact integers, so this is the very
+    sum of the centred values whose sensitivity ``Measure.sensitivity`` states)."""
+    pairs = {
+        o.measures[0]: o.measures[1]
+        for o in plan.outputs
+        if o.kind == "avg" and plan.measures[o.measures[0]].center
+    }
+    if not pairs:
+        return exact
+    out: list[Row] = []
+    for row in exact:
+        values = list(row)
+        for s, c in pairs.items():
+            values[s] = int(values[s] or 0) - plan.measures[s].center * int(values[c] or 0)
+        out.append(tuple(values))
+    return out
 
 
 def _choices(plan: QueryPlan, calibration: QueryCalibration, exact: Row) -> dict[int, Any]:
@@ -150,13 +179,13 @@ def _output_value(o: OutputColumn, plan: QueryPlan, key: Row, noisy: list[int]) 
     if o.kind == "count":
         return noisy[o.measures[0]]
     measure = plan.measures[o.measures[0]]
-    total = _scaled(noisy[o.measures[0]], measure)
     if o.kind == "sum":
-        return total
+        return _scaled(noisy[o.measures[0]], measure)
     count = noisy[o.measures[1]]
     if count <= 0:
         return None
-    average = total / count
+    # Σ(x − c)/n + c, in grid units, then scaled (c = 0 for an uncentred sum)
+    average = (noisy[o.measures[0]] / count + measure.center) * float(measure.resolution)
     assert measure.lower is not None and measure.upper is not None
     return min(max(average, measure.lower), measure.upper)
 
@@ -178,9 +207,10 @@ def _cell(
                 count = float(noisy[j])
                 n = calibration.noises[j]
                 noise = CountNoise(n.mechanism, float(n.scale))
+    counts = {o.measures[0]: o.measures[1] for o in plan.outputs if o.kind == "avg"}
     sums = {
         (m.expression.sql(dialect=dialect(None)) if m.expression is not None else f"m{j}"): float(
-            _scaled(noisy[j], m)
+            _scaled(noisy[j] + m.center * noisy[counts[j]] if m.center else noisy[j], m)
         )
         for j, m in enumerate(plan.measures)
         if m.kind == "sum"
@@ -202,8 +232,8 @@ def _avg_intervals(
             intervals[i] = None
             continue
         lo, hi = ratio_interval(noisy[s], calibration.noises[s], noisy[c], calibration.noises[c])
-        r = float(plan.measures[s].resolution)
-        intervals[i] = [lo * r, hi * r]
+        r, center = float(plan.measures[s].resolution), plan.measures[s].center
+        intervals[i] = [(lo + center) * r, (hi + center) * r]
     return intervals
 
 
@@ -288,10 +318,14 @@ def selection_note(
     assert selection is not None
     keys = [g.name for g in plan.group_keys if g.domain is None]
     named = ", ".join(keys)
+    if selection.measure is None:
+        counted = "its number of people plus noise"
+    else:
+        counted = f"its noisy {_count_name(plan, selection.measure)} (the one released)"
     note = (
         f"The values of {named} are not declared public, so a group is released only if "
-        f"its number of people plus noise reaches {selection.threshold} (DP partition "
-        f"selection): smaller groups are left out, not shown as zero."
+        f"{counted} reaches {selection.threshold} (DP partition selection): smaller groups "
+        f"are left out, not shown as zero."
     )
     if rows == 0:  # the answer is empty: say why, rather than leave it unexplained
         note += " No group reached the threshold"
@@ -301,3 +335,16 @@ def selection_note(
             else "."
         )
     return {"threshold": selection.threshold, "keys": keys, "note": note}
+
+
+def _count_name(plan: QueryPlan, measure: int) -> str:
+    """How the note names the count that selects: the output showing it, if one does."""
+    for o in plan.outputs:
+        if o.kind == "count" and o.measures == (measure,) and not o.hidden:
+            return o.name
+    m = plan.measures[measure]
+    if m.kind == "count_units":
+        return "number of people"
+    if m.kind == "count_values" and m.expression is not None:
+        return f"count of rows with a {m.expression.sql(dialect=dialect(None))}"
+    return "count of rows"

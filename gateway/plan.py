@@ -54,6 +54,11 @@ class Measure:
       ``threshold``, below it — one cumulative count of a quantile's public grid. It is
       never noised nor released: a quantile's bucket is chosen from these counts by
       permute-and-flip (``gateway/quantiles.py``). A plan lists these measures last.
+
+    ``center`` (grid units, a ``sum`` of an AVG only): the measure is Σ(round(v/g) − c),
+    computed from the exact SUM and the AVG's own count of the same rows
+    (``gateway/noising.py``), with ``sensitivity`` for the centred values — about half the
+    uncentred one when the bounds do not straddle 0 (``mechanisms.grid_center``).
     """
 
     kind: MeasureKind
@@ -63,6 +68,7 @@ class Measure:
     upper: float | None = None
     resolution: Fraction = Fraction(1)
     threshold: Fraction | None = None
+    center: int = 0
 
     @property
     def noised(self) -> bool:
@@ -197,6 +203,22 @@ class QueryPlan:
     @property
     def needs_partition_selection(self) -> bool:
         return any(g.domain is None for g in self.group_keys)
+
+    @property
+    def selecting_count(self) -> int | None:
+        """The count measure whose own noisy value selects the groups, if any.
+
+        Partition selection then spends no budget of its own (``mechanisms.calibrate_query``
+        with a ``selector``). Only a count to which one unit adds at most 1 per group
+        qualifies (COUNT(DISTINCT unit), or any count with one row per unit), COUNT(*)
+        first since it is the largest; with more rows per unit a separate count of units
+        selects, whose threshold does not grow with the rows a unit may add.
+        """
+        for kind in ("count_rows", "count_units", "count_values"):
+            for j, m in enumerate(self.measures):
+                if m.kind == kind and m.sensitivity.linf == 1:
+                    return j
+        return None
 
     @property
     def visible_outputs(self) -> tuple[OutputColumn, ...]:

@@ -12,9 +12,13 @@ from mechanisms.calibration import (
     analytic_gaussian_mu,
     calibrate_query,
     calibrate_query_rho,
+    grid_center,
     grid_resolution,
     grid_sensitivity,
+    release_probability,
     selection_delta,
+    selection_threshold,
+    tail_probability,
     zcdp_epsilon,
 )
 from mechanisms.pool import POOLS
@@ -49,6 +53,7 @@ __all__ = [
     "calibrate_query",
     "calibrate_query_rho",
     "calibrate_with_choices",
+    "grid_center",
     "grid_resolution",
     "grid_sensitivity",
     "halfwidth",
@@ -58,8 +63,11 @@ __all__ = [
     "quantile_utilities",
     "rank_halfwidth",
     "ratio_interval",
+    "release_probability",
     "sample",
     "selection_delta",
+    "selection_threshold",
+    "tail_probability",
     "zcdp_epsilon",
 ]
 

@@ -298,14 +298,38 @@ def config_check(path: str | None, config_option: str | None) -> None:
     click.echo(f"{target}: OK ({len(cfg.tables)} table(s): {tables})")
     for note in report.notes:
         click.echo(note)
+    notes = _nullability_report(cfg)
+    if notes:
+        click.echo("Nullable only by the catalogue (declare `nullable:` to decide):")
+        for note in notes:
+            click.echo(f"  - {note}")
+
+
+def _nullability_report(cfg: object) -> list[str]:
+    """Columns nullable only because the catalogue says so, and what `nullable: false`
+    would change (gateway/cli/nullability.py). Catalogue metadata, never rows."""
+    from gateway.cli.nullability import nullability_notes
+    from gateway.config import Config
+    from gateway.execute import nullability_by_schema, open_protected_engine
+
+    assert isinstance(cfg, Config)
+    engine = open_protected_engine(cfg.database.url, statement_timeout_ms=5000)
+    try:
+        return nullability_notes(cfg, nullability_by_schema(engine, cfg.tables))
+    finally:
+        engine.dispose()
 
 
 def _check_against_database(cfg: object) -> SchemaReport:
-    """Declared tables and columns exist in the protected database, and what its
-    catalogue says of them (``gateway/cli/schema_report.py``)."""
+    """Declared tables and columns exist in the protected database, what its catalogue
+    says of them (``gateway/cli/schema_report.py``), and the declared join keys are
+    stored as declared (``gateway/join_keys.py``, ``key_type_problems``)."""
+    import sqlalchemy as sa
+
     from gateway.config import Config
     from gateway.engines.catalogue import read_schema
     from gateway.execute import open_protected_engine
+    from gateway.join_keys import key_type_problems
 
     assert isinstance(cfg, Config)
     try:
@@ -315,7 +339,14 @@ def _check_against_database(cfg: object) -> SchemaReport:
             (f"database.url: cannot open the protected database ({_reason(e)})",), ()
         )
     try:
-        return schema_report(cfg, read_schema(engine, cfg.tables))
+        report = schema_report(cfg, read_schema(engine, cfg.tables))
+        if report.problems:
+            return report
+        try:
+            keys = key_type_problems(engine, cfg.tables)
+        except (sa.exc.SQLAlchemyError, NotImplementedError) as e:
+            keys = [f"database.url: cannot read the join keys' storage ({type(e).__name__})"]
+        return SchemaReport(tuple(keys), report.notes)
     finally:
         engine.dispose()
 

@@ -28,7 +28,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 from sqlglot import exp
 
@@ -39,6 +39,7 @@ from gateway.errors import (
     InvalidPrivacyParameters,
     InvalidRequest,
     Unauthenticated,
+    UnknownColumn,
     UnsupportedQuery,
 )
 from gateway.pgwire import codec
@@ -51,6 +52,7 @@ from gateway.pgwire.values import (
     bind,
     duckdb_type_oid,
     encode,
+    infer_parameter_types,
     parameter_literal,
     placeholders,
     type_size,
@@ -109,7 +111,11 @@ class Session(SessionCommands):
     """The state of one connection. ``run`` serves it until Terminate or disconnect."""
 
     def __init__(
-        self, server: WireServer, stream: BinaryIO, write: Callable[[bytes], None], peer: str
+        self,
+        server: WireServer,
+        stream: codec.ByteSource,
+        write: Callable[[bytes], None],
+        peer: str,
     ) -> None:
         self.server = server
         self.stream = stream
@@ -154,12 +160,13 @@ class Session(SessionCommands):
 
     # -- the connection -----------------------------------------------------------------
 
-    def serve(self, startup: codec.Startup, on_login: Callable[[], None] | None = None) -> None:
-        """Authenticate the startup's user, then answer messages until Terminate."""
-        if not self._authenticate(startup):
+    def serve(self, startup: codec.Startup, login: Callable[[], bool] = lambda: True) -> None:
+        """Authenticate the startup's user, then answer messages until Terminate.
+
+        ``login`` is asked for a session slot once the user has proved their key, before
+        the client is told it is in; False refuses the login (53300)."""
+        if not self._authenticate(startup, login):
             return
-        if on_login is not None:
-            on_login()
         self.flush()
         while True:
             try:
@@ -172,7 +179,7 @@ class Session(SessionCommands):
                 return
             self._dispatch(message)
 
-    def _authenticate(self, startup: codec.Startup) -> bool:
+    def _authenticate(self, startup: codec.Startup, login_slot: Callable[[], bool]) -> bool:
         from gateway.pgwire.scram import (
             MECHANISM,
             ScramExchange,
@@ -239,6 +246,13 @@ class Session(SessionCommands):
             error = Forbidden(f"analyst '{analyst.name}' is disabled")
             self.server.observe.connection(self.peer, user, error.code)
             self.send(codec.error_response("28000", error.message, severity="FATAL"))
+            self.flush()
+            return False
+        if not login_slot():
+            self.server.observe.connection(self.peer, user, "too_many_clients")
+            self.send(
+                codec.error_response("53300", "sorry, too many clients already", severity="FATAL")
+            )
             self.flush()
             return False
         self.send(codec.authentication(12, server_final.encode("ascii")))
@@ -364,6 +378,9 @@ class Session(SessionCommands):
         self._hold(size)
         count = max(placeholders(message.sql), len(message.parameter_types))
         types = tuple(message.parameter_types) + (0,) * (count - len(message.parameter_types))
+        if 0 in types:  # the client left some to the server (asyncpg, node-postgres)
+            inferred = infer_parameter_types(message.sql, self.server.column_types)
+            types = tuple(t or inferred.get(i + 1, 0) for i, t in enumerate(types))
         self.statements[message.name] = Statement(message.name, message.sql, types, size)
         self.send(codec.parse_complete())
 
@@ -506,17 +523,12 @@ class Session(SessionCommands):
             rewritten = rewrite_catalog(tree, context)
         except GatewayError:
             raise
-        except Exception as e:  # a construct the rewriter does not know
-            raise UnsupportedQuery(
-                f"this catalogue query is not supported by dpgate ({type(e).__name__})",
-                construct="catalog",
-            ) from None
+        except Exception:  # a construct the rewriter does not know
+            raise UnsupportedQuery(_CATALOG_UNSUPPORTED, construct="catalog") from None
         try:
             result: CatalogResult = self.server.catalog.run(rewritten)
         except CatalogError as e:
-            raise UnsupportedQuery(
-                f"this catalogue query is not supported by dpgate: {e}", construct="catalog"
-            ) from None
+            raise _catalog_error(str(e)) from None
         columns = [(name, duckdb_type_oid(kind)) for name, kind in result.columns]
         return Outcome(columns, result.rows, f"SELECT {len(result.rows)}")
 
@@ -561,6 +573,27 @@ class Session(SessionCommands):
         return secrets.compare_digest(
             secret.to_bytes(4, "big", signed=True), self.secret.to_bytes(4, "big", signed=True)
         )
+
+
+_CATALOG_UNSUPPORTED = (
+    "this catalogue query is not supported by dpgate: it reads only the tables and "
+    "columns of pg_catalog and information_schema that dpgate emulates from its config"
+)
+
+
+def _catalog_error(engine_message: str) -> GatewayError:
+    """The client's error for a failed catalogue query, in PostgreSQL's words.
+
+    The engine's own message is never shown (its wording would tell what answers the
+    catalogue); only a column or table name the client itself wrote is echoed back."""
+    column = re.search(r'column "([^"]{1,64})" not found', engine_message)
+    if column is not None:
+        return UnknownColumn(f'column "{column.group(1)}" does not exist', column=column.group(1))
+    if "interrupt" in engine_message.lower():
+        return UnsupportedQuery(
+            "this catalogue query took too long and was stopped", construct="catalog"
+        )
+    return UnsupportedQuery(_CATALOG_UNSUPPORTED, construct="catalog")
 
 
 class InFailedTransaction(InvalidRequest):
