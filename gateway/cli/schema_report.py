@@ -37,10 +37,9 @@ class SchemaReport:
 #: What a note means for analysts, said once after the tables that have it.
 MEANINGS = {
     "nullable": (
-        "may hold NULL: with `nullable` not declared, dpgate takes the catalogue's word; each "
-        "such column has a NULL cell the auditor counts, and if the column never holds NULL "
-        "that empty cell gets queries that would pin it down refused — declare NOT NULL in "
-        "the database (or `nullable: false`: rows with NULL are then left out)"
+        "may hold NULL: `nullable` is not declared, so dpgate takes the catalogue's word and "
+        "the auditor keeps a NULL cell for each (what declaring it would change: below); a "
+        "table made by CREATE TABLE AS, or written by Spark, has every column nullable"
     ),
     "unknown": "nullability unknown: taken as nullable (as above); declare `nullable:`",
     "unique": (
