@@ -406,7 +406,11 @@ def _postgres_wire(
         v.number(pw, "postgres_wire.authentication_timeout_s", 10.0, positive=True) or 10.0
     )
     max_authenticating = v.integer(pw, "postgres_wire.max_authenticating", 32, low=1) or 32
-    per_address = v.integer(pw, "postgres_wire.max_authenticating_per_address", 8, low=1) or 8
+    default_per_address = min(8, max_authenticating)
+    per_address = (
+        v.integer(pw, "postgres_wire.max_authenticating_per_address", default_per_address, low=1)
+        or default_per_address
+    )
     if per_address > max_authenticating:
         v.problem(
             "postgres_wire.max_authenticating_per_address: must be ≤ max_authenticating "
