@@ -40,13 +40,14 @@ from gateway import metrics
 from gateway.answer_cache import AnswerCache
 from gateway.audit_policy import AuditPolicy
 from gateway.catalog import public_schema
-from gateway.charges import Charges
+from gateway.charges import Charges, charged_ledger_failure, uncharged_ledger_failures
 from gateway.compile import CompiledQuery, compile_plan
 from gateway.config import Config, with_enforced_domains, with_nullability
 from gateway.dry_run import dry_run
-from gateway.errors import DatabaseUnavailable, Forbidden, GatewayError
+from gateway.errors import DatabaseUnavailable, Forbidden, GatewayError, LedgerUnavailable
 from gateway.execute import (
     StatementFailed,
+    check_parses,
     domains_enforced_by_schema,
     nullability_by_schema,
     open_protected_engine,
@@ -68,6 +69,10 @@ from gateway.timing import ReleaseClock, start_clock
 from mechanisms import prefill
 
 log = logging.getLogger("dpgate.pipeline")
+
+#: A ready answer is reused this long (seconds): /readyz needs no key, and each probe
+#: is a durable write to the ledger. A failed probe is not reused: recovery shows at once.
+READY_PROBE_INTERVAL_S = 0.5
 CHARGED_FAILURE_MESSAGE = (
     "the protected database did not complete this query before its deadline; the query "
     "was charged and nothing was released (a query that keeps failing may need a later "
@@ -124,6 +129,9 @@ class Gateway:
         # and the public config, and costs more than the rest of planning together).
         self._compiled: OrderedDict[str, CompiledQuery] = OrderedDict()
         self._compiled_lock = threading.Lock()
+        self._ready_lock = threading.Lock()
+        self._ready: dict[str, bool] | None = None
+        self._ready_at = 0.0
 
     # -- identity and public metadata ----------------------------------------------------
 
@@ -143,12 +151,24 @@ class Gateway:
         return self.charges.history(analyst, limit=limit)
 
     def ready(self) -> dict[str, bool]:
-        ledger_ok = True
-        try:
-            self.ledger.ping()
-        except Exception:
-            ledger_ok = False
-        return {"database": ping(self.engine), "ledger": ledger_ok}
+        """Whether the protected database answers and the ledger takes a write (a ready
+        answer is reused for ``READY_PROBE_INTERVAL_S``). A ledger that is back first gets
+        the outcomes it missed (``Charges.settle_pending``)."""
+        now = time.monotonic()
+        with self._ready_lock:
+            if self._ready is not None and now - self._ready_at < READY_PROBE_INTERVAL_S:
+                return self._ready
+            ledger_ok = True
+            try:
+                self.ledger.probe_write()
+                self.charges.settle_pending()
+            except Exception:
+                log.warning("ledger readiness probe failed", exc_info=True)
+                ledger_ok = False
+            checks = {"database": ping(self.engine), "ledger": ledger_ok}
+            self._ready = checks if all(checks.values()) else None
+            self._ready_at = time.monotonic()
+            return checks
 
     def analyze(self, sql: str) -> Any:
         """The plan of ``sql`` (from the plan cache when it was seen recently)."""
@@ -206,17 +226,12 @@ class Gateway:
     def _answer(self, analyst: str, planned: PlannedQuery) -> Release:
         """A planned request that is not in the cache: a dry run, or the data's turn."""
         if planned.request.dry_run:
-            return dry_run(
-                planned,
-                self.charges,
-                analyst,
-                self.config.execution,
-                self.config.tables,
-                self.audit.predict(analyst, planned),
-            )
+            with uncharged_ledger_failures():  # the audit's scope lock: nothing is charged
+                return self._dry_run(analyst, planned)
         plan, calibration = planned.plan, planned.calibration
         table = self.config.tables[plan.table]
-        with self.audit.holding(analyst) as scope:
+        # The scope lock's own failure is the ledger's, before anything is charged.
+        with uncharged_ledger_failures(), self.audit.holding(analyst) as scope:
             flags = self.audit.before(scope, analyst, planned)
             compiled = self._compile(planned)
             _prefill(planned)
@@ -228,12 +243,27 @@ class Gateway:
             )
             try:
                 return self._release(scope, planned, compiled, reservation, clock, flags)
+            except (LedgerUnavailable, budget.LedgerUnavailable) as e:
+                if isinstance(e, LedgerUnavailable) and e.detail.get("charged") is True:
+                    raise
+                raise charged_ledger_failure() from None  # the charge above stands
             finally:
                 # Whatever happened — answer, failure, withheld — it leaves at the release
                 # moment fixed before execution (invariant: observables are public or DP).
                 held = clock.wait()
                 if clock.release_at is not None:
                     metrics.record_release_wait(held)
+
+    def _dry_run(self, analyst: str, planned: PlannedQuery) -> Release:
+        """The plan, cost and expected accuracy of a request; nothing runs or is charged."""
+        return dry_run(
+            planned,
+            self.charges,
+            analyst,
+            self.config.execution,
+            self.config.tables,
+            self.audit.predict(analyst, planned),
+        )
 
     def _compile(self, planned: PlannedQuery) -> CompiledQuery:
         """The one statement of a plan (from the cache of recently compiled plans)."""
@@ -244,6 +274,7 @@ class Gateway:
                 self._compiled.move_to_end(key)
                 return compiled
         compiled = self.compile(planned.plan)
+        check_parses(compiled.sql, self.dialect)  # refused free, before the charge
         with self._compiled_lock:
             self._compiled[key] = compiled
             if len(self._compiled) > PLAN_CACHE_SIZE:
