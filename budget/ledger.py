@@ -28,6 +28,7 @@ import logging
 import math
 import re
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -184,6 +185,9 @@ class Ledger:
         else:
             self._deferred = WriteQueue(write_transaction)
         self._locks = ScopeLocks(engine)
+        # Observes how long each transaction waited for a pooled connection (the
+        # gateway's metrics; seconds): ``None`` observes nothing.
+        self.on_connection_wait: Callable[[float], None] | None = None
 
     @classmethod
     def from_url(cls, url: str, **kw: Any) -> Ledger:
@@ -249,7 +253,10 @@ class Ledger:
                 with locked, held.transaction(begin) as conn:
                     yield conn
                 return
+            asked = time.monotonic()
             with locked, self.engine.connect() as conn:
+                if self.on_connection_wait is not None:
+                    self.on_connection_wait(time.monotonic() - asked)
                 if write:
                     conn.execution_options(dpgate_write=True, dpgate_durable=durable)
                 with conn.begin():

@@ -42,6 +42,9 @@ class RequestRecord:
     error_code: str | None = None
     # A query request on a front end other than ``POST /v1/query`` (the wire protocol).
     is_query: bool = False
+    # The error came after the statement reached the protected database (charged): a
+    # statement's failure, not the database being down (``gateway.metrics``).
+    charged_failure: bool = False
 
     @property
     def analyst(self) -> str | None:
@@ -60,6 +63,7 @@ def observe(record: RequestRecord, ledger: budget.Ledger | None) -> None:
         status=record.status,
         outcome=code or ("ok" if record.status < 400 else str(record.status)),
         duration_s=duration,
+        charged=record.charged_failure,
     )
     outcome = None
     if record.is_query or (record.rule == QUERY_RULE and record.method == "POST"):

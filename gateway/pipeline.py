@@ -113,6 +113,8 @@ class Gateway:
             config.ledger.url, **config.privacy.ledger_options()
         )
         self.ledger.migrate()
+        self.ledger.on_connection_wait = metrics.watch_ledger_pool(self.ledger.engine)
+        metrics.record_build_info()
         for a in config.analysts:
             self.ledger.ensure_analyst(a.name, a.epsilon, a.delta, a.period)
         data_version = config.database.data_version
@@ -309,7 +311,11 @@ class Gateway:
             self.charges.refund(reservation, "the protected database was unreachable")
             raise
         except StatementFailed as failure:
+            _count_past_deadline(plan.table, clock)
+            if failure.timed_out:
+                metrics.record_deadline_miss(plan.table)
             self._charged_failure(reservation, "timeout" if failure.timed_out else "error")
+        _count_past_deadline(plan.table, clock)
         try:
             noisy = add_noise(plan, compiled, exact, calibration)
         except Exception:
@@ -366,6 +372,13 @@ class Gateway:
             privacy=NO_PRIVACY_SPENT,
             budget=status,
         )
+
+
+def _count_past_deadline(table: str, clock: ReleaseClock) -> None:
+    """Count a statement that returned after its query's release moment (operator's
+    metric: its response cannot leave at the deadline)."""
+    if clock.release_at is not None and time.monotonic() > clock.release_at:
+        metrics.record_past_deadline(table)
 
 
 def _post_process(planned: PlannedQuery, release: Release) -> Release:
