@@ -126,7 +126,8 @@ def _postgres(rows: int, url: str, schema: str) -> None:
         )
         conn.execute(
             sa.text(
-                f'CREATE TABLE "{schema}".patients AS SELECT g AS pid, (g * 7919) % 1000 AS zip, '
+                f'CREATE TABLE "{schema}".patients AS SELECT g AS pid, '
+                "((g::bigint * 7919) % 1000)::integer AS zip, "
                 f"g % 100 AS age FROM generate_series(1, {rows}) g"
             )
         )
