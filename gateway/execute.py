@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from gateway import metrics
 from gateway.config import TableConfig
 from gateway.constraints import bounded_columns, enforced_columns
 from gateway.domain import declared_values
@@ -175,6 +176,66 @@ def run_aggregate(engine: sa.Engine, sql: str, *, timeout_ms: int) -> list[tuple
             with contextlib.suppress(sa.exc.SQLAlchemyError):
                 conn.rollback()
     return rows
+
+
+class _Outcome:
+    """What a statement run in the background came to (set once, by its thread)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.rows: list[tuple[Any, ...]] | None = None
+        self.error: BaseException | None = None
+        self.abandoned = False
+        self.lock = threading.Lock()
+
+
+def run_aggregate_until(
+    engine: sa.Engine, sql: str, *, timeout_ms: int, until: float | None, query_id: str = ""
+) -> list[tuple[Any, ...]]:
+    """``run_aggregate``, abandoned at ``until`` (``time.monotonic()``) whatever the engine
+    does: a statement that has not produced its rows by then raises ``StatementFailed``
+    (timed out) at that moment, and runs on in the background until its own timeout
+    or cancel stops it (a Spark job group cannot be cancelled while the query is still
+    planned; a driver may ignore an interrupt). When it ends, the operator's log says how
+    late, and ``dpgate_deadline_misses_total`` has counted it. Nothing it returns late is
+    used. ``until=None``: no release moment, the statement's own timeout only."""
+    if until is None:
+        return run_aggregate(engine, sql, timeout_ms=timeout_ms)
+    outcome = _Outcome()
+
+    def work() -> None:
+        try:
+            outcome.rows = run_aggregate(engine, sql, timeout_ms=timeout_ms)
+        except BaseException as e:  # handed to the waiting thread, or logged if abandoned
+            outcome.error = e
+        with outcome.lock:
+            outcome.done.set()
+            late = outcome.abandoned
+        if late:
+            log.warning(
+                "deadline miss: abandoned statement of query %s ended %.0f ms after its deadline",
+                query_id,
+                (time.monotonic() - until) * 1000,
+            )
+
+    thread = threading.Thread(target=work, name="dpgate-statement", daemon=True)
+    thread.start()
+    outcome.done.wait(max(0.0, until - time.monotonic()))
+    with outcome.lock:
+        if not outcome.done.is_set():
+            outcome.abandoned = True
+    if outcome.abandoned:
+        metrics.record_deadline_miss("statement")
+        log.warning(
+            "deadline miss: query %s's statement was still running at its deadline; it is "
+            "abandoned (cancelled in the background) and charged",
+            query_id,
+        )
+        raise StatementFailed(timed_out=True)
+    if outcome.error is not None:
+        raise outcome.error
+    assert outcome.rows is not None
+    return outcome.rows
 
 
 def _fetch_all(raw: Any, sql: str) -> list[tuple[Any, ...]]:

@@ -78,6 +78,14 @@ STATEMENT_FAILURES = Counter(
     "by cause: error, timeout (the deadline was too short for it), noising.",
     ["cause"],
 )
+DEADLINE_MISSES = Counter(
+    "dpgate_deadline_misses",
+    "Queries that missed their release deadline, by stage: statement (still running at "
+    "its deadline: abandoned, charged, reported as failed at the release moment), turn "
+    "(an earlier query of the same audit scope was not done in time: charged), release "
+    "(the answer was ready only after its release moment and left late).",
+    ["stage"],
+)
 RATE_LIMITED = Counter(
     "dpgate_rate_limited",
     "Requests refused by the rate limiter, by scope (address or analyst).",
@@ -123,6 +131,10 @@ def record_release_wait(seconds: float) -> None:
 
 def record_statement_failure(cause: str) -> None:
     STATEMENT_FAILURES.labels(cause).inc()
+
+
+def record_deadline_miss(stage: str) -> None:
+    DEADLINE_MISSES.labels(stage).inc()
 
 
 def record_rate_limited(scope: str) -> None:
