@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.common import COUNT_MAE_THEORY, REPO_DIR, RESULTS_DIR, fmt, log
 
-PARTS = ("pums", "smartnoise", "throughput", "pgwire", "scale")
+PARTS = ("pums", "smartnoise", "throughput", "pgwire", "dashboard", "scale")
 PUMS_ROUNDS = 10  # turns dpgate and SmartNoise take on PUMS (each: reps / PUMS_ROUNDS)
 
 
@@ -153,6 +153,15 @@ def main(argv: list[str] | None = None) -> int:
         from bench import bench_pgwire
 
         attempt("pgwire", lambda: bench_pgwire.run(100 if a.quick else 400))
+    if "dashboard" in parts:
+        from bench import dashboard
+
+        attempt(
+            "dashboard",
+            lambda: dashboard.run(
+                n=20 if a.quick else 60, dashboards=2 if a.quick else 5, duration=duration / 2
+            ),
+        )
     if "scale" in parts:
         # Last: loading and reading 10M rows leaves databases busy for a while
         # (autovacuum, checkpoints), which would be measured as the server's latency.

@@ -200,9 +200,9 @@ class ExecutionConfig:
 
     timing: Literal["deadline", "off"] = "deadline"
     deadline_ms: int | None = None
-    deadline_margin: float = 4.0
+    deadline_margin: float = 3.0
     min_deadline_ms: int = 10
-    post_ms: int = 15
+    post_ms: int = 10
     row_ns: float | None = None  # the cost model's per-row costs (None: the engine's)
     char_ns: float | None = None
     sort_ns: float | None = None
@@ -376,7 +376,7 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
             "base_ms",
         },
     )
-    margin = v.number(ex, "execution.deadline_margin", 4.0, positive=True) or 4.0
+    margin = v.number(ex, "execution.deadline_margin", 3.0, positive=True) or 3.0
     if margin < 1:
         v.problem("execution.deadline_margin: must be ≥ 1")
     execution = ExecutionConfig(
@@ -384,7 +384,7 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
         deadline_ms=v.integer(ex, "execution.deadline_ms", None, low=1),
         deadline_margin=max(1.0, margin),
         min_deadline_ms=v.integer(ex, "execution.min_deadline_ms", 10, low=1) or 10,
-        post_ms=v.integer(ex, "execution.post_ms", 15, low=1) or 15,
+        post_ms=v.integer(ex, "execution.post_ms", 10, low=1) or 10,
         row_ns=v.number(ex, "execution.row_ns", None, positive=True),
         char_ns=v.number(ex, "execution.char_ns", None, positive=True),
         sort_ns=v.number(ex, "execution.sort_ns", None, positive=True),

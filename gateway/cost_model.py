@@ -18,7 +18,14 @@ never the protected rows nor the running time of any statement (docs/privacy.md,
   admin's own;
 - the gateway's concurrency: how many statements of this process are in flight when the
   query starts (a function of when requests arrived and when earlier answers were
-  released, both public), against the machine's CPU count.
+  released, both public), against the machine's CPU count;
+- the machine's load: its 1-minute load average, in steps of √2 per CPU. This one is
+  not strictly public: the run queue holds this gateway's own statements too, whose
+  running time can depend on the rows. One person's share of it is bounded (a bounded
+  number of their rows read, a bounded cost per row, every attempt charged) and is
+  averaged over a minute with everything else the machine runs, then rounded to a
+  step; docs/privacy.md ("Timing") weighs it against what it buys (misses — charged
+  failures — stay rare when the machine is busy).
 
 Nothing is measured on the protected data at start-up: two gateways started on
 neighbouring databases with the same config give every query the same deadline. A table
@@ -105,10 +112,17 @@ class CostModel:
         ns += windows * largest * math.log2(max(2, largest)) * e.sort_ns
         return e.base_ms + ns / 1e6
 
-    def load_factor(self, in_flight: int) -> float:
-        """How much slower a statement runs when ``in_flight`` statements (itself
-        included) share the machine's CPUs."""
-        return max(1.0, in_flight / max(1, self.cpus))
+    def load_factor(self, in_flight: int, load: float = 0.0) -> float:
+        """How much slower a statement runs when ``in_flight`` statements of this process
+        (itself included) share the machine's CPUs, or when the machine's run queue is
+        ``load`` long (its 1-minute load average), whichever is worse; the load's share
+        is rounded up to a power of √2, so that it moves the deadline in steps."""
+        cpus = max(1, self.cpus)
+        ours = in_flight / cpus
+        machine = load / cpus
+        if machine > 1:
+            machine = 2 ** (math.ceil(2 * math.log2(machine)) / 2)
+        return max(1.0, ours, machine)
 
 
 def build_model(
@@ -139,6 +153,14 @@ def build_model(
 
 def _either(configured: float | None, default: float) -> float:
     return configured if configured is not None else default
+
+
+def machine_load() -> float:
+    """The machine's 1-minute load average (0 where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):  # pragma: no cover - not Unix
+        return 0.0
 
 
 def cpu_count() -> int:

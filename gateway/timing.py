@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 
 from gateway.config import ExecutionConfig, TableConfig
-from gateway.cost_model import CostModel
+from gateway.cost_model import CostModel, machine_load
 from gateway.plan import QueryPlan
 
 #: Under a fixed ``deadline_ms``, the statement may use this share of it; the rest is
@@ -118,7 +118,8 @@ class ReleaseTiming:
         estimate = None if self.model is None else self.model.statement_ms(plan, sql)
         if estimate is None:
             return FALLBACK_DEADLINE_MS, FALLBACK_DEADLINE_MS * (1 - STATEMENT_SHARE)
-        estimate *= self.model.load_factor(in_flight) if self.model is not None else 1.0
+        if self.model is not None:
+            estimate *= self.model.load_factor(in_flight, machine_load())
         statement = max(float(ex.min_deadline_ms), estimate * ex.deadline_margin)
         return float(math.ceil(statement + ex.post_ms)), float(ex.post_ms)
 

@@ -70,8 +70,15 @@ def misses(stage: str) -> float:
 # -- deadlines from public facts -----------------------------------------------------------
 
 
+@pytest.fixture
+def idle_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine's load average read as 0: the tests below compare deadlines, which
+    must not move with the load of a shared test machine between two reads."""
+    monkeypatch.setattr("gateway.timing.machine_load", lambda: 0.0)
+
+
 def test_neighbouring_databases_give_every_query_the_same_deadline(
-    make_gateway: Callable[..., Gateway],
+    make_gateway: Callable[..., Gateway], idle_machine: None
 ) -> None:
     """Nothing is measured on the protected rows: the deadline is the config's and the
     plan's, so a database with one person fewer gives the same one, for every query."""
@@ -89,7 +96,9 @@ def test_neighbouring_databases_give_every_query_the_same_deadline(
     assert a.timing.model == b.timing.model
 
 
-def test_the_deadline_follows_the_querys_cost(make_gateway: Callable[..., Gateway]) -> None:
+def test_the_deadline_follows_the_querys_cost(
+    make_gateway: Callable[..., Gateway], idle_machine: None
+) -> None:
     gw = make_gateway(execution=DEADLINE)
     count = deadline_of(gw, "SELECT COUNT(*) FROM patients")
     median = deadline_of(gw, "SELECT MEDIAN(age) FROM patients")
@@ -107,6 +116,12 @@ def test_the_deadline_follows_the_querys_cost(make_gateway: Callable[..., Gatewa
     table = gw.config.tables["patients"]
     many = gw.timing.deadline_ms(plan, table, sql, in_flight=20)
     assert many is not None and many > count
+    # and when the machine is busy (its load average, in steps)
+    model = gw.timing.model
+    assert model is not None and model.cpus >= 1
+    assert model.load_factor(1, 0.0) == 1.0
+    assert model.load_factor(1, 4.0 * model.cpus) == 4.0
+    assert model.load_factor(1, 2.5 * model.cpus) == pytest.approx(2**1.5)
 
 
 def test_without_a_declared_row_count_the_fixed_deadline_applies(
@@ -145,7 +160,9 @@ def test_the_cost_model_settings_are_checked() -> None:
     assert "sqlite" in ENGINE_COSTS and "spark" in ENGINE_COSTS
 
 
-def test_a_dry_run_shows_the_querys_own_deadline(make_gateway: Callable[..., Gateway]) -> None:
+def test_a_dry_run_shows_the_querys_own_deadline(
+    make_gateway: Callable[..., Gateway], idle_machine: None
+) -> None:
     gw = make_gateway(execution=DEADLINE)
     gw.ledger.create_analyst("dana", 10.0, 1e-6)
     sql = "SELECT COUNT(*) FROM patients"
@@ -298,7 +315,7 @@ def test_a_statement_past_its_deadline_is_reported_at_the_release_moment(
 
 
 def test_a_query_whose_declared_rows_understate_the_table_misses_and_stays_charged(
-    make_gateway: Callable[..., Gateway],
+    make_gateway: Callable[..., Gateway], idle_machine: None
 ) -> None:
     """A statement made slow on purpose, on the real engine: `visits` declared to hold a
     handful of rows, so the costly query gets the least deadline and cannot make it."""

@@ -240,7 +240,7 @@ audit:
   scope: analyst
 execution:
   timing: deadline     # answers that read rows leave at a release moment fixed from public facts
-  deadline_margin: 4   # a query's deadline: its cost estimate × 4 (+ post_ms), or set deadline_ms
+  deadline_margin: 3   # a query's deadline: its cost estimate × 3 (+ post_ms), or set deadline_ms
 tables:
   patients:
     privacy_unit: patient_id
