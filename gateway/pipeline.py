@@ -224,11 +224,11 @@ class Gateway:
             return replace(release, extra=extra)
         plan, calibration = planned.plan, planned.calibration
         table = self.config.tables[plan.table]
+        compiled = self._compile(planned)  # pure functions of the plan: outside the lane
+        _prefill(planned)
         with self.audit.lane(analyst) as lane:
             with lane.deciding():
                 flags = self.audit.before(lane.scope, analyst, planned)
-                compiled = self._compile(planned)
-                _prefill(planned)
                 reservation = self.charges.reserve(
                     analyst, planned.request, calibration.cost, planned.key
                 )

@@ -18,7 +18,7 @@ when it misses it):
   and the ledger commit; or the fixed ``deadline_ms`` of the table or of ``execution``
   when set; or ``FALLBACK_DEADLINE_MS`` for a table without a declared row count;
 - within an audit scope, never earlier than the previous ticket's release moment plus
-  ``RELEASE_GAP_S`` (``gateway.lanes``: post-audits run in ticket order).
+  the time kept for a post-audit (``gateway.lanes``: post-audits run in ticket order).
 
 The answer — or the error, or the post-audit refusal — is held until that moment. The
 statement may run until ``statement_until`` (the release moment less the time kept for
@@ -52,8 +52,9 @@ STATEMENT_SHARE = 0.8
 #: and that has no ``deadline_ms``: the cost model cannot size it, so it gets the fixed
 #: deadline dpgate always had.
 FALLBACK_DEADLINE_MS = 250
-#: Release moments of one scope's consecutive tickets are at least this far apart: room
-#: for one post-audit once the previous ticket is done.
+#: Release moments of one scope's consecutive tickets are at least this far apart (and at
+#: least the time kept after a statement, ``post_ms`` times the load factor): room for
+#: one post-audit once the previous ticket is done.
 RELEASE_GAP_S = 0.002
 
 
@@ -116,12 +117,13 @@ class ReleaseTiming:
             return fixed, (fixed or 0) * (1 - STATEMENT_SHARE)
         ex = self.execution
         estimate = None if self.model is None else self.model.statement_ms(plan, sql)
-        if estimate is None:
+        if estimate is None or self.model is None:
             return FALLBACK_DEADLINE_MS, FALLBACK_DEADLINE_MS * (1 - STATEMENT_SHARE)
-        if self.model is not None:
-            estimate *= self.model.load_factor(in_flight, machine_load())
-        statement = max(float(ex.min_deadline_ms), estimate * ex.deadline_margin)
-        return float(math.ceil(statement + ex.post_ms)), float(ex.post_ms)
+        # the work after the statement slows down with the machine, as the statement does
+        factor = self.model.load_factor(in_flight, machine_load())
+        statement = max(float(ex.min_deadline_ms), estimate * factor * ex.deadline_margin)
+        kept = ex.post_ms * factor
+        return float(math.ceil(statement + kept)), kept
 
     def start(
         self,
@@ -143,7 +145,8 @@ class ReleaseTiming:
             assert deadline is not None
             release_at = now + deadline / 1000
             if after is not None:
-                release_at = max(release_at, after + RELEASE_GAP_S)
+                # room for this one's post-audit once the previous ticket's is done
+                release_at = max(release_at, after + max(RELEASE_GAP_S, kept / 1000))
             self._pending.append(release_at)
         until = release_at - kept / 1000
         return ReleaseClock(
