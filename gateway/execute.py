@@ -27,7 +27,7 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -190,7 +190,13 @@ class _Outcome:
 
 
 def run_aggregate_until(
-    engine: sa.Engine, sql: str, *, timeout_ms: int, until: float | None, query_id: str = ""
+    engine: sa.Engine,
+    sql: str,
+    *,
+    timeout_ms: int,
+    until: float | None,
+    query_id: str = "",
+    run: Callable[..., list[tuple[Any, ...]]] | None = None,
 ) -> list[tuple[Any, ...]]:
     """``run_aggregate``, abandoned at ``until`` (``time.monotonic()``) whatever the engine
     does: a statement that has not produced its rows by then raises ``StatementFailed``
@@ -198,14 +204,16 @@ def run_aggregate_until(
     or cancel stops it (a Spark job group cannot be cancelled while the query is still
     planned; a driver may ignore an interrupt). When it ends, the operator's log says how
     late, and ``dpgate_deadline_misses_total`` has counted it. Nothing it returns late is
-    used. ``until=None``: no release moment, the statement's own timeout only."""
+    used. ``until=None``: no release moment, the statement's own timeout only. ``run``:
+    what runs the statement (``run_aggregate``)."""
+    run = run or run_aggregate
     if until is None:
-        return run_aggregate(engine, sql, timeout_ms=timeout_ms)
+        return run(engine, sql, timeout_ms=timeout_ms)
     outcome = _Outcome()
 
     def work() -> None:
         try:
-            outcome.rows = run_aggregate(engine, sql, timeout_ms=timeout_ms)
+            outcome.rows = run(engine, sql, timeout_ms=timeout_ms)
         except BaseException as e:  # handed to the waiting thread, or logged if abandoned
             outcome.error = e
         with outcome.lock:

@@ -51,6 +51,7 @@ from gateway.execute import (
     nullability_by_schema,
     open_protected_engine,
     ping,
+    run_aggregate,
     run_aggregate_until,
     sqlglot_dialect,
     units_unique_by_schema,
@@ -300,6 +301,7 @@ class Gateway:
                 timeout_ms=clock.statement_timeout_ms,
                 until=clock.statement_until,
                 query_id=reservation.id,
+                run=run_aggregate,
             )
         except DatabaseUnavailable:
             lane.done(ticket)

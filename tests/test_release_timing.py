@@ -25,6 +25,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 import gateway.execute
+import gateway.pipeline
 from gateway.config import parse_config
 from gateway.cost_model import ENGINE_COSTS
 from gateway.errors import DatabaseUnavailable
@@ -205,8 +206,8 @@ class Statements:
 
 @pytest.fixture
 def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[Statements]:
-    recorder = Statements(slow_first=0.3)
-    monkeypatch.setattr(gateway.execute, "run_aggregate", recorder)
+    recorder = Statements(slow_first=1.0)
+    monkeypatch.setattr(gateway.pipeline, "run_aggregate", recorder)
     yield recorder
 
 
@@ -217,7 +218,7 @@ def test_a_dashboard_of_one_analyst_overlaps_and_is_audited_in_ticket_order(
     ticket's statement is made to end last, yet every post-audit runs in ticket order,
     and the release moments follow the tickets."""
     # deadlines generous enough for the slowed statement on a loaded machine
-    gw = make_gateway(execution={**DEADLINE, "min_deadline_ms": 3000}, audit={"mode": "refuse"})
+    gw = make_gateway(execution={**DEADLINE, "min_deadline_ms": 5000}, audit={"mode": "refuse"})
     gw.ledger.create_analyst("dana", 100.0, 1e-6)
     reserved: list[str] = []
     remembered: list[str] = []
@@ -298,7 +299,7 @@ def test_a_statement_past_its_deadline_is_reported_at_the_release_moment(
         time.sleep(1.0)
         return real(engine, sql, timeout_ms=timeout_ms)
 
-    monkeypatch.setattr(gateway.execute, "run_aggregate", ignores_cancel)
+    monkeypatch.setattr(gateway.pipeline, "run_aggregate", ignores_cancel)
     gw = make_gateway(execution={**DEADLINE, "deadline_ms": 100})
     gw.ledger.create_analyst("erin", 100.0, 1e-6)
     before = misses("statement")
