@@ -17,10 +17,18 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 
 import budget
 from budget import Reservation
-from gateway.audit import AnsweredCell, AnsweredQuery, AuditDecision, Auditor
+from gateway.audit import (
+    AnsweredCell,
+    AnsweredQuery,
+    AuditDecision,
+    Auditor,
+    AuditPrediction,
+    CountNoise,
+)
 from gateway.charges import Charges, ledger_errors
 from gateway.config import AuditConfig, TableConfig
 from gateway.errors import AuditRefused, GatewayError
@@ -84,6 +92,13 @@ class AuditPolicy:
         with lane.member():
             yield lane
 
+    @contextmanager
+    def holding(self, analyst: str) -> Iterator[str]:
+        """Hold the analyst's audit scope for one decision outside a query (a dry run's
+        prediction): as a member of its lane, under the lane's mutex; yields the scope."""
+        with self.lane(analyst) as lane, lane.deciding():
+            yield lane.scope
+
     def before(self, scope: str, analyst: str, planned: PlannedQuery) -> list[str]:
         """Refuse (free) a request the auditor refused before, or that the pre-audit
         refuses now; returns the flags to record when ``mode`` is ``flag``."""
@@ -91,7 +106,8 @@ class AuditPolicy:
             return []
         if self.mode == "refuse":
             self._refused_before(analyst, planned.key)
-        decision = _decide(lambda: self.auditor.pre_audit(scope, planned.plan))
+        noise = count_noise(planned)
+        decision = _decide(lambda: self.auditor.pre_audit(scope, planned.plan, noise))
         if decision.allowed:
             return []
         if self.mode == "refuse":
@@ -100,8 +116,38 @@ class AuditPolicy:
                 f"{decision.reason} Nothing was charged.",
                 charged=False,
                 combined_with=list(decision.combined_with),
+                groups=list(decision.groups),
             )
         return [decision.reason]
+
+    def predict(self, analyst: str, planned: PlannedQuery) -> AuditPrediction:
+        """What the audit would do with ``planned`` now, for a dry run (changes nothing,
+        costs nothing): ``refused`` (free), ``may_be_withheld`` after execution, or
+        ``answered``, with why and the groups concerned (WHERE clauses: public)."""
+        if not self.active:
+            return AuditPrediction("answered", "the audit is off")
+        with self.holding(analyst) as scope:
+            if self.mode == "refuse":
+                with ledger_errors():
+                    refusal = self.ledger.find_refusal(
+                        planned.key, analyst, self.planner.data_version
+                    )
+                if refusal is not None:
+                    return AuditPrediction(
+                        "refused",
+                        f"{refusal.reason} This request was refused before.",
+                        combined_with=tuple(refusal.combined_with),
+                    )
+            noise = count_noise(planned)
+            prediction = _predict(lambda: self.auditor.predict(scope, planned.plan, noise))
+        if self.mode == "flag" and prediction.verdict != "answered":
+            # flag mode answers and records the objection
+            return replace(
+                prediction,
+                verdict="answered",
+                reason=f"{prediction.reason} (audit.mode is flag: answered and flagged)",
+            )
+        return prediction
 
     def after(
         self,
@@ -131,6 +177,7 @@ class AuditPolicy:
             f"{decision.reason} The query was charged (its answer was computed) but is withheld.",
             charged=True,
             combined_with=list(decision.combined_with),
+            groups=list(decision.groups),
         )
 
     def remember(
@@ -202,6 +249,27 @@ class AuditPolicy:
                             cells=audit_cells_from_json(cells),
                         ),
                     )
+
+
+def count_noise(planned: PlannedQuery) -> CountNoise | None:
+    """The public noise of the count each released cell will carry (the first of
+    COUNT(*), COUNT(DISTINCT unit), COUNT(x), as ``gateway/noising.py`` picks it)."""
+    plan, calibration = planned.plan, planned.calibration
+    for kind in ("count_rows", "count_units", "count_values"):
+        for j, m in enumerate(plan.measures):
+            if m.kind == kind:
+                n = calibration.noises[j]
+                return CountNoise(n.mechanism, float(n.scale))
+    return None
+
+
+def _predict(predict: Callable[[], AuditPrediction]) -> AuditPrediction:
+    """Run one prediction; an auditor that cannot decide would refuse."""
+    try:
+        return predict()
+    except Exception as e:
+        log.error("the auditor failed (%s); predicting a refusal", type(e).__name__)
+        return AuditPrediction("refused", "The auditor could not decide on this query.")
 
 
 def _decide(decide: Callable[[], AuditDecision]) -> AuditDecision:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from sqlglot import exp
 
 from gateway import dialects
+from gateway.compile_joins import joined, multiplies, with_row_unit
 from gateway.compile_values import (
     clamped_value,
     fraction_literal,
@@ -44,7 +45,7 @@ from gateway.compile_values import (
 from gateway.config import TableConfig
 from gateway.domain import row_filter
 from gateway.engines.dialects import for_engine
-from gateway.joins import relation_column
+from gateway.join_keys import JoinKeys
 from gateway.plan import GroupKey, Measure, QueryPlan
 from gateway.portable import data_type, portable
 
@@ -56,6 +57,8 @@ UNIT_ROWS = "dp_unit_rows"
 
 #: Counting measures: they read no value of the rows they count.
 _COUNTS = ("count_rows", "count_units")
+#: A catalogue that proves nothing about any join (the safe default).
+NO_JOIN_FACTS = JoinKeys()
 
 
 @dataclass(frozen=True)
@@ -74,21 +77,29 @@ def compile_plan(
     dialect: str,
     *,
     unit_unique: bool = False,
-    unique_keys: frozenset[str] = frozenset(),
+    join_keys: JoinKeys = NO_JOIN_FACTS,
 ) -> CompiledQuery:
     """Build the one statement that computes ``plan``'s exact measures in ``dialect``.
 
     ``unit_unique``: the database itself keeps the privacy unit column unique (primary key
     or unique constraint, on a column whose domain excludes NULL) and the bound is one row
-    per unit, so no window is needed. ``unique_keys``: the tables whose join key (privacy
-    unit, or a public table's key) the database keeps unique, so that a join needs no
-    window to keep one row per key of them.
+    per unit, so no window is needed. ``join_keys``: what the catalogue proves about the
+    declared references' equality on this engine (``gateway/join_keys.py``); the default
+    proves nothing, and every join that could repeat a row is bounded after it.
     """
+    row_unit = False
     if plan.join is not None:
-        # One row per row of the anchor, each table's domain applied before the join
-        # (gateway/joins.py); bounding, on the anchor's unit, comes after it. The relation
-        # holds each anchor row at most once: a unique unit stays unique.
+        # Each table's domain applied before the join (gateway/compile_joins.py);
+        # bounding, on the anchor's unit, comes after it. Where the relation provably
+        # holds each anchor row at most once, a unique unit stays unique; where it may
+        # not, every unit's rows are bounded after the join, whatever the catalogue says
+        # (issue 31), and a row-level anchor's rows are numbered to be bounded as units.
         table = plan.join.relation
+        if multiplies(plan, join_keys, dialect):
+            unit_unique = False
+            if table.privacy_unit is None:
+                row_unit = True
+                table = with_row_unit(table)
     keys = [_group_key(k, table, dialect) for k in plan.group_keys]
     where = portable(plan.where, table, dialect) if plan.where is not None else None
     domain = _domain_placeholder(table, dialect) if plan.join is None else None
@@ -97,7 +108,9 @@ def compile_plan(
     if unit_unique and rows_bound == 1:
         rows_bound = None  # one row per unit, enforced by the database's own constraint
     selection = plan.needs_partition_selection
-    source = _stored(table) if plan.join is None else _joined(plan, unique_keys)
+    source = (
+        _stored(table) if plan.join is None else joined(plan, join_keys, dialect, row_unit=row_unit)
+    )
     if rows_bound is None:
         query = _unbounded(plan, table, keys, where, domain, inputs, source, unit_unique)
     else:
@@ -166,84 +179,6 @@ def _stored(table: TableConfig) -> exp.Table:
     return exp.Table(
         this=exp.to_identifier(table.sql_name, quoted=True),
         db=exp.to_identifier(table.schema, quoted=True) if table.schema else None,
-    )
-
-
-# -- joins (docs/design.md, "Joins") ---------------------------------------------------
-
-KEY_RANK = "dp_key_rank"
-
-
-def _joined(plan: QueryPlan, unique_keys: frozenset[str]) -> exp.Expr:
-    """The relation of a join: the query's joins in its own order, over each table's rows
-    inside its declared domain, a lookup's cut to one row per key (the first by its
-    declared values: a deterministic choice; no cut where the database keeps the key
-    unique), so each anchor row appears at most once. Only the relation's columns the
-    query reads (and the unit) are carried out of it."""
-    join = plan.join
-    assert join is not None
-    nodes = [plan.where] if plan.where is not None else []
-    nodes += [k.expression for k in plan.group_keys]
-    nodes += [m.expression for m in plan.measures if m.expression is not None]
-    read = {c.name for n in nodes for c in n.find_all(exp.Column)}
-    read.add(join.relation.privacy_unit or "")
-    sides: list[exp.Expr] = []
-    columns: list[exp.Expr] = []
-    anchor = join.relation.name.lower()
-    for i, (table, key) in enumerate(zip(join.tables, join.keys, strict=True)):
-        alias = f"t{i}"
-        cut = key if key is not None and table.name.lower() not in unique_keys else None
-        sides.append(
-            exp.Subquery(
-                this=_side(table, key, cut), alias=exp.TableAlias(this=exp.to_identifier(alias))
-            )
-        )
-        own = table.name.lower() == anchor
-        for name in table.columns:
-            shown = name if own else relation_column(table.name.lower(), name)
-            if shown in read:
-                columns.append(
-                    exp.alias_(exp.column(name, table=alias, quoted=True), shown, quoted=True)
-                )
-    if not columns:  # COUNT(*) of a row-level anchor reads no column
-        columns.append(exp.alias_(exp.Literal.number(1), "dp_row", quoted=True))
-    position = {t.name.lower(): i for i, t in enumerate(join.tables)}
-    query = exp.select(*columns).from_(sides[0], copy=False)
-    for step, side in zip(join.steps, sides[1:], strict=True):
-        on = exp.EQ(
-            this=exp.column(step.column, table=f"t{position[step.table]}", quoted=True),
-            expression=exp.column(step.other_column, table=f"t{position[step.other]}", quoted=True),
-        )
-        query = query.join(
-            side, on=on, join_type="LEFT" if step.kind == "left" else "INNER", copy=False
-        )
-    return exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier("j")))
-
-
-def _side(table: TableConfig, key: str | None, cut: str | None) -> exp.Select:
-    """One table of a join: its declared columns, on the rows inside its domain; a lookup
-    (``key`` set) without NULL keys, and cut to its first row per key (``cut`` set)."""
-    columns = [exp.column(c, quoted=True) for c in table.columns]
-    rows = exp.select(*columns).from_(_stored(table), copy=False)
-    domain = row_filter(table)
-    if key is None:
-        return rows.where(domain, copy=False) if domain is not None else rows
-    present = exp.Not(this=exp.Is(this=exp.column(key, quoted=True), expression=exp.Null()))
-    rows = rows.where(present if domain is None else exp.and_(domain, present), copy=False)
-    if cut is None:
-        return rows
-    rank = exp.Window(
-        this=exp.RowNumber(),
-        partition_by=[exp.column(cut, quoted=True)],
-        order=exp.Order(
-            expressions=[exp.Ordered(this=exp.column(c, quoted=True)) for c in table.columns]
-        ),
-    )
-    ranked = rows.select(exp.alias_(rank, KEY_RANK, quoted=True), copy=False)
-    return (
-        exp.select(*[c.copy() for c in columns])
-        .from_(exp.Subquery(this=ranked, alias=exp.TableAlias(this=exp.to_identifier("k"))))
-        .where(exp.EQ(this=exp.column(KEY_RANK, quoted=True), expression=exp.Literal.number(1)))
     )
 
 

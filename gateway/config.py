@@ -257,7 +257,11 @@ class PostgresWireConfig:
 
     port: int
     tls: WireTlsConfig | None = None
-    max_connections: int = 64
+    max_connections: int = 64  # logged-in sessions at once (gateway/pgwire/admission.py)
+    authentication_timeout_s: float = 10.0  # from accept to logged in, however slow
+    max_authenticating: int = 32  # connections still logging in, in total
+    max_authenticating_per_address: int = 8  # … from one source address
+    idle_session_timeout_s: float = 600.0  # a session silent this long is closed; 0: never
 
 
 @dataclass(frozen=True)
@@ -416,7 +420,19 @@ def _postgres_wire(
     pw = v.section(raw, "postgres_wire")
     if "postgres_wire" not in raw or raw.get("postgres_wire") is None:
         return None
-    v.no_unknown(pw, "postgres_wire", {"port", "tls", "max_connections"})
+    v.no_unknown(
+        pw,
+        "postgres_wire",
+        {
+            "port",
+            "tls",
+            "max_connections",
+            "authentication_timeout_s",
+            "max_authenticating",
+            "max_authenticating_per_address",
+            "idle_session_timeout_s",
+        },
+    )
     port = v.integer(pw, "postgres_wire.port", None, low=0)  # 0: any free port
     if port is None:
         v.problem("postgres_wire.port: missing (required)")
@@ -429,6 +445,20 @@ def _postgres_wire(
             "another (clients that meant a real database must not reach dpgate)"
         )
     max_connections = v.integer(pw, "postgres_wire.max_connections", 64, low=1) or 64
+    auth_timeout = (
+        v.number(pw, "postgres_wire.authentication_timeout_s", 10.0, positive=True) or 10.0
+    )
+    max_authenticating = v.integer(pw, "postgres_wire.max_authenticating", 32, low=1) or 32
+    per_address = v.integer(pw, "postgres_wire.max_authenticating_per_address", 8, low=1) or 8
+    if per_address > max_authenticating:
+        v.problem(
+            "postgres_wire.max_authenticating_per_address: must be ≤ max_authenticating "
+            f"({max_authenticating})"
+        )
+    idle_timeout = v.number(pw, "postgres_wire.idle_session_timeout_s", 600.0)
+    if idle_timeout is not None and idle_timeout < 0:
+        v.problem("postgres_wire.idle_session_timeout_s: must be ≥ 0 (0: never)")
+        idle_timeout = 600.0
     tls = None
     tl = v.section(pw, "tls")
     if pw.get("tls") is not None:
@@ -448,7 +478,15 @@ def _postgres_wire(
             v.problem("postgres_wire.tls.require: must be true or false")
             require = False
         tls = WireTlsConfig(cert=files[0], key=files[1], require=require)
-    return PostgresWireConfig(port=port, tls=tls, max_connections=max_connections)
+    return PostgresWireConfig(
+        port=port,
+        tls=tls,
+        max_connections=max_connections,
+        authentication_timeout_s=auth_timeout,
+        max_authenticating=max_authenticating,
+        max_authenticating_per_address=per_address,
+        idle_session_timeout_s=600.0 if idle_timeout is None else idle_timeout,
+    )
 
 
 def _resolve_url(url: str, base_dir: Path | None) -> str:

@@ -1,13 +1,15 @@
 """A dry run: what a query would cost (in the analyst's budget units, and how many such
 queries remain) and how accurate it would be, before anything is spent. Public
 information only — the plan, the calibration, the analyst's own budget and the
-configured release deadline; the protected database is never touched."""
+configured release deadline, and the auditor's verdict from the analyst's earlier noisy
+answers; the protected database is never touched."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from gateway.audit import AuditPrediction
 from gateway.charges import Charges
 from gateway.config import ExecutionConfig, TableConfig
 from gateway.noising import expected_accuracy, selection_note
@@ -22,7 +24,11 @@ def dry_run(
     analyst: str,
     execution: ExecutionConfig,
     tables: Mapping[str, TableConfig],
+    audit: AuditPrediction | None = None,
 ) -> Release:
+    """The dry run's release; ``audit`` is the auditor's prediction
+    (``AuditPolicy.predict``): refused now, may be withheld after execution, or
+    answered."""
     plan, calibration = planned.plan, planned.calibration
     quote = charges.quote(analyst, calibration.cost, planned.request.mechanism)
     return Release(
@@ -36,6 +42,7 @@ def dry_run(
         extra={
             "dry_run": True,
             "would_fit": quote.would_fit,
+            **({"audit": audit_json(audit)} if audit is not None else {}),
             # what it would cost, in the analyst's budget units, and how many such fit
             "charge": quote.charge.to_json(),
             "queries_remaining": quote.queries_remaining,
@@ -49,6 +56,16 @@ def dry_run(
             ),
         },
     )
+
+
+def audit_json(prediction: AuditPrediction) -> dict[str, Any]:
+    """The auditor's prediction as the dry run shows it."""
+    out: dict[str, Any] = {"verdict": prediction.verdict, "reason": prediction.reason}
+    if prediction.groups:
+        out["groups"] = list(prediction.groups)
+    if prediction.combined_with:
+        out["combined_with"] = list(prediction.combined_with)
+    return out
 
 
 def describe(planned: PlannedQuery) -> dict[str, Any]:

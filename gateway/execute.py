@@ -367,8 +367,8 @@ def units_unique_by_schema(engine: sa.Engine, tables: Mapping[str, TableConfig])
 
 
 def _unique_columns(engine: sa.Engine, t: TableConfig) -> list[list[str]]:
-    """The column lists of the table's primary key, unique constraints and unique indexes
-    (SQLAlchemy's reflection)."""
+    """The column lists of the table's primary key, unique constraints and whole unique
+    indexes (SQLAlchemy's reflection)."""
     inspector = sa.inspect(engine)
     pk = inspector.get_pk_constraint(t.sql_name, schema=t.schema)
     out = [[str(c) for c in pk.get("constrained_columns") or []]]
@@ -379,9 +379,17 @@ def _unique_columns(engine: sa.Engine, t: TableConfig) -> list[list[str]]:
     out += [
         [str(c) for c in i.get("column_names") or []]
         for i in inspector.get_indexes(t.sql_name, schema=t.schema)
-        if i.get("unique")
+        if i.get("unique") and _whole(i)
     ]
     return out
+
+
+def _whole(index: Mapping[str, Any]) -> bool:
+    """Whether a unique index holds every row: a partial one (``WHERE …``, SQLite and
+    PostgreSQL) is unique among the rows its predicate admits only, and PostgreSQL's
+    invalid one (a failed ``CREATE INDEX CONCURRENTLY``) promises nothing (issue 31)."""
+    options = index.get("dialect_options") or {}
+    return not any(k.endswith("_where") or k.endswith("_invalid") for k in options)
 
 
 def _duckdb_catalogue(engine: sa.Engine, t: TableConfig, *queries: str) -> list[list[Any]]:

@@ -20,6 +20,7 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     multiprocess,
@@ -92,6 +93,27 @@ RATE_LIMITED = Counter(
     ["scope"],
 )
 
+WIRE_CONNECTIONS = Gauge(
+    "dpgate_pgwire_connections",
+    "PostgreSQL front end connections now, by state: authenticating (not yet logged in) "
+    "or session (logged in; at most postgres_wire.max_connections).",
+    ["state"],
+    multiprocess_mode="livesum",
+)
+WIRE_REFUSED = Counter(
+    "dpgate_pgwire_connections_refused",
+    "PostgreSQL front end connections refused or closed for want of a slot, by reason: "
+    "authenticating_per_address, authenticating_total, evicted (a pending connection of "
+    "the address holding the most, closed to admit another's), too_many_sessions.",
+    ["reason"],
+)
+WIRE_TIMEOUTS = Counter(
+    "dpgate_pgwire_timeouts",
+    "PostgreSQL front end connections closed by a timeout: authentication "
+    "(postgres_wire.authentication_timeout_s) or idle_session (idle_session_timeout_s).",
+    ["kind"],
+)
+
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "PG"})
 BACKEND_OF_CODE = {"database_unavailable": "database", "ledger_unavailable": "ledger"}
 
@@ -139,6 +161,19 @@ def record_deadline_miss(stage: str) -> None:
 
 def record_rate_limited(scope: str) -> None:
     RATE_LIMITED.labels(scope).inc()
+
+
+def set_wire_connections(authenticating: int, sessions: int) -> None:
+    WIRE_CONNECTIONS.labels("authenticating").set(authenticating)
+    WIRE_CONNECTIONS.labels("session").set(sessions)
+
+
+def record_wire_refusal(reason: str) -> None:
+    WIRE_REFUSED.labels(reason).inc()
+
+
+def record_wire_timeout(kind: str) -> None:
+    WIRE_TIMEOUTS.labels(kind).inc()
 
 
 class _BudgetCollector(Collector):

@@ -83,6 +83,7 @@ def add_noise(
     nk, nm = compiled.n_keys, compiled.n_measures
     by_key = {tuple(r[:nk]): r for r in exact_rows}
     zeros = (0,) * nm
+    selected: dict[int, list[int]] = {}
     if not plan.group_keys:
         keys: list[Row] = [()]
         exact = [tuple(by_key[()][nk : nk + nm]) if () in by_key else zeros]
@@ -93,18 +94,25 @@ def add_noise(
         selection = calibration.selection
         assert selection is not None
         candidates = list(by_key)
-        unit_noise = sample(selection.noise, len(candidates)) if candidates else []
-        keys = [
-            k
-            for k, z in zip(candidates, unit_noise, strict=True)
-            if int(by_key[k][nk + nm] or 0) + z >= selection.threshold
-        ]
+        # the selecting count: a separate unit count (last column), or a measure's own
+        column = nk + nm if selection.measure is None else nk + selection.measure
+        draws = sample(selection.noise, len(candidates)) if candidates else []
+        noisy_count = {
+            k: int(by_key[k][column] or 0) + z for k, z in zip(candidates, draws, strict=True)
+        }
+        keys = [k for k in candidates if noisy_count[k] >= selection.threshold]
         keys.sort(key=lambda k: tuple((v is None, str(v)) for v in k))
         exact = [tuple(by_key[k][nk : nk + nm]) for k in keys]
+        if selection.measure is not None:
+            # the count that selected is released as drawn: one noise, one budget
+            selected = {selection.measure: [noisy_count[k] for k in keys]}
     n = len(keys)
     noised = len(calibration.noises)  # the histogram measures come after, never noised
     noisy_measures: list[list[int]] = []
     for j, noise in enumerate(calibration.noises):
+        if j in selected:
+            noisy_measures.append(selected[j])
+            continue
         draws = sample(noise, n) if n else []
         noisy_measures.append([int(exact[i][j] or 0) + draws[i] for i in range(n)])
     per_cell = [[noisy_measures[j][i] for j in range(noised)] for i in range(n)]
@@ -288,10 +296,14 @@ def selection_note(
     assert selection is not None
     keys = [g.name for g in plan.group_keys if g.domain is None]
     named = ", ".join(keys)
+    if selection.measure is None:
+        counted = "its number of people plus noise"
+    else:
+        counted = f"its noisy {_count_name(plan, selection.measure)} (the one released)"
     note = (
         f"The values of {named} are not declared public, so a group is released only if "
-        f"its number of people plus noise reaches {selection.threshold} (DP partition "
-        f"selection): smaller groups are left out, not shown as zero."
+        f"{counted} reaches {selection.threshold} (DP partition selection): smaller groups "
+        f"are left out, not shown as zero."
     )
     if rows == 0:  # the answer is empty: say why, rather than leave it unexplained
         note += " No group reached the threshold"
@@ -301,3 +313,16 @@ def selection_note(
             else "."
         )
     return {"threshold": selection.threshold, "keys": keys, "note": note}
+
+
+def _count_name(plan: QueryPlan, measure: int) -> str:
+    """How the note names the count that selects: the output showing it, if one does."""
+    for o in plan.outputs:
+        if o.kind == "count" and o.measures == (measure,) and not o.hidden:
+            return o.name
+    m = plan.measures[measure]
+    if m.kind == "count_units":
+        return "number of people"
+    if m.kind == "count_values" and m.expression is not None:
+        return f"count of rows with a {m.expression.sql(dialect=dialect(None))}"
+    return "count of rows"

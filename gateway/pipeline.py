@@ -57,9 +57,10 @@ from gateway.execute import (
     units_unique_by_schema,
 )
 from gateway.identity import Principal, identify
+from gateway.join_keys import join_keys_by_schema, with_public_keys_as_units
 from gateway.lanes import NoLane, ScopeLane, TurnMissed
 from gateway.noising import add_noise, selection_note
-from gateway.plan import ProbePlan, QueryRequest
+from gateway.plan import ProbePlan, QueryPlan, QueryRequest
 from gateway.planning import PLAN_CACHE_SIZE, PlannedQuery, Planner
 from gateway.post_query import run_post_query
 from gateway.postprocess import finish
@@ -101,9 +102,10 @@ class Gateway:
         tables = with_enforced_domains(tables, *domains_enforced_by_schema(self.engine, tables))
         self.config = config = replace(config, tables=tables)
         self.unique_units = units_unique_by_schema(self.engine, config.tables)
-        # a public table's key, kept unique by the database: a join needs no cut on it
-        keyed = {k: replace(t, privacy_unit=t.key) for k, t in config.tables.items() if t.public}
-        self.unique_keys = frozenset(self.unique_units | units_unique_by_schema(self.engine, keyed))
+        # what the catalogue proves about each declared join on this engine (issue 31)
+        keyed = with_public_keys_as_units(config.tables)
+        unique_keys = frozenset(self.unique_units | units_unique_by_schema(self.engine, keyed))
+        self.join_keys = join_keys_by_schema(self.engine, config.tables, unique_keys)
         self.ledger = ledger or budget.Ledger.from_url(
             config.ledger.url, **config.privacy.ledger_options()
         )
@@ -214,7 +216,12 @@ class Gateway:
         """A planned request that is not in the cache: a dry run, or the data's turn."""
         if planned.request.dry_run:
             release = dry_run(
-                planned, self.charges, analyst, self.config.execution, self.config.tables
+                planned,
+                self.charges,
+                analyst,
+                self.config.execution,
+                self.config.tables,
+                self.audit.predict(analyst, planned),
             )
             # the cost model's deadline on an idle gateway (public: plan, config, model)
             table = self.config.tables[planned.plan.table]
@@ -267,19 +274,23 @@ class Gateway:
             if compiled is not None:
                 self._compiled.move_to_end(key)
                 return compiled
-        plan = planned.plan
-        compiled = compile_plan(
-            plan,
-            self.config.tables[plan.table],
-            self.dialect,
-            unit_unique=plan.table in self.unique_units,
-            unique_keys=self.unique_keys,
-        )
+        compiled = self.compile(planned.plan)
         with self._compiled_lock:
             self._compiled[key] = compiled
             if len(self._compiled) > PLAN_CACHE_SIZE:
                 self._compiled.popitem(last=False)
         return compiled
+
+    def compile(self, plan: QueryPlan) -> CompiledQuery:
+        """The one statement of ``plan`` on this gateway's database, with what its
+        catalogue proves (unique units, join keys) and nothing more."""
+        return compile_plan(
+            plan,
+            self.config.tables[plan.table],
+            self.dialect,
+            unit_unique=plan.table in self.unique_units,
+            join_keys=self.join_keys,
+        )
 
     def _release(
         self,

@@ -199,6 +199,22 @@ class QueryPlan:
         return any(g.domain is None for g in self.group_keys)
 
     @property
+    def selecting_count(self) -> int | None:
+        """The count measure whose own noisy value selects the groups, if any.
+
+        Partition selection then spends no budget of its own (``mechanisms.calibrate_query``
+        with a ``selector``). Only a count to which one unit adds at most 1 per group
+        qualifies (COUNT(DISTINCT unit), or any count with one row per unit), COUNT(*)
+        first since it is the largest; with more rows per unit a separate count of units
+        selects, whose threshold does not grow with the rows a unit may add.
+        """
+        for kind in ("count_rows", "count_units", "count_values"):
+            for j, m in enumerate(self.measures):
+                if m.kind == kind and m.sensitivity.linf == 1:
+                    return j
+        return None
+
+    @property
     def visible_outputs(self) -> tuple[OutputColumn, ...]:
         return tuple(o for o in self.outputs if not o.hidden)
 

@@ -92,6 +92,7 @@ class Planner:
                 [m.sensitivity for m in plan.measures if m.noised],
                 sum(1 for o in plan.outputs if o.quantile is not None),
                 max_groups_per_unit=groups,
+                selector=plan.selecting_count if groups is not None else None,
             )
         except ValueError as e:
             raise InvalidPrivacyParameters(str(e)) from None

@@ -88,9 +88,15 @@ def run(
 def _start_postgres_wire(config_path: str, host: str) -> None:
     """Serve the PostgreSQL protocol (``postgres_wire:``) from a process of its own, with
     its own Gateway on the same config and ledger, stopped when this one exits (and
-    exiting by itself if this one is killed)."""
+    exiting by itself if this one is killed). It writes the address it bound to a file
+    that the HTTP workers' ``/readyz`` reads (``gateway.pgwire.probe``)."""
     import subprocess
 
+    from gateway.pgwire.probe import ADDRESS_FILE_ENV
+
+    folder = Path(tempfile.mkdtemp(prefix="dpgate-pgwire-"))
+    address_file = folder / "address"
+    os.environ[ADDRESS_FILE_ENV] = str(address_file)  # inherited by the workers
     child = subprocess.Popen(
         [
             sys.executable,
@@ -102,6 +108,8 @@ def _start_postgres_wire(config_path: str, host: str) -> None:
             host,
             "--parent",
             str(os.getpid()),
+            "--address-file",
+            str(address_file),
         ]
     )
     master = os.getpid()
@@ -113,6 +121,8 @@ def _start_postgres_wire(config_path: str, host: str) -> None:
                 child.wait(timeout=GRACEFUL_TIMEOUT)
             except subprocess.TimeoutExpired:
                 child.kill()
+        if os.getpid() == master:
+            shutil.rmtree(folder, ignore_errors=True)
 
     atexit.register(stop)
 

@@ -14,7 +14,10 @@ from mechanisms.calibration import (
     calibrate_query_rho,
     grid_resolution,
     grid_sensitivity,
+    release_probability,
     selection_delta,
+    selection_threshold,
+    tail_probability,
     zcdp_epsilon,
 )
 from mechanisms.pool import POOLS
@@ -58,8 +61,11 @@ __all__ = [
     "quantile_utilities",
     "rank_halfwidth",
     "ratio_interval",
+    "release_probability",
     "sample",
     "selection_delta",
+    "selection_threshold",
+    "tail_probability",
     "zcdp_epsilon",
 ]
 

@@ -311,46 +311,148 @@ def _rho_of(noises: Sequence[Noise], sensitivities: Sequence[Sensitivity]) -> Fr
 # --- Partition selection ----------------------------------------------------------------
 
 
-def selection_delta(epsilon: Fraction, threshold: int, max_groups_per_unit: int) -> float:
-    """The δ of releasing groups whose noisy unit count, + DLap(g/ε_s), is ≥ ``threshold``.
+def tail_probability(noise: Noise, distance: int) -> float:
+    """An upper bound on P(Z ≥ ``distance``) for Z drawn from ``noise`` (distance ≥ 1).
 
-    A unit touches at most g groups. Groups it shares with others see their counts move by
-    ≤ 1 each (L1 ≤ g), which discrete Laplace of scale g/ε_s hides with pure ε_s. A group
-    that exists only because of the unit has count 1 and is released with probability
-    P(1 + Z ≥ τ) = q^(τ−1)/(1+q), q = exp(−ε_s/g) (τ ≥ 2); at most g such groups, so the
-    probability p that any is released is ≤ g·q^(τ−1)/(1+q). Conditioning on "none is
-    released" gives the two directions of (ε_s, δ)-DP with δ = e^ε_s · p/(1 − p), and
-    δ-approximate (ε_s²/2)-zCDP (Bun & Steinke 2016, Def. 8) with the smaller δ = p.
-    Neighbours: add/remove one privacy unit, with at most g groups per unit enforced in SQL.
+    - Discrete Laplace of scale s: exactly q^d/(1 + q) with q = e^(−1/s), since
+      P(Z = z) = (1 − q)/(1 + q)·q^|z|.
+    - Discrete Gaussian N_Z(0, σ²): for σ < 2000 the sum Σ_{z ≥ d} e^(−z²/2σ²) over the
+      normaliser Σ_z e^(−z²/2σ²), both to 40σ past their start (the rest is below 1e-300
+      of the sum). Above, the bound P(Z ≥ d) ≤ P(N(0, σ²) ≥ d − 1): for d ≥ 1 each term
+      e^(−z²/2σ²), z ≥ d, is at most the integral of e^(−y²/2σ²) over [z − 1, z], and the
+      normaliser is ≥ √(2π)σ (Poisson summation: it is √(2π)σ·(1 + 2Σ_k e^(−2π²σ²k²))).
     """
-    eps = float(epsilon)
-    q = math.exp(-eps / max_groups_per_unit)
-    p = min(1.0, max_groups_per_unit * math.exp((threshold - 1) * math.log(q)) / (1 + q))
-    if p >= 1:
+    if distance < 1:
         return 1.0
-    return math.exp(eps) * p / (1 - p)
+    if noise.mechanism == "laplace":
+        s = float(noise.scale)
+        return math.exp(-distance / s) / (1 + math.exp(-1 / s))
+    assert noise.sigma2 is not None
+    sigma2 = float(noise.sigma2)
+    sigma = math.sqrt(sigma2)
+    if sigma >= _DISCRETE_CHECK_MAX_SIGMA:
+        return math.exp(_log_phi_neg((distance - 1) / sigma))
+    return _discrete_gaussian_tail(sigma2, distance)
+
+
+@lru_cache(maxsize=512)
+def _discrete_gaussian_tail(sigma2: float, distance: int) -> float:
+    width = math.ceil(40 * math.sqrt(sigma2)) + 2
+    z = np.arange(distance, distance + width, dtype=np.float64)
+    # factor out the first term so that tiny tails keep their relative precision
+    head = -(distance * distance) / (2 * sigma2)
+    tail = float(np.exp(-(z * z - distance * distance) / (2 * sigma2)).sum())
+    x = np.arange(-width, width + 1, dtype=np.float64)
+    norm = float(np.exp(-(x * x) / (2 * sigma2)).sum())
+    return math.exp(head + math.log(tail) - math.log(norm))
+
+
+def release_probability(noise: Noise, threshold: int, linf: int, l1: int, groups: int) -> float:
+    """The most likely that a group present *only* because of one added unit is released.
+
+    The added unit creates at most ``groups`` new groups, each with a count c_i between 1
+    and ``linf`` (the most it adds to one group) and Σ c_i ≤ ``l1``; each is released iff
+    c_i + Z_i ≥ τ, independently. The probability that any is, 1 − Π(1 − t(c_i)) with
+    t(c) = P(Z ≥ τ − c), is a sum of f(c_i) = −log(1 − t(c_i)) under an increasing convex
+    map. For τ ≥ ``linf`` the increments t(c + 1) − t(c) = P(Z = τ − c − 1) grow with c
+    (both noises have symmetric PMFs decreasing away from 0), so f is increasing and
+    discretely convex: moving one from a smaller interior c_a to a larger c_b never lowers
+    the sum. Its maximum thus has every c_i at 1 or ``linf`` except at most one, and uses
+    as much of ``l1`` as it can. This returns the maximum over those configurations.
+    """
+    if linf < 1 or l1 < 1 or groups < 1:
+        raise ValueError("release_probability needs linf, l1 and groups >= 1")
+    if threshold < linf:
+        return 1.0
+    linf = min(linf, l1)
+    keep_one = 1 - tail_probability(noise, threshold - 1)
+    keep_full = 1 - tail_probability(noise, threshold - linf)
+    best_keep = 1.0
+    for k in range(1, min(groups, l1) + 1):
+        # `full` groups at linf, the others at 1 but one that takes what is left of l1
+        full = 0 if linf == 1 else min(k, (l1 - k) // (linf - 1))
+        rest = l1 - full * linf - (k - full - 1)
+        if full == k or rest <= 1:
+            keep = keep_full**full * keep_one ** (k - full)
+        else:
+            keep = keep_full**full * keep_one ** (k - full - 1)
+            keep *= 1 - tail_probability(noise, threshold - min(rest, linf))
+        best_keep = min(best_keep, keep)
+    return 1 - best_keep
+
+
+def selection_delta(epsilon: Fraction, threshold: int, max_groups_per_unit: int) -> float:
+    """The δ of releasing groups whose noisy *unit* count, + DLap(g/ε_s), is ≥ ``threshold``.
+
+    A unit touches at most g groups and adds 1 to each one's unit count, so L1 ≤ g: the
+    noisy counts of the groups that exist without the unit are pure ε_s-DP. A group that
+    exists only because of the unit is released with probability P(1 + Z ≥ τ); the
+    probability p that any of them is, ``release_probability``, is the δ of both
+    directions of (ε_s, δ)-DP and of δ-approximate (ε_s²/2)-zCDP (docs/accounting.md,
+    "Partition selection"). Neighbours: add/remove one privacy unit, with at most g groups
+    per unit enforced in SQL.
+    """
+    g = max_groups_per_unit
+    noise = Noise("laplace", Fraction(g) / Fraction(epsilon))
+    return release_probability(noise, threshold, 1, g, g)
+
+
+def selection_threshold(
+    noise: Noise, linf: int, l1: int, groups: int, delta: float
+) -> tuple[int, float]:
+    """The smallest integer threshold τ whose ``release_probability`` is ≤ δ, and that
+    probability (with a relative margin of 1e-9 against float rounding)."""
+    target = delta * (1 - 1e-9)
+
+    def ok(tau: int) -> bool:
+        return release_probability(noise, tau, linf, l1, groups) <= target
+
+    lo, hi = linf, linf + 1  # ok(linf) is false: a one-row group is released half the time
+    while not ok(hi):
+        lo, hi = hi, hi + 2 * (hi - lo)
+        if hi - linf > 2**62:
+            raise ValueError("delta too small for partition selection")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi, release_probability(noise, hi, linf, l1, groups)
 
 
 def _partition_selection(
     epsilon: Fraction, delta: float, max_groups_per_unit: int
 ) -> tuple[PartitionSelection, float]:
+    """Selection on a separate noisy unit count at ε_s (a query with no count to select by)."""
     g = max_groups_per_unit
     scale = Fraction(g) / epsilon
     _check_scale(scale)
-    # Closed form: δ_s = e^ε p/(1−p) ≤ target ⇔ p ≤ target/(e^ε + target), and
-    # p = g q^(τ−1)/(1+q); then walk to the exact smallest τ ≥ 2 (a few steps at most),
-    # with a relative safety margin against rounding in the float evaluation.
-    target = delta * (1 - 1e-9)
-    eps = float(epsilon)
-    q = math.exp(-eps / g)
-    p_max = target / (math.exp(eps) + target)
-    tau = max(2, math.ceil(math.log(p_max * (1 + q) / g) / math.log(q)) + 1)
-    while selection_delta(epsilon, tau, g) > target:
-        tau += 1
-    while tau > 2 and selection_delta(epsilon, tau - 1, g) <= target:
-        tau -= 1
-    achieved = selection_delta(epsilon, tau, g)
-    return PartitionSelection(Noise("laplace", scale), tau, g), achieved
+    noise = Noise("laplace", scale)
+    tau, achieved = selection_threshold(noise, 1, g, g, delta)
+    return PartitionSelection(noise, tau, g), achieved
+
+
+def _own_count_selection(
+    noise: Noise, selector: int, sensitivity: Sensitivity, delta: float, groups: int
+) -> tuple[PartitionSelection, float]:
+    """Selection by the noisy value of count measure ``selector`` itself (no ε of its own)."""
+    linf, l1 = int(sensitivity.linf), int(sensitivity.l1)
+    tau, achieved = selection_threshold(noise, linf, l1, groups, delta)
+    return PartitionSelection(noise, tau, groups, measure=selector), achieved
+
+
+def _check_selector(selector: int | None, sensitivities: Sequence[Sensitivity]) -> None:
+    if selector is None:
+        return
+    if isinstance(selector, bool) or not isinstance(selector, int):
+        raise ValueError(f"selector must be a measure index, got {selector!r}")
+    if not 0 <= selector < len(sensitivities):
+        raise ValueError(f"selector {selector} is not a measure index")
+    s = sensitivities[selector]
+    for name in ("l1", "linf"):
+        if Fraction(getattr(s, name)).denominator != 1:
+            raise ValueError(f"the selecting count's {name} sensitivity must be an integer")
 
 
 # --- Public calibration -----------------------------------------------------------------
@@ -363,6 +465,7 @@ def calibrate_query(
     sensitivities: Sequence[Sensitivity],
     *,
     max_groups_per_unit: int | None = None,
+    selector: int | None = None,
 ) -> QueryCalibration:
     """Noise for every measure of one query (and its partition selection) at cost (ε, δ).
 
@@ -390,16 +493,28 @@ def calibrate_query(
       (``discrete_gaussian_delta_pair``), both while σ < 2000 (above, the measured lattice
       effect is below float precision). For more measures or coordinates the nominal
       (ε, δ) rests on the continuous bound, while ρ stays exact.
-    - Selection (``max_groups_per_unit`` given): see ``selection_delta``.
+    - Selection (``max_groups_per_unit`` given). With a ``selector`` (the index of a count
+      measure) the groups are selected by that count's *own* noisy value: a group is
+      released iff it reaches the threshold of ``selection_threshold``, and no part of ε
+      goes to selection (P = m). The released measures of the groups that exist without
+      the added unit are the ε-DP (or (ε, δ_m)-DP) vector above, thresholded; a group that
+      exists only because of it is released with probability p ≤ the charged
+      ``cost.selection_delta`` (``release_probability``). The whole release is then
+      (ε, δ_m + p)-DP in both directions and p-approximately ρ-zCDP (docs/accounting.md,
+      "Partition selection"). Without a selector, a separate noisy unit count at its own
+      share ε/P selects (``selection_delta``). Gaussian queries give the selection a
+      1/(m+1) share of δ; Laplace ones all of it.
 
     Raises ValueError on invalid parameters.
     """
     eps = _check_epsilon(epsilon)
     _check_sensitivities(sensitivities)
     _check_groups(max_groups_per_unit)
+    _check_selector(selector, sensitivities)
     selecting = max_groups_per_unit is not None
+    own = selecting and selector is not None
     m = len(sensitivities)
-    parts = m + (1 if selecting else 0)
+    parts = m + (1 if selecting and not own else 0)
 
     if mechanism == "laplace":
         d = _check_delta(delta, positive=selecting, what="for partition selection")
@@ -411,7 +526,11 @@ def calibrate_query(
             noises.append(Noise("laplace", scale))
         selection: PartitionSelection | None = None
         sel_delta = 0.0
-        if max_groups_per_unit is not None:
+        if max_groups_per_unit is not None and selector is not None:
+            selection, sel_delta = _own_count_selection(
+                noises[selector], selector, sensitivities[selector], d, max_groups_per_unit
+            )
+        elif max_groups_per_unit is not None:
             selection, sel_delta = _partition_selection(share, d, max_groups_per_unit)
         e = float(eps)
         return QueryCalibration(
@@ -424,7 +543,9 @@ def calibrate_query(
         selection = None
         sel_delta = 0.0
         rho_sel = Fraction(0)
-        if max_groups_per_unit is not None:
+        if own:
+            delta_m = d - d / (m + 1)
+        elif max_groups_per_unit is not None:
             sel_eps = eps / parts
             selection, sel_delta = _partition_selection(sel_eps, d / parts, max_groups_per_unit)
             eps_m = float(eps - sel_eps)
@@ -453,6 +574,15 @@ def calibrate_query(
                 _gaussian_noise(Fraction(s.l2), x)
                 for s, x in zip(sensitivities, sigmas, strict=True)
             ]
+        if own:
+            assert max_groups_per_unit is not None and selector is not None
+            selection, sel_delta = _own_count_selection(
+                noises[selector],
+                selector,
+                sensitivities[selector],
+                d / (m + 1),
+                max_groups_per_unit,
+            )
         rho = _rho_of(noises, sensitivities) + rho_sel
         return QueryCalibration(
             tuple(noises), selection, PrivacyCost(float(eps), delta_m, float(rho), sel_delta)
@@ -467,6 +597,7 @@ def calibrate_query_rho(
     *,
     delta: float,
     max_groups_per_unit: int | None = None,
+    selector: int | None = None,
 ) -> QueryCalibration:
     """Discrete Gaussian noise for every measure of one query calibrated to total ρ-zCDP.
 
@@ -476,6 +607,8 @@ def calibrate_query_rho(
     Laplace with ε_s = √(2ρ/P), which is ε_s²/2 = ρ/P-zCDP except on an event of
     probability ``cost.selection_delta`` ≤ ``delta`` (δ-approximate zCDP). ``delta`` is
     also the δ at which ``cost.epsilon`` is shown (CKS 2020, Cor. 13 conversion of ρ).
+    With a ``selector`` the count measure of that index selects by its own noisy value
+    (P = m, no selection part; ``calibrate_query``), with ``delta`` as the bound on p.
     """
     if isinstance(rho, bool) or not isinstance(rho, (int, float)):
         raise ValueError(f"rho must be a number, got {rho!r}")
@@ -484,8 +617,10 @@ def calibrate_query_rho(
     d = _check_delta(delta, positive=True, what="to state the (epsilon, delta) of a rho")
     _check_sensitivities(sensitivities)
     _check_groups(max_groups_per_unit)
+    _check_selector(selector, sensitivities)
     m = len(sensitivities)
-    parts = m + (1 if max_groups_per_unit is not None else 0)
+    own = max_groups_per_unit is not None and selector is not None
+    parts = m + (1 if max_groups_per_unit is not None and not own else 0)
     share = Fraction(rho) / parts
     noises = [
         _gaussian_noise(Fraction(s.l2), float(s.l2) / math.sqrt(2 * float(share)))
@@ -494,7 +629,11 @@ def calibrate_query_rho(
     rho_total = _rho_of(noises, sensitivities)
     selection = None
     sel_delta = 0.0
-    if max_groups_per_unit is not None:
+    if max_groups_per_unit is not None and selector is not None:
+        selection, sel_delta = _own_count_selection(
+            noises[selector], selector, sensitivities[selector], d, max_groups_per_unit
+        )
+    elif max_groups_per_unit is not None:
         sel_eps = Fraction(math.sqrt(2 * float(share)))
         selection, sel_delta = _partition_selection(sel_eps, d, max_groups_per_unit)
         rho_total += sel_eps * sel_eps / 2

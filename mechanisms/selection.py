@@ -116,11 +116,13 @@ def calibrate_with_choices(
     choices: int,
     *,
     max_groups_per_unit: int | None = None,
+    selector: int | None = None,
 ) -> QueryCalibration:
     """``calibrate_query`` for a query that also makes ``choices`` private choices
     (quantiles released by ``permute_and_flip``).
 
-    Guarantee (add/remove one privacy unit): the P = m + c (+1 with partition selection)
+    Guarantee (add/remove one privacy unit): the P = m + c (+1 with partition selection
+    by a separate unit count, none when a count ``selector`` selects by its own noise)
     parts each get ε/P. The c choices get their shares exactly (ε minus what the other
     parts got, rounded down, so the shares never sum above ε); the measures and the
     selection are calibrated by ``calibrate_query`` at the rest. By basic composition the
@@ -130,14 +132,20 @@ def calibrate_with_choices(
     """
     if choices == 0:
         return calibrate_query(
-            mechanism, epsilon, delta, sensitivities, max_groups_per_unit=max_groups_per_unit
+            mechanism,
+            epsilon,
+            delta,
+            sensitivities,
+            max_groups_per_unit=max_groups_per_unit,
+            selector=selector,
         )
     if mechanism not in ("laplace", "gaussian"):
         raise ValueError(f"mechanism must be 'laplace' or 'gaussian', got {mechanism!r}")
     eps = _check_epsilon(epsilon)
     _check_groups(max_groups_per_unit)
     m = len(sensitivities)
-    others = m + (1 if max_groups_per_unit is not None else 0)
+    own = max_groups_per_unit is not None and selector is not None
+    others = m + (1 if max_groups_per_unit is not None and not own else 0)
     rest = _float_down(eps * others / (others + choices))
     if others == 0:
         base = QueryCalibration((), None, PrivacyCost.zero())
@@ -148,7 +156,12 @@ def calibrate_with_choices(
         base = QueryCalibration((), selection, PrivacyCost(rest, 0.0, rest * rest / 2, sel_delta))
     else:
         base = calibrate_query(
-            mechanism, rest, delta, sensitivities, max_groups_per_unit=max_groups_per_unit
+            mechanism,
+            rest,
+            delta,
+            sensitivities,
+            max_groups_per_unit=max_groups_per_unit,
+            selector=selector,
         )
     each = (eps - Fraction(rest)) / choices
     e = float(eps)

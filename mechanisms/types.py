@@ -76,11 +76,18 @@ class Sensitivity:
 
 @dataclass(frozen=True)
 class PartitionSelection:
-    """DP partition selection: release a group iff its noisy unit count ≥ ``threshold``."""
+    """DP partition selection: release a group iff its noisy count ≥ ``threshold``.
+
+    ``measure`` is the index (in ``QueryCalibration.noises``) of the count measure whose
+    own noisy value selects — the very value then released, so selection costs no ε of
+    its own; ``noise`` is then that measure's noise. ``measure is None``: a separate
+    count of units, noised with ``noise``, selects.
+    """
 
     noise: Noise
     threshold: int
     max_groups_per_unit: int
+    measure: int | None = None
 
 
 @dataclass(frozen=True)

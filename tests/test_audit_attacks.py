@@ -115,6 +115,31 @@ def _attacks(z: str, target: str, z_null: str) -> dict[str, list[str]]:
             "SELECT AVG(income) FROM patients",
             f"SELECT AVG(income) FROM patients WHERE NOT ({target})",
         ],
+        # Only answers releasing one statistic combine (a COUNT minus a SUM estimates
+        # nothing): these pairs and triples combine answers of different kinds, in the
+        # span of the one statistic they share, and must still be refused.
+        "sum pair": [
+            "SELECT SUM(income) FROM patients",
+            f"SELECT SUM(income) FROM patients WHERE NOT ({target})",
+        ],
+        "avg then sum": [
+            "SELECT AVG(income) FROM patients",
+            f"SELECT SUM(income) FROM patients WHERE NOT ({target})",
+        ],
+        "count then avg": [
+            "SELECT COUNT(*) FROM patients",
+            f"SELECT AVG(income) FROM patients WHERE NOT ({target})",
+        ],
+        "count pair behind a sum that splits it": [
+            f"SELECT SUM(income) FROM patients WHERE ({target}) AND NOT smoker",
+            "SELECT COUNT(*) FROM patients",
+            f"SELECT COUNT(*) FROM patients WHERE NOT ({target})",
+        ],
+        "median then count": [
+            "SELECT MEDIAN(income) FROM patients",
+            "SELECT COUNT(*) FROM patients",
+            f"SELECT MEDIAN(income) FROM patients WHERE NOT ({target})",
+        ],
     }
 
 

@@ -10,6 +10,7 @@ below 1e-7).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -133,11 +134,14 @@ def test_refusals_are_in_the_history_with_their_reason(
     charged = by_sql["SELECT COUNT(*) FROM patients WHERE disease = 'Influenza' AND city <> 'Eger'"]
     assert charged["outcome"] == "withheld" and charged["cost"]["epsilon"] == 1.0
     assert charged["reason"] and "differencing" in charged["reason"]
-    for h in history:  # a reason names queries and says how to go on, never a size
-        assert h["reason"] is None or not any(ch.isdigit() for ch in _without_ids(h["reason"]))
+    # a reason names queries and the group (a WHERE clause made of the constants the
+    # queries used), says how to go on, and never carries a size
+    assert "WHERE sex = 'F' AND age = 37 AND city = 'Eger' AND smoker = FALSE" in free["reason"]
+    used = {n for h in history for n in re.findall(r"\d+", h["sql"])}
+    for h in history:
+        numbers = set(re.findall(r"\d+", _without_ids(h["reason"] or "")))
+        assert numbers <= used, h["reason"]
 
 
 def _without_ids(text: str) -> str:
-    import re
-
     return re.sub(r"[0-9a-f]{32}", "", text)

@@ -556,3 +556,29 @@ def test_an_answer_is_reused_at_once_whether_its_outcome_was_waited_for_or_queue
     assert again["budget"]["rho_spent"] == first["budget"]["rho_spent"]
     history = client.get("/v1/queries", headers=auth).get_json()["queries"]
     assert [(q["query_id"], q["outcome"]) for q in history] == [(first["query_id"], "answered")]
+
+
+def test_a_count_selects_its_groups_by_its_own_noise(ask: Ask, gateway: Gateway) -> None:
+    """COUNT(*) over one row per person: the count itself, at the query's full ε, decides
+    which zips appear (no ε for a separate count of people) and is released as drawn."""
+    from gateway.plan import QueryRequest
+
+    def selection(sql: str) -> Any:
+        planned = gateway.planner.plan(QueryRequest(sql, 1.0, 1e-6, "laplace"))
+        return planned.calibration  # type: ignore[union-attr]
+
+    count = selection("SELECT zip, COUNT(*) AS n FROM patients GROUP BY zip")
+    assert count.selection.measure == 0 and count.selection.noise == count.noises[0]
+    assert count.noises[0].scale == 1  # ε = 1 all on the count
+    assert count.selection.threshold == 15  # τ for ε = 1, δ = 1e-6, one row per person
+    # AVG selects by its count of values; SUM alone has no count, so a unit count selects
+    avg = selection("SELECT zip, AVG(age) FROM patients GROUP BY zip")
+    assert avg.selection.measure == 1 and len(avg.noises) == 2
+    total = selection("SELECT zip, SUM(age) FROM patients GROUP BY zip")
+    assert total.selection.measure is None and total.selection.noise.scale == 2
+    status, body = ask("SELECT zip, COUNT(*) AS n FROM patients GROUP BY zip", epsilon=1.0)
+    assert status == 200
+    note = body["partition_selection"]["note"]
+    assert "its noisy n (the one released) reaches" in note
+    threshold = body["partition_selection"]["threshold"]
+    assert all(row[1] >= threshold for row in body["rows"])

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import mechanisms
 from mechanisms import (
     Noise,
+    PrivacyCost,
     Sensitivity,
     accuracy,
     analytic_gaussian_delta,
@@ -26,8 +27,10 @@ from mechanisms import (
     halfwidth,
     prefill,
     ratio_interval,
+    release_probability,
     sample,
     selection_delta,
+    tail_probability,
     zcdp_epsilon,
 )
 from mechanisms.exact import exp_neg_bounds
@@ -62,6 +65,10 @@ def test_public_api_is_pinned() -> None:
             "sample",
             "selection_delta",
             "zcdp_epsilon",
+            # partition selection by a count's own noise
+            "release_probability",
+            "selection_threshold",
+            "tail_probability",
             # private selection (quantiles)
             "calibrate_with_choices",
             "permute_and_flip",
@@ -112,7 +119,93 @@ def test_selection_delta_matches_a_single_unit_release_probability() -> None:
     eps = Fraction(1)
     q = math.exp(-1)
     p = q**4 / (1 + q)
-    assert selection_delta(eps, 5, 1) == pytest.approx(math.e * p / (1 - p))
+    # δ is that probability itself, in both directions (docs/accounting.md)
+    assert selection_delta(eps, 5, 1) == pytest.approx(p, rel=1e-12)
+
+
+def test_own_count_selection_spends_all_epsilon_on_the_count() -> None:
+    # COUNT(*) GROUP BY a private key, one row per person: the count at full ε selects
+    cal = calibrate_query("laplace", 1.0, 1e-6, [sens(1)], max_groups_per_unit=1, selector=0)
+    sel = cal.selection
+    assert sel is not None and sel.measure == 0
+    assert cal.noises == (Noise("laplace", Fraction(1)),) and sel.noise == cal.noises[0]
+    # a one-row group is released iff 1 + Z ≥ τ: P(Z ≥ τ − 1) = e^−(τ−1)/(1 + e^−1)
+    q = math.exp(-1)
+    assert q ** (sel.threshold - 1) / (1 + q) <= 1e-6 < q ** (sel.threshold - 2) / (1 + q)
+    assert sel.threshold == 15  # the separate unit count at ε/2 needed 28
+    assert cal.cost == PrivacyCost(1.0, 0.0, 0.5, cal.cost.selection_delta)
+    assert 0 < cal.cost.selection_delta <= 1e-6
+
+
+def _opendp_delta(scale: float, tau_prime: int, groups: int) -> float:
+    """OpenDP's laplace threshold map, δ = 1 − (1 − P(Z > τ′ − L∞))^l0 with L∞ = 1, for a
+    release iff the noisy value > τ′ (here: ≥ τ = τ′ + 1), with the same discrete Laplace."""
+    tail = math.exp(-(tau_prime - 1) / scale) / (math.exp(1 / scale) + 1)
+    return 1 - (1 - tail) ** groups
+
+
+@pytest.mark.parametrize(
+    ("eps", "delta", "groups"), [(1.0, 1e-6, 1), (0.5, 1e-8, 3), (2.0, 1e-5, 10)]
+)
+def test_own_count_selection_is_at_least_as_tight_as_opendp(
+    eps: float, delta: float, groups: int
+) -> None:
+    s = Sensitivity(Fraction(groups), Fraction(groups), Fraction(1))
+    cal = calibrate_query("laplace", eps, delta, [s], max_groups_per_unit=groups, selector=0)
+    sel = cal.selection
+    assert sel is not None
+    tau_prime = 1
+    while _opendp_delta(groups / eps, tau_prime, groups) > delta:
+        tau_prime += 1
+    assert sel.threshold <= tau_prime + 1
+
+
+def _worst_spread(noise: Noise, linf: int, l1: int, groups: int, tau: int) -> float:
+    """Brute force: the largest release probability over every way to spread ≤ l1 rows,
+    ≤ linf per group, over ≤ groups new groups."""
+
+    def walk(left: int, k: int, keep: float) -> float:
+        best = 1 - keep
+        if k < groups:
+            for c in range(1, min(linf, left) + 1):
+                t = tail_probability(noise, tau - c)
+                best = max(best, walk(left - c, k + 1, keep * (1 - t)))
+        return best
+
+    return walk(l1, 0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("linf", "l1", "groups", "tau"), [(3, 5, 3, 12), (2, 6, 4, 9), (4, 4, 2, 10), (1, 3, 3, 6)]
+)
+def test_release_probability_is_the_worst_spread_of_a_units_rows(
+    linf: int, l1: int, groups: int, tau: int
+) -> None:
+    noise = Noise("laplace", Fraction(3))
+    worst = _worst_spread(noise, linf, l1, groups, tau)
+    assert release_probability(noise, tau, linf, l1, groups) == pytest.approx(worst)
+
+
+def test_gaussian_own_count_selection_uses_the_count_noise_and_a_share_of_delta() -> None:
+    cal = calibrate_query("gaussian", 1.0, 1e-6, [sens(1)], max_groups_per_unit=1, selector=0)
+    sel = cal.selection
+    assert sel is not None and sel.noise == cal.noises[0] and sel.noise.mechanism == "gaussian"
+    assert cal.cost.delta == pytest.approx(0.5e-6)
+    assert 0 < cal.cost.selection_delta <= 0.5e-6
+    assert tail_probability(sel.noise, sel.threshold - 1) <= 0.5e-6
+    assert tail_probability(sel.noise, sel.threshold - 2) > 0.5e-6 * (1 - 1e-9)
+    # the discrete Gaussian tail against a direct sum
+    sigma2 = float(sel.noise.scale) ** 2
+    z = [math.exp(-(x * x) / (2 * sigma2)) for x in range(-400, 401)]
+    direct = sum(z[400 + sel.threshold - 1 :]) / sum(z)
+    assert tail_probability(sel.noise, sel.threshold - 1) == pytest.approx(direct, rel=1e-9)
+
+
+def test_a_large_sigma_tail_is_bounded_by_the_continuous_one() -> None:
+    noise = Noise("gaussian", Fraction(5000), Fraction(5000) ** 2)
+    bound = tail_probability(noise, 30_001)
+    # P(N(0, σ²) ≥ 30000) = Φ(−6) ≈ 9.87e-10
+    assert bound == pytest.approx(0.5 * math.erfc(6 / math.sqrt(2)), rel=1e-6)
 
 
 def test_selection_needs_delta_with_laplace() -> None:

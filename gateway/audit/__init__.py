@@ -7,14 +7,28 @@
     span        determined regions: the span of answered regions, exactly decided
     knowledge   one scope's answered regions over one table
     confidence  lower confidence bounds on sizes, from the public noise scales
-    auditor     Auditor.pre_audit / post_audit / remember
+    describe    a region as a WHERE clause over declared columns (refusals name it)
+    auditor     Auditor.pre_audit / predict / post_audit / remember
 
 Everything here is a function of query texts, the public schema and noisy answers
 (docs/design.md, invariant 8: the auditor never touches the data);
 ``tests/test_audit_isolation.py`` pins the imports.
 """
 
-from gateway.audit.auditor import AnsweredCell, AnsweredQuery, AuditDecision, Auditor
+from gateway.audit.auditor import (
+    AnsweredCell,
+    AnsweredQuery,
+    AuditDecision,
+    Auditor,
+    AuditPrediction,
+)
 from gateway.audit.confidence import CountNoise
 
-__all__ = ["AnsweredCell", "AnsweredQuery", "AuditDecision", "Auditor", "CountNoise"]
+__all__ = [
+    "AnsweredCell",
+    "AnsweredQuery",
+    "AuditDecision",
+    "AuditPrediction",
+    "Auditor",
+    "CountNoise",
+]

@@ -27,11 +27,18 @@ from sqlglot import exp
 
 from gateway.audit.components import Extension, TableKnowledge, add_noise_terms
 from gateway.audit.confidence import CountNoise, noise_quantile
+from gateway.audit.describe import describe_region
 from gateway.audit.knowledge import Knowledge, RowInfo
 from gateway.audit.normalise import Undecidable
 from gateway.audit.predicates import DimensionKey, Formula, FormulaBuilder, conj
 from gateway.audit.space import SpaceTooLarge
-from gateway.audit.span import Block, Doubt, coefficients, determined_regions, in_span
+from gateway.audit.span import (
+    Block,
+    Doubt,
+    coefficients,
+    determined_regions,
+    in_span,
+)
 from gateway.config import TableConfig
 from gateway.joins import audit_relations
 from gateway.plan import QueryPlan
@@ -71,6 +78,19 @@ class AuditDecision:
     allowed: bool
     combined_with: tuple[str, ...]
     reason: str
+    groups: tuple[str, ...] = ()  # the groups it would determine, as WHERE clauses
+
+
+@dataclass(frozen=True)
+class AuditPrediction:
+    """What the audit will do with a query, decided before anything is spent (a dry
+    run): ``refused`` now (free), ``may_be_withheld`` after execution (it determines
+    ``groups`` whose size only its own noisy answer can show), or ``answered``."""
+
+    verdict: str
+    reason: str
+    groups: tuple[str, ...] = ()
+    combined_with: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,9 +108,11 @@ class Sizing:
 
 @dataclass(frozen=True)
 class Finding:
-    """A determined region that is too small (or whose size cannot be shown large)."""
+    """A determined region that is too small (or whose size cannot be shown large), and
+    that region as a WHERE clause over the declared columns (public: query texts)."""
 
     combined_with: tuple[str, ...]
+    group: str = ""
 
 
 ALLOWED = AuditDecision(True, (), "no small group is determined")
@@ -135,10 +157,23 @@ class Auditor:
 
     # -- public interface -------------------------------------------------------------
 
-    def pre_audit(self, scope: str, plan: QueryPlan) -> AuditDecision:
+    def pre_audit(
+        self, scope: str, plan: QueryPlan, noise: CountNoise | None = None
+    ) -> AuditDecision:
         """Refuse, before anything is spent, a query that earlier noisy answers alone show
         would determine a small group, or whose conditions the auditor cannot relate to
-        earlier ones. Its own answer is unknown here."""
+        earlier ones. Its own answer is unknown here; ``noise`` is its counts' public
+        noise (from the calibration), which the post-audit's margin will include: a group
+        that cannot clear k even with the most favourable answer is refused now, free."""
+        return self._pre_audit(scope, plan, None, noise)
+
+    def _pre_audit(
+        self,
+        scope: str,
+        plan: QueryPlan,
+        open_groups: list[str] | None,
+        noise: CountNoise | None = None,
+    ) -> AuditDecision:
         try:
             cells = _declared_cells(plan)
             if cells is None:  # partition selection: the keys' dimensions, at least
@@ -146,14 +181,53 @@ class Auditor:
                 formulas = self._formulas(plan, [tuple(samples)])
                 with self._lock:
                     unrelated = self._unrelated(self._knowledge((scope, plan.table)), formulas)
+                if unrelated is None and open_groups is not None:
+                    open_groups.append("one of the groups partition selection releases")
                 return unrelated or AuditDecision(True, (), "cells known only after the answer")
+            stats = statistics(plan)
             rows = [
-                (RowInfo("", j, None, pending=True), f)
+                (RowInfo("", j, None, pending=True, stats=stats), f)
                 for j, f in enumerate(self._formulas(plan, cells))
             ]
         except Undecidable as e:
             return AuditDecision(False, (), f"{e}: the auditor cannot decide on it.")
-        return self._decide(scope, plan.table, rows, pre=True, query_id=None)
+        return self._decide(
+            scope,
+            plan.table,
+            rows,
+            pre=True,
+            query_id=None,
+            open_groups=open_groups,
+            pending_counts=releases_counts(plan),
+            pending_noise=noise,
+        )
+
+    def predict(
+        self, scope: str, plan: QueryPlan, noise: CountNoise | None = None
+    ) -> AuditPrediction:
+        """The pre-audit's verdict, and whether a post-audit could still withhold the
+        answer: the groups the query would newly determine, whose size depends on its own
+        noisy answer. Changes nothing (a dry run); public information only."""
+        open_groups: list[str] = []
+        decision = self._pre_audit(scope, plan, open_groups, noise)
+        if not decision.allowed:
+            return AuditPrediction(
+                "refused", decision.reason, decision.groups, decision.combined_with
+            )
+        if open_groups:
+            groups = tuple(dict.fromkeys(open_groups))
+            return AuditPrediction(
+                "may_be_withheld",
+                "the query would determine "
+                + "; ".join(f"WHERE {g}" for g in groups[:3])
+                + (f" (and {len(groups) - 3} more)" if len(groups) > 3 else "")
+                + " with earlier answers; whether the noisy answers show that group to hold "
+                "the minimum group size is known only once this query's own answer is "
+                "computed (and charged). Asking that group directly first, at the ε you "
+                "use, makes the answer certain.",
+                groups,
+            )
+        return AuditPrediction("answered", decision.reason)
 
     def post_audit(self, scope: str, answer: AnsweredQuery) -> AuditDecision:
         """Withhold a charged answer that, with earlier ones, determines a small group."""
@@ -271,6 +345,7 @@ class Auditor:
 
     def _rows(self, answer: AnsweredQuery) -> list[tuple[RowInfo, Formula]]:
         formulas = self._formulas(answer.plan, [c.group_values for c in answer.cells])
+        stats = statistics(answer.plan)
         return [
             (
                 RowInfo(
@@ -278,6 +353,7 @@ class Auditor:
                     j,
                     c.count,
                     noise=None if c.noise is None else (((answer.query_id, j), 1.0, c.noise),),
+                    stats=stats,
                 ),
                 f,
             )
@@ -323,6 +399,9 @@ class Auditor:
         *,
         pre: bool,
         query_id: str | None,
+        open_groups: list[str] | None = None,
+        pending_counts: bool = True,
+        pending_noise: CountNoise | None = None,
     ) -> AuditDecision:
         key = (scope, table)
         with self._lock:
@@ -339,7 +418,15 @@ class Auditor:
             try:
                 new, candidates = self._extended(key, base, rows)
                 findings = _findings(
-                    new, candidates, self.min_group_size, self.alpha, pre=pre, observe=self.observe
+                    new,
+                    candidates,
+                    self.min_group_size,
+                    self.alpha,
+                    pre=pre,
+                    observe=self.observe,
+                    open_groups=open_groups,
+                    pending_counts=pending_counts,
+                    pending_noise=pending_noise,
                 )
             except SpaceTooLarge:
                 return AuditDecision(
@@ -352,15 +439,28 @@ class Auditor:
         if not findings:
             return ALLOWED
         combined = tuple(sorted({q for f in findings for q in f.combined_with if q != query_id}))
-        names = ", ".join(combined) if combined else "earlier answers"
-        return AuditDecision(
-            False,
-            combined,
-            f"this query would, with {names}, determine a group that the noisy answers "
-            "cannot show to reach the minimum group size (differencing). To go on, ask for "
-            "that group (or its complement) directly, where it is released with its own "
-            "noise, or use coarser groups and fewer overlapping filters.",
-        )
+        groups = tuple(dict.fromkeys(f.group for f in findings if f.group))
+        return AuditDecision(False, combined, refusal_reason(combined, groups), groups)
+
+
+def refusal_reason(combined: tuple[str, ...], groups: tuple[str, ...]) -> str:
+    """Why a query is refused, in the analyst's terms: the group it would determine (a
+    WHERE clause over declared columns, from query texts only), the earlier answers it
+    combines with, and what to ask instead. Never a size or a value."""
+    names = ", ".join(combined) if combined else "earlier answers"
+    if not groups:
+        said = "a group"
+    elif len(groups) == 1:
+        said = f"the group WHERE {groups[0]}"
+    else:
+        said = "the groups " + "; ".join(f"WHERE {g}" for g in groups[:3])
+        said += f" (and {len(groups) - 3} more)" if len(groups) > 3 else ""
+    return (
+        f"this query would, with {names}, determine {said}, which the noisy answers "
+        "cannot show to hold the minimum group size (differencing). To go on, ask for "
+        "that group directly (a COUNT with that WHERE clause: it is then released with its "
+        "own noise), or use coarser groups and fewer overlapping filters."
+    )
 
 
 def counted_expression(plan: QueryPlan) -> exp.Expr | None:
@@ -371,6 +471,26 @@ def counted_expression(plan: QueryPlan) -> exp.Expr | None:
     if "count_rows" in kinds or "count_units" in kinds or "count_values" not in kinds:
         return None
     return plan.measures[kinds.index("count_values")].expression
+
+
+def statistics(plan: QueryPlan) -> frozenset[str]:
+    """What each of the query's cells releases about its region: ``count`` (COUNT, or
+    the count inside an AVG or a VARIANCE), ``sum:<expr>``, ``sum_squares:<expr>``,
+    ``histogram:<expr>`` (a quantile). Only answers that release the same statistic
+    combine into an estimate of it for another region."""
+    out: set[str] = set()
+    for m in plan.measures:
+        if m.kind in ("count_rows", "count_units", "count_values"):
+            out.add("count")
+        else:
+            out.add(f"{m.kind}:{m.expression.sql() if m.expression is not None else ''}")
+    return frozenset(out)
+
+
+def releases_counts(plan: QueryPlan) -> bool:
+    """Whether the query's cells carry a noisy count (COUNT, or an AVG's, a VARIANCE's
+    count), as ``gateway/noising.py`` picks it; a SUM or a quantile carries none."""
+    return any(m.kind in ("count_rows", "count_units", "count_values") for m in plan.measures)
 
 
 def _sample(value_type: str) -> Any:
@@ -460,6 +580,43 @@ def _in_old_span(old: Knowledge, region: np.ndarray) -> bool:
     return True
 
 
+def _statistics_apart(kn: Knowledge, block: Block) -> list[str]:
+    """The statistics a block's answers release, when no one statistic is released by
+    all of them (empty: they share one, or release unknown ones — one span for all)."""
+    common: frozenset[str] | None = None
+    names: set[str] = set()
+    for i in block.asked_ids:
+        stats = kn.info[i].stats
+        if stats is None:
+            continue
+        names |= stats
+        common = stats if common is None else common & stats
+    return [] if common is None or common else sorted(names)
+
+
+def _sub_block(kn: Knowledge, block: Block, statistic: str) -> Block:
+    """The span of the block's answers that release ``statistic`` (or anything)."""
+    sub = Block.empty(block.cols)
+    for j, row_id in enumerate(block.asked_ids):
+        stats = kn.info[row_id].stats
+        if stats is None or statistic in stats:
+            sub, _ = sub.insert(block.asked[j].astype(float), row_id)
+    return sub
+
+
+def _in_old_sub_span(old: Knowledge, region: np.ndarray, statistic: str) -> bool:
+    """``_in_old_span`` within the answers that release ``statistic``."""
+    atoms = np.nonzero(region)[0]
+    owners = old.block_of[atoms]
+    if np.any(owners < 0):
+        return False
+    for b in {int(o) for o in owners}:
+        block = _sub_block(old, old.blocks[b], statistic)
+        if not in_span(block, region[old.blocks[b].cols][None, :].astype(float))[0]:
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A determined region never asked and not determined before: where it lies
@@ -488,13 +645,31 @@ def _part_candidates(
     out: list[Candidate] = []
     for b in sorted(touched):
         block = new.blocks[b]
-        for local in determined_regions(block, changed_only=not rescan):
+        apart = _statistics_apart(new, block)
+        # Only answers releasing one statistic combine into an estimate of it (a COUNT
+        # minus a SUM estimates nothing): a block whose answers share none is searched
+        # per statistic, in the span of the answers that release it.
+        searched: list[tuple[str | None, np.ndarray]] = (
+            [(None, r) for r in determined_regions(block, changed_only=not rescan)]
+            if not apart
+            else [
+                (name, r)
+                for name in apart
+                for r in determined_regions(_sub_block(new, block, name), changed_only=False)
+            ]
+        )
+        seen: set[bytes] = set()
+        for name, local in searched:
             if np.any(np.all(block.asked == local[None, :], axis=1)):
                 continue  # released directly, with its own noise
             region = np.zeros(new.space.n_atoms, dtype=bool)
             region[block.cols[local]] = True
-            if _in_old_span(old, region):
+            known = (
+                _in_old_span(old, region) if name is None else _in_old_sub_span(old, region, name)
+            )
+            if known or local.tobytes() in seen:
                 continue
+            seen.add(local.tobytes())
             out.append(Candidate(part, b, local, coefficients(block, local)))
     return out
 
@@ -507,6 +682,9 @@ def _findings(
     *,
     pre: bool,
     observe: Callable[[Sizing], None] | None = None,
+    open_groups: list[str] | None = None,
+    pending_counts: bool = True,
+    pending_noise: CountNoise | None = None,
 ) -> list[Finding]:
     """The candidates not shown to hold ``k`` people or more with confidence 1 − ``alpha``
     (a lower confidence bound from the noisy answers and their public noise scales)."""
@@ -544,13 +722,36 @@ def _findings(
                 extra = math.inf
         direct: set[int] | None = None
         upper = math.inf if unknown else estimate + extra
-        if pre:
+        pending_used = bool(np.any(used & bc.member_pending))
+        if pre and (unknown or (pending_used and not pending_counts)):
+            # No count estimate, before or after the answer (a SUM's or a quantile's
+            # region, or this query releases no count): the post-audit would decide from
+            # the answered counts inside the region alone, and those are known now —
+            # unless one of this query's own cells lies inside it and brings a count.
+            # So decide now, for free (the same rule, the same noisy counts).
+            inside = ~np.any(asked & ~local[None, :], axis=1)
+            lows = [
+                bc.counts[j] - noise_quantile(_terms(new.info[block.asked_ids[j]]), alpha)
+                for j in np.nonzero(inside & bc.counted)[0]
+            ]
+            shown = bool(lows) and max(lows) >= k
+            small = not shown and not (pending_counts and bool(np.any(inside & bc.pending)))
+        elif pre:
             # a region inside an answered region is no larger than its noisy count
             supersets = ~np.any(local[None, :] & ~asked, axis=1) & bc.counted
             upper_direct = float(np.min(bc.counts[supersets])) if supersets.any() else math.inf
+            # the post-audit's margin will include this query's own noise (public: its
+            # calibration), so count it in now
+            full = margin
+            if pending_noise is not None and noise is not None and pending_used:
+                with_new = dict(noise)
+                for i in np.nonzero(used & bc.member_pending)[0]:
+                    source = ("", bc.member_info[i].cell)
+                    with_new[source] = (float(cand.coefs[i]), pending_noise)
+                full = noise_quantile(list(with_new.values()), alpha)
             # refuse before spending only when the answer cannot help: even at its upper
-            # bound, the confidence bound (from the earlier answers' noise) stays below k
-            small = min(upper - margin, upper_direct) < k
+            # bound, the confidence bound (with every noise it will carry) stays below k
+            small = min(upper - full, upper_direct) < k
             if small and upper_direct < upper:
                 best = int(np.nonzero(supersets)[0][np.argmin(bc.counts[supersets])])
                 direct = {block.asked_ids[best]}
@@ -564,6 +765,10 @@ def _findings(
             small = not lows or max(lows) < k
         else:
             small = estimate - margin < k
+        waits = pre and not small and open_groups is not None and len(open_groups) < MAX_FINDINGS
+        if waits and open_groups is not None and pending_used:
+            # its size rests on the new answer too: the post-audit decides
+            open_groups.append(describe_region(new.space, block.cols[local]))
         if observe is not None:
             terms = None if noise is None else tuple(noise.values())
             observe(Sizing(pre, upper if pre else estimate, margin, terms, small))
@@ -574,7 +779,8 @@ def _findings(
                 else set(block.members[i] for i in np.nonzero(used)[0]) | bounds
             )
             names = {q for r in rows for q in new.info[r].query_id.split(",") if q}
-            out.append(Finding(tuple(sorted(names))))
+            group = describe_region(new.space, block.cols[local])
+            out.append(Finding(tuple(sorted(names)), group))
             if len(out) >= MAX_FINDINGS:
                 break  # enough to refuse and to name the queries involved
     return out
@@ -592,6 +798,7 @@ class _BlockCounts:
 
     counted: np.ndarray
     counts: np.ndarray
+    pending: np.ndarray  # asked rows of the query being pre-audited
     position: dict[int, int]
     member_counts: np.ndarray
     member_known: np.ndarray
@@ -619,6 +826,7 @@ class _BlockCounts:
         return _BlockCounts(
             counted=np.array([r.count is not None and not r.pending for r in infos], dtype=bool),
             counts=np.array([r.count if r.count is not None else np.nan for r in infos]),
+            pending=np.array([r.pending for r in infos], dtype=bool),
             position=position,
             member_counts=np.array([r.count if r.count is not None else 0.0 for r in members]),
             member_known=~pending & ~missing,

@@ -147,6 +147,7 @@ def _universe(kn: Knowledge) -> RowInfo | None:
     estimate = 0.0
     pending = unknown = False
     sources: set[str] = set()
+    stats: frozenset[str] | None = None  # what every row it combines releases
     noise: dict[tuple[str, int], tuple[float, CountNoise]] | None = {}
     for block in kn.blocks:
         ones = np.ones(len(block.cols), dtype=bool)
@@ -157,6 +158,8 @@ def _universe(kn: Knowledge) -> RowInfo | None:
                 continue
             info = kn.info[member]
             sources.update(q for q in info.query_id.split(",") if q)
+            if info.stats is not None:
+                stats = info.stats if stats is None else stats & info.stats
             if info.pending:
                 pending = True
             elif info.count is None:
@@ -167,7 +170,15 @@ def _universe(kn: Knowledge) -> RowInfo | None:
     count = None if (pending or unknown) else estimate
     terms = None if noise is None else pack_noise_terms(noise)
     # the derived row names the queries it comes from (cell −1 marks it as derived)
-    return RowInfo(",".join(sorted(sources)), -1, count, pending=pending, formula=TRUE, noise=terms)
+    return RowInfo(
+        ",".join(sorted(sources)),
+        -1,
+        count,
+        pending=pending,
+        formula=TRUE,
+        noise=terms,
+        stats=stats or None,  # none in common: treated as releasing anything
+    )
 
 
 def add_noise_terms(

@@ -31,11 +31,15 @@ class RowInfo:
     pending: bool = False  # in a pre-audit: part of the query being audited, unanswered
     formula: Formula | None = None  # the region, kept to rebuild merged components
     noise: NoiseTerms | None = None  # None: the noise of this count is not known
+    # what the row releases about its region: "count", "sum:<expr>", … (None: anything)
+    stats: frozenset[str] | None = None
 
     def with_formula(self, formula: Formula) -> RowInfo:
         """The same row carrying its region (``dataclasses.replace``, without its cost:
         this runs for every released cell)."""
-        return RowInfo(self.query_id, self.cell, self.count, self.pending, formula, self.noise)
+        return RowInfo(
+            self.query_id, self.cell, self.count, self.pending, formula, self.noise, self.stats
+        )
 
 
 @dataclass(frozen=True)

@@ -295,6 +295,26 @@ def config_check(path: str | None, config_option: str | None) -> None:
         sys.exit(2)
     tables = ", ".join(t.name for t in cfg.tables.values())
     click.echo(f"{target}: OK ({len(cfg.tables)} table(s): {tables})")
+    notes = _nullability_report(cfg)
+    if notes:
+        click.echo("Nullable only by the catalogue (declare `nullable:` to decide):")
+        for note in notes:
+            click.echo(f"  - {note}")
+
+
+def _nullability_report(cfg: object) -> list[str]:
+    """Columns nullable only because the catalogue says so, and what `nullable: false`
+    would change (gateway/cli/nullability.py). Catalogue metadata, never rows."""
+    from gateway.cli.nullability import nullability_notes
+    from gateway.config import Config
+    from gateway.execute import nullability_by_schema, open_protected_engine
+
+    assert isinstance(cfg, Config)
+    engine = open_protected_engine(cfg.database.url, statement_timeout_ms=5000)
+    try:
+        return nullability_notes(cfg, nullability_by_schema(engine, cfg.tables))
+    finally:
+        engine.dispose()
 
 
 def _check_against_database(cfg: object) -> list[str]:

@@ -42,7 +42,12 @@ _CHECKS = register_schema(
     {
         "type": "object",
         "required": ["database", "ledger"],
-        "properties": {"database": {"type": "boolean"}, "ledger": {"type": "boolean"}},
+        "properties": {
+            "database": {"type": "boolean"},
+            "ledger": {"type": "boolean"},
+            # only with postgres_wire: in the config (gateway/pgwire/probe.py)
+            "postgres_wire": {"type": "boolean"},
+        },
     },
 )
 
@@ -190,16 +195,25 @@ def _probe(engine: Any) -> bool:
 
 
 def readiness(app: Flask) -> dict[str, bool]:
-    """Whether the protected database and the ledger database answer right now."""
+    """Whether the protected database and the ledger database answer right now, and,
+    when the config has ``postgres_wire``, whether the PostgreSQL front end accepts
+    connections (``gateway.pgwire.probe``)."""
     gateway = app.extensions.get("dpgate")
     ready = getattr(gateway, "ready", None)
     if callable(ready):
-        checks = ready()
-        return {"database": bool(checks.get("database")), "ledger": bool(checks.get("ledger"))}
-    return {
-        "database": _probe(getattr(gateway, "engine", None)),
-        "ledger": _ledger_ready(getattr(gateway, "ledger", None)),
-    }
+        raw = ready()
+        checks = {"database": bool(raw.get("database")), "ledger": bool(raw.get("ledger"))}
+    else:
+        checks = {
+            "database": _probe(getattr(gateway, "engine", None)),
+            "ledger": _ledger_ready(getattr(gateway, "ledger", None)),
+        }
+    config = getattr(gateway, "config", None)
+    if getattr(config, "postgres_wire", None) is not None:
+        from gateway.pgwire.probe import wire_ready
+
+        checks["postgres_wire"] = wire_ready(config)  # type: ignore[arg-type]
+    return checks
 
 
 def _ledger_ready(ledger: Any) -> bool:
@@ -247,6 +261,13 @@ def readyz() -> Response:
         )
     if not checks["ledger"]:
         return _envelope(LedgerUnavailable("the ledger database does not answer", checks=checks))
+    if checks.get("postgres_wire") is False:
+        # The PostgreSQL front end is a door to the database for its clients.
+        return _envelope(
+            DatabaseUnavailable(
+                "the PostgreSQL front end does not accept connections (yet)", checks=checks
+            )
+        )
     return jsonify({"ok": True, "checks": checks})
 
 

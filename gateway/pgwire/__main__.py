@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 from gateway.config import ConfigError, load_config
 from gateway.logs import configure_logging
@@ -28,6 +29,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--parent", type=int, default=None)
+    parser.add_argument(
+        "--address-file",
+        type=Path,
+        default=None,
+        help="write 'HOST PORT' here once listening (for /readyz)",
+    )
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
@@ -42,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         threading.Thread(target=_exit_with_parent, args=(args.parent,), daemon=True).start()
     from gateway.pgwire.server import serve
 
-    serve(config, args.host)
+    serve(config, args.host, args.address_file)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Protocol
 
 #: The largest frontend message accepted (as the HTTP API's body limit).
 MAX_MESSAGE_BYTES = 1_000_000
@@ -27,6 +27,12 @@ PROTOCOL_V3 = 196608  # 3 << 16
 SSL_REQUEST = 80877103
 GSSENC_REQUEST = 80877104
 CANCEL_REQUEST = 80877102
+
+
+class ByteSource(Protocol):
+    """Where frontend bytes come from (``gateway.pgwire.link.Link``, or a file in tests)."""
+
+    def read(self, n: int, /) -> bytes: ...
 
 
 class ProtocolViolation(Exception):
@@ -198,7 +204,7 @@ class Reader:
             raise ProtocolViolation("message is longer than its fields")
 
 
-def read_exact(stream: BinaryIO, n: int) -> bytes:
+def read_exact(stream: ByteSource, n: int) -> bytes:
     """Exactly ``n`` bytes from ``stream``; ``ConnectionClosed`` if it ends first."""
     chunks: list[bytes] = []
     left = n
@@ -211,7 +217,7 @@ def read_exact(stream: BinaryIO, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_startup(stream: BinaryIO) -> Startup | SslRequest | GssEncRequest | CancelRequest:
+def read_startup(stream: ByteSource) -> Startup | SslRequest | GssEncRequest | CancelRequest:
     """The first packet of a connection (no type byte: length, then a request code)."""
     (length,) = struct.unpack("!i", read_exact(stream, 4))
     if length < 8 or length > MAX_STARTUP_BYTES:
@@ -242,7 +248,7 @@ def read_startup(stream: BinaryIO) -> Startup | SslRequest | GssEncRequest | Can
     return Startup(params)
 
 
-def read_message(stream: BinaryIO) -> Message:
+def read_message(stream: ByteSource) -> Message:
     """One typed frontend message, decoded."""
     header = read_exact(stream, 5)
     kind = chr(header[0])

@@ -59,7 +59,7 @@ class Observer:
 
     def connection(self, peer: str, user: str, outcome: str) -> None:
         """Log and count one login attempt (``ok`` or the error code)."""
-        status = 200 if outcome == "ok" else (401 if outcome == "unauthenticated" else 403)
+        status = {"ok": 200, "unauthenticated": 401, "too_many_clients": 503}.get(outcome, 403)
         metrics.record_request(
             endpoint=CONNECT_PATH, method=METHOD, status=status, outcome=outcome, duration_s=0.0
         )

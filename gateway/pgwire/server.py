@@ -1,10 +1,13 @@
 """The PostgreSQL front end's listener: one thread per connection, TLS, cancel requests.
 
-``WireServer(config, gateway)`` owns the emulated catalogue and the registry of live
-sessions (for CancelRequest). ``serve_forever`` accepts connections on
-``postgres_wire.port``; at most ``postgres_wire.max_connections`` are served at once
-(more get SQLSTATE 53300 and are closed), and each must finish its startup and login
-within ``LOGIN_TIMEOUT_S``.
+``WireServer(config, gateway)`` owns the emulated catalogue, the slot accounting
+(``gateway.pgwire.admission``: who may hold a connection while logging in, and a
+session slot once logged in) and the registry of live sessions (for CancelRequest).
+``serve_forever`` accepts connections on ``postgres_wire.port``; a connection refused a
+slot gets SQLSTATE 53300 and is closed at once, without a thread of its own. Each
+connection must log in within ``postgres_wire.authentication_timeout_s`` of being
+accepted, and a session idle for ``idle_session_timeout_s`` is closed
+(``gateway.pgwire.link``).
 
 ``dpgate serve`` runs it in a process of its own beside the HTTP workers
 (``python -m gateway.pgwire``, see ``gateway.serve``), with its own ``Gateway`` on the
@@ -21,17 +24,23 @@ import secrets
 import socket
 import ssl
 import threading
-from typing import BinaryIO
+import time
+from pathlib import Path
 
+from gateway import metrics
 from gateway.config import Config
 from gateway.pgwire import codec
+from gateway.pgwire.admission import Admission, Ticket
 from gateway.pgwire.catalog import Catalog
+from gateway.pgwire.link import AuthenticationTimeout, IdleSessionTimeout, Link
 from gateway.pgwire.observe import Observer
 from gateway.pgwire.session import Session
 from gateway.pipeline import Gateway
 
 log = logging.getLogger("dpgate.pgwire")
-LOGIN_TIMEOUT_S = 30.0
+TOO_MANY = "sorry, too many clients already"
+#: How long the accept loop pauses when the process is out of file descriptors.
+ACCEPT_BACKOFF_S = 0.05
 
 
 class WireServer:
@@ -53,7 +62,7 @@ class WireServer:
             self.tls.load_cert_chain(str(wire.tls.cert), str(wire.tls.key))
         self._sessions: dict[int, Session] = {}
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(wire.max_connections)
+        self.admission = Admission(wire)
         self._listener: socket.socket | None = None
         self._stopped = threading.Event()
 
@@ -103,9 +112,22 @@ class WireServer:
             except OSError:
                 if self._stopped.is_set():
                     return
-                raise
-            thread = threading.Thread(target=self.handle, args=(conn, str(address[0])), daemon=True)
-            thread.start()
+                # Out of descriptors (EMFILE), or a connection reset before it was
+                # accepted: keep serving the others.
+                log.warning("pgwire accept failed", exc_info=True)
+                time.sleep(ACCEPT_BACKOFF_S)
+                continue
+            self._admit(conn, str(address[0]))
+
+    def _admit(self, conn: socket.socket, peer: str) -> None:
+        """Give an accepted connection a pending slot and a thread, or refuse it now."""
+        link = Link(conn, time.monotonic() + self.wire.authentication_timeout_s)
+        ticket = self.admission.admit(peer, link)
+        if isinstance(ticket, str):
+            link.try_write(codec.error_response("53300", TOO_MANY, severity="FATAL"))
+            link.close()
+            return
+        threading.Thread(target=self.handle, args=(ticket,), daemon=True).start()
 
     def shutdown(self) -> None:
         self._stopped.set()
@@ -116,64 +138,72 @@ class WireServer:
 
     # -- one connection ----------------------------------------------------------------
 
-    def handle(self, conn: socket.socket, peer: str) -> None:
-        """Serve one accepted connection until it ends; never raises."""
-        if not self._slots.acquire(blocking=False):
-            with contextlib.suppress(OSError):
-                conn.sendall(
-                    codec.error_response(
-                        "53300", "sorry, too many clients already", severity="FATAL"
-                    )
-                )
-            conn.close()
-            return
-        link = _Link(conn)
+    def handle(self, ticket: Ticket) -> None:
+        """Serve one admitted connection until it ends; never raises."""
+        link, peer = ticket.link, ticket.peer
         session: Session | None = None
         try:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.settimeout(LOGIN_TIMEOUT_S)
+            link.raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             startup = self._startup(link)
             if startup is None:
                 return
-            sock = link.sock
-            session = Session(self, link.stream, sock.sendall, peer)
-            # The login must finish in time; afterwards a connection may idle (BI pools).
-            session.serve(startup, on_login=lambda: sock.settimeout(None))
+            session = Session(self, link, link.write, peer)
+            session.serve(startup, login=lambda: self._login(ticket))
             session.flush()
+        except AuthenticationTimeout:
+            metrics.record_wire_timeout("authentication")
+        except IdleSessionTimeout:
+            metrics.record_wire_timeout("idle_session")
+            with contextlib.suppress(OSError, ValueError):
+                if session is not None:
+                    session.flush()
+            link.try_write(
+                codec.error_response(
+                    "57P05",
+                    "terminating connection due to idle-session timeout",
+                    severity="FATAL",
+                )
+            )
         except (codec.ConnectionClosed, OSError, ssl.SSLError):
             pass
         except codec.ProtocolViolation as e:
-            with contextlib.suppress(OSError):
-                link.sock.sendall(codec.error_response("08P01", str(e), severity="FATAL"))
+            link.try_write(codec.error_response("08P01", str(e), severity="FATAL"))
         except Exception:
             log.error("pgwire connection failed", exc_info=True)
         finally:
             if session is not None:
                 self._unregister(session)
+            self.admission.release(ticket)
             link.close()
-            self._slots.release()
 
-    def _startup(self, link: _Link) -> codec.Startup | None:
+    def _login(self, ticket: Ticket) -> bool:
+        """A session slot for a connection that passed SCRAM (False: none free, 53300)."""
+        if not self.admission.promote(ticket):
+            return False
+        ticket.link.logged_in(self.wire.idle_session_timeout_s)
+        return True
+
+    def _startup(self, link: Link) -> codec.Startup | None:
         """Read startup packets (answering SSL/GSS requests) until a real startup."""
         encrypted = False
         for _ in range(3):
-            packet = codec.read_startup(link.stream)
+            packet = codec.read_startup(link)
             if isinstance(packet, codec.CancelRequest):
                 self._cancel(packet)
                 return None
             if isinstance(packet, codec.GssEncRequest):
-                link.sock.sendall(b"N")
+                link.write(b"N")
                 continue
             if isinstance(packet, codec.SslRequest):
                 if self.tls is None or encrypted:
-                    link.sock.sendall(b"N")
+                    link.write(b"N")
                     continue
-                link.sock.sendall(b"S")
+                link.write(b"S")
                 link.encrypt(self.tls)
                 encrypted = True
                 continue
             if self.wire.tls is not None and self.wire.tls.require and not encrypted:
-                link.sock.sendall(
+                link.write(
                     codec.error_response(
                         "28000",
                         "this dpgate accepts PostgreSQL clients over TLS only (sslmode=require)",
@@ -182,7 +212,7 @@ class WireServer:
                 )
                 return None
             if "user" not in packet.parameters:
-                link.sock.sendall(
+                link.write(
                     codec.error_response(
                         "28000", "no user name in the startup packet", severity="FATAL"
                     )
@@ -192,36 +222,18 @@ class WireServer:
         raise codec.ProtocolViolation("too many startup negotiation packets")
 
 
-class _Link:
-    """A connection's socket and read stream (both replaced when TLS starts)."""
+def serve(config: Config, host: str, address_file: Path | None = None) -> None:
+    """Bind and serve until the process is terminated (``python -m gateway.pgwire``).
 
-    def __init__(self, conn: socket.socket) -> None:
-        self.raw = conn
-        self.sock: socket.socket = conn
-        self.stream: BinaryIO = conn.makefile("rb")
-
-    def encrypt(self, context: ssl.SSLContext) -> None:
-        self.stream.close()
-        self.sock = context.wrap_socket(self.raw, server_side=True)
-        self.stream = self.sock.makefile("rb")
-
-    def close(self) -> None:
-        """Close for real: a socket with an open makefile stream stays open otherwise,
-        and a client waiting for the end (libpq's cancel) would wait forever."""
-        for close in (
-            self.stream.close,
-            lambda: self.sock.shutdown(socket.SHUT_RDWR),
-            self.sock.close,
-            self.raw.close,
-        ):
-            with contextlib.suppress(OSError, ValueError):
-                close()
-
-
-def serve(config: Config, host: str) -> None:
-    """Bind and serve until the process is terminated (``python -m gateway.pgwire``)."""
+    ``address_file``: where to write the address bound (``HOST PORT``), once listening,
+    for the HTTP workers' readiness check (``gateway.pgwire.probe``).
+    """
     server = WireServer(config)
     bound = server.bind(host)
+    if address_file is not None:
+        partial = address_file.with_name(address_file.name + ".partial")
+        partial.write_text(f"{bound[0]} {bound[1]}\n")
+        partial.replace(address_file)
     log.info(
         "postgres wire listening",
         extra={"fields": {"host": bound[0], "port": bound[1], "pid": os.getpid()}},

@@ -28,7 +28,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 from sqlglot import exp
 
@@ -109,7 +109,11 @@ class Session(SessionCommands):
     """The state of one connection. ``run`` serves it until Terminate or disconnect."""
 
     def __init__(
-        self, server: WireServer, stream: BinaryIO, write: Callable[[bytes], None], peer: str
+        self,
+        server: WireServer,
+        stream: codec.ByteSource,
+        write: Callable[[bytes], None],
+        peer: str,
     ) -> None:
         self.server = server
         self.stream = stream
@@ -154,12 +158,13 @@ class Session(SessionCommands):
 
     # -- the connection -----------------------------------------------------------------
 
-    def serve(self, startup: codec.Startup, on_login: Callable[[], None] | None = None) -> None:
-        """Authenticate the startup's user, then answer messages until Terminate."""
-        if not self._authenticate(startup):
+    def serve(self, startup: codec.Startup, login: Callable[[], bool] = lambda: True) -> None:
+        """Authenticate the startup's user, then answer messages until Terminate.
+
+        ``login`` is asked for a session slot once the user has proved their key, before
+        the client is told it is in; False refuses the login (53300)."""
+        if not self._authenticate(startup, login):
             return
-        if on_login is not None:
-            on_login()
         self.flush()
         while True:
             try:
@@ -172,7 +177,7 @@ class Session(SessionCommands):
                 return
             self._dispatch(message)
 
-    def _authenticate(self, startup: codec.Startup) -> bool:
+    def _authenticate(self, startup: codec.Startup, login_slot: Callable[[], bool]) -> bool:
         from gateway.pgwire.scram import (
             MECHANISM,
             ScramExchange,
@@ -239,6 +244,13 @@ class Session(SessionCommands):
             error = Forbidden(f"analyst '{analyst.name}' is disabled")
             self.server.observe.connection(self.peer, user, error.code)
             self.send(codec.error_response("28000", error.message, severity="FATAL"))
+            self.flush()
+            return False
+        if not login_slot():
+            self.server.observe.connection(self.peer, user, "too_many_clients")
+            self.send(
+                codec.error_response("53300", "sorry, too many clients already", severity="FATAL")
+            )
             self.flush()
             return False
         self.send(codec.authentication(12, server_final.encode("ascii")))

@@ -13,7 +13,7 @@ import pytest
 
 from mechanisms import Noise, Sensitivity, calibrate_query, sample, selection_delta
 
-from .dp_harness import check_release, cp_lower
+from .dp_harness import check_release, cp_lower, cp_upper
 
 pytestmark = pytest.mark.slow
 
@@ -165,3 +165,34 @@ def test_partition_selection_releases_one_unit_groups_within_the_charged_delta(
     assert cp_lower(released, n, 1e-6) <= cal.cost.selection_delta <= 0.05
     # …and the threshold is not wastefully high: one less would overspend δ.
     assert selection_delta(Fraction(1, 2), sel.threshold - 1, groups) > 0.05 * (1 - 1e-9)
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "linf", "groups"), [("laplace", 1, 1), ("laplace", 1, 3), ("gaussian", 1, 2)]
+)
+def test_own_count_selection_releases_a_units_own_groups_within_the_charged_delta(
+    mechanism: str, linf: int, groups: int
+) -> None:
+    # The count selects by its own noise; a unit alone in its groups has count linf in
+    # each of at most `groups` of them. With a large δ that release is measurable.
+    s = Sensitivity(Fraction(groups * linf), Fraction(groups * linf), Fraction(linf))
+    cal = calibrate_query(
+        mechanism,
+        1.0,
+        0.05,
+        [s],
+        max_groups_per_unit=groups,
+        selector=0,  # type: ignore[arg-type]
+    )
+    sel = cal.selection
+    assert sel is not None and sel.measure == 0 and sel.noise == cal.noises[0]
+    n = 100_000
+    draws = sample(sel.noise, n * groups)
+    released = sum(
+        any(linf + draws[i * groups + j] >= sel.threshold for j in range(groups)) for i in range(n)
+    )
+    charged = cal.cost.selection_delta
+    # the charged δ covers the release probability…
+    assert cp_lower(released, n, 0.5e-6) <= charged <= 0.05
+    # …and is that probability, not a loose bound on it (false alarm ≤ 1e-6 for both)
+    assert cp_upper(released, n, 0.5e-6) >= charged

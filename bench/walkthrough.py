@@ -1,0 +1,166 @@
+"""The demo walkthrough one new analyst makes: how many of its questions the auditor
+refuses (free) or withholds (after charging).
+
+    python -m bench.walkthrough                 # the walkthrough in its written order
+    python -m bench.walkthrough --seeds 5       # and shuffled, five seeds
+    python -m bench.walkthrough --verbose       # every refusal with its reason
+
+The questions are the README's, docs/connect.md's and the console's example queries,
+then ordinary questions a new analyst asks of the demo (counts and averages by disease,
+sex, year and department, joins to ``zip_regions``, quantiles, MIN/MAX, STDDEV, bands
+then the total, a filtered GROUP BY after the unfiltered one). Each run is one analyst of
+a fresh gateway on the demo data at its real size (``dpgate demo``), audit mode
+``refuse``. ``tests/test_audit_walkthrough.py`` asserts what this prints: 0 and 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from gateway.config import parse_config
+from gateway.demo.hospital import PATIENTS, build, config_yaml
+from gateway.errors import AuditRefused, GatewayError
+from gateway.pipeline import Gateway
+from gateway.plan import QueryRequest
+
+#: The docs' own examples: README.md, docs/connect.md, the console's default query.
+DOCS_EXAMPLES: tuple[str, ...] = (
+    "SELECT disease, COUNT(*) AS n FROM patients WHERE age >= 40 GROUP BY disease",
+    "SELECT COUNT(*) FROM patients",
+    "SELECT z.region, COUNT(*) AS n FROM patients p LEFT JOIN zip_regions z "
+    "ON p.zip = z.zip GROUP BY z.region",
+    "SELECT p.sex, COUNT(*) FROM patients p JOIN visits v ON p.patient_id = v.patient_id "
+    "GROUP BY p.sex",
+    "SELECT z.region, COUNT(*) FROM patients p JOIN zip_regions z ON p.zip = z.zip "
+    "GROUP BY z.region",
+    "SELECT sex, AVG(glucose) AS mean_glucose FROM patients GROUP BY sex",
+    "SELECT disease, COUNT(*) AS n FROM patients WHERE sex = 'F' GROUP BY disease",
+    "SELECT sex, COUNT(*) AS n FROM patients WHERE age >= 40 GROUP BY sex",
+    "SELECT disease, sex, COUNT(*) AS n FROM patients GROUP BY disease, sex",
+    "SELECT disease, COUNT(*) AS n FROM patients GROUP BY disease",
+)
+
+#: Ordinary questions of a new analyst.
+ORDINARY: tuple[str, ...] = (
+    "SELECT sex, COUNT(*) AS n FROM patients GROUP BY sex",
+    "SELECT sex, AVG(glucose) AS g FROM patients GROUP BY sex",
+    "SELECT disease, AVG(age) AS mean_age FROM patients GROUP BY disease",
+    "SELECT disease, AVG(glucose) AS g FROM patients GROUP BY disease",
+    "SELECT city, COUNT(*) AS n FROM patients GROUP BY city",
+    "SELECT city, COUNT(*) AS n FROM patients WHERE age >= 65 GROUP BY city",
+    "SELECT city, AVG(income) AS mean_income FROM patients GROUP BY city",
+    "SELECT smoker, COUNT(*) AS n FROM patients GROUP BY smoker",
+    "SELECT smoker, AVG(glucose) AS g FROM patients GROUP BY smoker",
+    "SELECT MIN(income), MAX(income), MEDIAN(age) FROM patients",
+    "SELECT STDDEV(income) FROM patients",
+    "SELECT AVG(income) FROM patients",
+    "SELECT SUM(income) FROM patients",
+    "SELECT COUNT(*) FROM patients WHERE income < 20000",
+    "SELECT COUNT(*) FROM patients WHERE income >= 20000 AND income < 60000",
+    "SELECT COUNT(*) FROM patients WHERE income >= 60000",
+    "SELECT COUNT(*) FROM patients WHERE smoker",
+    "SELECT year, COUNT(*) AS n FROM visits GROUP BY year",
+    "SELECT department, COUNT(*) AS n FROM visits GROUP BY department",
+    "SELECT department, AVG(cost) AS mean_cost FROM visits GROUP BY department",
+    "SELECT year, AVG(length_of_stay) AS stay FROM visits GROUP BY year",
+    "SELECT department, SUM(cost) AS total FROM visits WHERE year = 2024 GROUP BY department",
+    "SELECT COUNT(*) FROM visits",
+    "SELECT AVG(cost) FROM visits",
+    "SELECT p.disease, AVG(v.cost) AS mean_cost FROM patients p "
+    "JOIN visits v ON p.patient_id = v.patient_id GROUP BY p.disease",
+    "SELECT z.region, AVG(p.income) AS mean_income FROM patients p "
+    "JOIN zip_regions z ON p.zip = z.zip GROUP BY z.region",
+    "SELECT z.region, p.sex, COUNT(*) AS n FROM patients p "
+    "JOIN zip_regions z ON p.zip = z.zip GROUP BY z.region, p.sex",
+    "SELECT PERCENTILE_CONT(0.9) WITHIN GROUP (ORDER BY income) FROM patients",
+    "SELECT sex, MEDIAN(income) AS median_income FROM patients GROUP BY sex",
+    "SELECT MIN(age), MAX(age) FROM patients",
+    "SELECT disease, STDDEV(glucose) AS sd FROM patients GROUP BY disease",
+    "SELECT CASE WHEN age < 18 THEN 'child' WHEN age < 65 THEN 'adult' ELSE 'senior' END "
+    "AS band, COUNT(*) AS n FROM patients GROUP BY 1",
+    "SELECT sex, COUNT(*) AS n FROM patients WHERE disease = 'Diabetes' GROUP BY sex",
+    "SELECT year, department, COUNT(*) AS n FROM visits GROUP BY year, department",
+)
+
+WALKTHROUGH: tuple[str, ...] = DOCS_EXAMPLES + ORDINARY
+EPSILON = 0.1  # the demo config's default ε
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One question's fate: ``answered``, ``refused`` (free) or ``withheld`` (charged),
+    or ``error`` (not an audit decision: an unsupported query, say)."""
+
+    sql: str
+    outcome: str
+    reason: str = ""
+
+
+def make_gateway(db: Path, workdir: Path, n: int) -> Gateway:
+    """A fresh gateway (its own ledger) on a copy of the demo database."""
+    copy = workdir / f"hospital{n}.db"
+    shutil.copy(db, copy)
+    raw = yaml.safe_load(config_yaml(str(copy), str(workdir / f"ledger{n}.db")))
+    raw["execution"] = {"timing": "off"}
+    raw["analysts"] = [{"name": "demo", "epsilon": 100.0, "delta": 1e-6}]
+    return Gateway(parse_config(raw))
+
+
+def replay(gateway: Gateway, questions: Sequence[str]) -> list[Outcome]:
+    """Ask ``questions`` in order as the demo analyst; each question's outcome."""
+    out = []
+    for sql in questions:
+        try:
+            gateway.query("demo", QueryRequest(sql, EPSILON, 0.0, "laplace"))
+        except AuditRefused as e:
+            kind = "withheld" if e.detail.get("charged") else "refused"
+            out.append(Outcome(sql, kind, e.message))
+        except GatewayError as e:
+            out.append(Outcome(sql, "error", f"{e.code}: {e.message}"))
+        else:
+            out.append(Outcome(sql, "answered"))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=0, help="also replay shuffled orders")
+    parser.add_argument("--patients", type=int, default=PATIENTS)
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        db = workdir / "demo.db"
+        build(db, patients=args.patients)
+        orders: list[tuple[str, list[str]]] = [("written order", list(WALKTHROUGH))]
+        for seed in range(args.seeds):
+            shuffled = list(WALKTHROUGH)
+            random.Random(seed).shuffle(shuffled)
+            orders.append((f"seed {seed}", shuffled))
+        for n, (name, questions) in enumerate(orders):
+            outcomes = replay(make_gateway(db, workdir, n), questions)
+            counts = {k: sum(o.outcome == k for o in outcomes) for k in ("refused", "withheld")}
+            errors = sum(o.outcome == "error" for o in outcomes)
+            print(
+                f"{name}: {len(outcomes)} questions, {counts['refused']} refused, "
+                f"{counts['withheld']} withheld, {errors} errors"
+            )
+            for o in outcomes:
+                if o.outcome != "answered" and (args.verbose or o.outcome == "error"):
+                    print(f"  {o.outcome}: {o.sql}\n    {o.reason}")
+            failed += counts["refused"] + counts["withheld"] + errors
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

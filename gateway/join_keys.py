@@ -1,0 +1,237 @@
+"""What the catalogue proves about a declared join's equality, engine by engine.
+
+A join keeps each row of its anchor at most once only if no anchor row's join value is
+*equal*, under the join's own ``=``, to two rows of a lookup. The compiled SQL makes that
+so with a cut (``ROW_NUMBER() OVER (PARTITION BY key) = 1`` on the lookup), or skips the
+cut where the database keeps the key unique. Both take the key's *grouping* equality (what
+PARTITION BY and a UNIQUE index call equal) for the join's equality, and the two differ
+wherever the engine converts or collates before comparing (issue 31):
+
+- SQLite compares a column of INTEGER affinity with one of TEXT or no affinity after
+  converting the latter to a number: ``'5'``, ``'05'`` and ``'005'`` are three values to a
+  UNIQUE index and to PARTITION BY, and all equal to ``5`` in a join. A column's collation
+  (NOCASE) decides ``=`` by the left operand's, PARTITION BY by the column's own.
+- PostgreSQL resolves ``a = b`` of two types through implicit casts (a NUMERIC cast to
+  DOUBLE PRECISION merges distinct values), and a nondeterministic collation on one side
+  makes ``'a' = 'A'`` true where the other side's UNIQUE index holds both.
+- ClickHouse's PRIMARY KEY is a sort key, Spark's constraints are informational: neither
+  promises uniqueness (``units_unique_by_schema`` reads none there).
+
+So the compiled SQL uses a catalogue fact only where this module proves it sound for the
+engine and the two columns' storage (``JoinKeys``); everywhere else the relation may hold
+an anchor row more than once, and the compiled SQL bounds each unit's rows after the
+join whatever the catalogue says (``gateway/compile_joins.py``). Read once, at start-up,
+from the catalogue (column and index metadata, never rows). docs/privacy.md, "What the
+catalogue may replace", lists every such fact and the condition under which it holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import sqlalchemy as sa
+
+from gateway.config import TableConfig
+
+log = logging.getLogger("dpgate.join_keys")
+
+#: A declared reference, by the referencing side: (table, column), lower case.
+RefKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class JoinKeys:
+    """Per declared reference, what its compiled ``=`` provably is on this engine.
+
+    ``unique``: the referenced key is unique under the join's own equality (the database
+    enforces a UNIQUE or PRIMARY KEY on it, and the join compares as that constraint
+    does): the lookup needs no cut. ``consistent``: the join's ``=`` is the referenced
+    key's grouping equality (the same storage type and collation on both sides, on an
+    engine that compares them without conversion): a cut by the key keeps one row per
+    anchor row. A reference in neither is *unproven*: the relation may repeat an anchor
+    row, and the compiled SQL bounds every unit's rows after the join. The empty default
+    proves nothing (on SQLite the compiler still proves its own canonical keys).
+    """
+
+    unique: frozenset[RefKey] = frozenset()
+    consistent: frozenset[RefKey] = frozenset()
+
+
+@dataclass(frozen=True)
+class StoredColumn:
+    """One column's storage as the catalogue gives it.
+
+    ``type``: the declared storage type, normalised (SQLite: the declared type text, ''
+    for none; PostgreSQL: the type's schema-qualified name; DuckDB: ``data_type``).
+    ``collation``: a non-default collation, or None. ``rowid``: SQLite only, the column is
+    its table's rowid (an ``INTEGER PRIMARY KEY`` of a rowid table: always a distinct
+    integer)."""
+
+    type: str
+    collation: str | None = None
+    rowid: bool = False
+
+    @property
+    def sqlite_affinity(self) -> str:
+        """The column's SQLite affinity (https://sqlite.org/datatype3.html, 3.1)."""
+        t = self.type.upper()
+        if "INT" in t:
+            return "INTEGER"
+        if any(s in t for s in ("CHAR", "CLOB", "TEXT")):
+            return "TEXT"
+        if t == "" or "BLOB" in t:
+            return "BLOB"
+        if any(s in t for s in ("REAL", "FLOA", "DOUB")):
+            return "REAL"
+        return "NUMERIC"
+
+
+def stored_columns(engine: sa.Engine, t: TableConfig) -> dict[str, StoredColumn] | None:
+    """Column (lower case) → its storage, or None where the catalogue cannot tell (the
+    table is missing, or the engine is one whose catalogue this module does not read)."""
+    name = engine.dialect.name
+    try:
+        if name == "sqlite":
+            return _sqlite_columns(engine, t)
+        if name == "postgresql":
+            return _postgres_columns(engine, t)
+        if name == "duckdb":
+            return _duckdb_columns(engine, t)
+    except (sa.exc.SQLAlchemyError, NotImplementedError):
+        log.warning("could not read column types of %s; its joins are bounded in SQL", t.name)
+    return None
+
+
+def _rows(engine: sa.Engine, sql: str, **params: Any) -> list[Any]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.text(sql), params).fetchall())
+
+
+def _sqlite_columns(engine: sa.Engine, t: TableConfig) -> dict[str, StoredColumn] | None:
+    schema = t.schema or "main"
+    quoted = '"' + schema.replace('"', '""') + '"'
+    info = _rows(engine, f"SELECT name, type, pk FROM {quoted}.pragma_table_info(:t)", t=t.sql_name)
+    if not info:
+        return None
+    # An INTEGER PRIMARY KEY is the rowid (a distinct integer on every row) unless the
+    # table is WITHOUT ROWID or the key is declared DESC: both give the key an index of
+    # its own ("origin" 'pk'), which a rowid alias never has.
+    pk_index = _rows(
+        engine,
+        f"SELECT 1 FROM {quoted}.pragma_index_list(:t) WHERE origin = 'pk'",
+        t=t.sql_name,
+    )
+    keys = [str(n).lower() for n, _type, pk in info if pk]
+    rowid = keys[0] if len(keys) == 1 and not pk_index else None
+    out: dict[str, StoredColumn] = {}
+    for n, declared, _pk in info:
+        lower = str(n).lower()
+        text = str(declared or "").strip()
+        out[lower] = StoredColumn(text, rowid=lower == rowid and text.upper() == "INTEGER")
+    return out
+
+
+def _postgres_columns(engine: sa.Engine, t: TableConfig) -> dict[str, StoredColumn] | None:
+    rows = _rows(
+        engine,
+        "SELECT a.attname, format_type(a.atttypid, NULL), "
+        # 100 is the database's default collation (DEFAULT_COLLATION_OID), 0 none
+        "CASE WHEN a.attcollation NOT IN (0, 100) THEN a.attcollation::regcollation::text END "
+        "FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relname = :t AND n.nspname = COALESCE(:s, current_schema()) "
+        "AND a.attnum > 0 AND NOT a.attisdropped",
+        t=t.sql_name,
+        s=t.schema,
+    )
+    if not rows:
+        return None
+    return {str(n).lower(): StoredColumn(str(ty), collation=coll) for n, ty, coll in rows}
+
+
+def _duckdb_columns(engine: sa.Engine, t: TableConfig) -> dict[str, StoredColumn] | None:
+    rows = _rows(
+        engine,
+        "SELECT column_name, data_type FROM duckdb_columns() "
+        "WHERE table_name = :t AND schema_name = :s",
+        t=t.sql_name,
+        s=t.schema or "main",
+    )
+    if not rows:
+        return None
+    # DuckDB's catalogue lists no collation; a column declared with one (its CREATE
+    # TABLE text says COLLATE) is taken as unknown: no shortcut on it.
+    sql = _rows(
+        engine,
+        "SELECT sql FROM duckdb_tables() WHERE table_name = :t AND schema_name = :s",
+        t=t.sql_name,
+        s=t.schema or "main",
+    )
+    collated = bool(sql) and "COLLATE" in str(sql[0][0] or "").upper()
+    return {
+        str(n).lower(): StoredColumn(str(ty).upper(), collation="?" if collated else None)
+        for n, ty in rows
+    }
+
+
+def join_keys_by_schema(
+    engine: sa.Engine, tables: Mapping[str, TableConfig], unique_keys: frozenset[str]
+) -> JoinKeys:
+    """What the catalogue proves of every declared reference on ``engine``.
+
+    ``unique_keys``: the tables whose join key (privacy unit, or a public table's key) the
+    database keeps unique (``units_unique_by_schema``, which reads nothing on engines that
+    enforce no key). A reference is
+
+    - on SQLite, *unique* when its key is the referenced table's rowid and the referencing
+      column has INTEGER affinity: the stored values on both sides are then compared
+      without conversion, and an integer equals one rowid at most (the other references
+      are compared on canonical keys by the compiler, which needs no fact);
+    - on PostgreSQL and DuckDB, *consistent* when both columns have the same storage type
+      and collation (``=`` is then the type's own equality, the one PARTITION BY and a
+      UNIQUE index use), and *unique* when, besides, the key is in ``unique_keys``;
+    - on any other engine, unproven.
+    """
+    name = engine.dialect.name
+    if name not in ("sqlite", "postgresql", "duckdb"):
+        return JoinKeys()
+    storage: dict[str, dict[str, StoredColumn] | None] = {}
+
+    def columns(table: str) -> dict[str, StoredColumn] | None:
+        if table not in storage:
+            storage[table] = stored_columns(engine, tables[table])
+        return storage[table]
+
+    unique: set[RefKey] = set()
+    consistent: set[RefKey] = set()
+    for key, t in tables.items():
+        for r in t.references:
+            mine, theirs = columns(key), columns(r.table)
+            if mine is None or theirs is None:
+                continue
+            a, b = mine.get(r.column.lower()), theirs.get(r.target.lower())
+            if a is None or b is None:
+                continue
+            ref = (key.lower(), r.column.lower())
+            if name == "sqlite":
+                if (
+                    b.rowid
+                    and a.sqlite_affinity == "INTEGER"
+                    and t.columns[r.column].type == "integer"
+                ):
+                    unique.add(ref)
+                continue
+            if a.type == b.type and a.collation == b.collation and a.collation != "?":
+                consistent.add(ref)
+                if r.table in unique_keys:
+                    unique.add(ref)
+    return JoinKeys(unique=frozenset(unique), consistent=frozenset(consistent))
+
+
+def with_public_keys_as_units(tables: Mapping[str, TableConfig]) -> dict[str, TableConfig]:
+    """The public tables with their key in the privacy unit's place (to ask
+    ``units_unique_by_schema`` which keys the database keeps unique)."""
+    return {k: replace(t, privacy_unit=t.key) for k, t in tables.items() if t.public}
