@@ -242,6 +242,45 @@ def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
             "≤ 1 ms",
             pg["wire_minus_http_ms"] <= 1.0,
         )
+    db = P.get("dashboard", {})
+    if db.get("failed"):
+        add("Dashboard", "run", f"failed: {db['failed'][:120]}")
+    elif db.get("timing_deadline"):
+        on, off = db["timing_deadline"], db["timing_off"]
+        single = on["single"]
+        add(
+            "Dashboard",
+            "single COUNT/AVG on patients over HTTP, median (padding to the deadline apart)",
+            f"{fmt(single['latency']['median_ms'])} ms (padding {fmt(single['padding_mean_ms'])}"
+            f" ms, timing off {fmt(off['single']['latency']['median_ms'])} ms; load "
+            f"{fmt(single['load'])})",
+            "≤ 50 ms",
+            single["latency"]["median_ms"] <= 50,
+        )
+        dash = on["dashboard"]
+        add(
+            "Dashboard",
+            "20 distinct charts of one analyst fired at once, wall time, median",
+            f"{fmt(dash['wall_median_s'])} s ({dash['failed']} failed, {fmt(dash['misses'])} "
+            f"misses; timing off {fmt(off['dashboard']['wall_median_s'])} s; load "
+            f"{fmt(dash['load'])})",
+            "≤ 1.0 s",
+            dash["wall_median_s"] <= 1.0,
+        )
+        ex = on["examples"]
+        add(
+            "Dashboard",
+            "deadline misses, README and console examples (5 each)",
+            f"{fmt(ex['misses'])} (load {fmt(ex['load'])})",
+            "0",
+            ex["misses"] == 0,
+        )
+        add(
+            "Dashboard",
+            "throughput, 8 analysts, default config vs timing off",
+            f"{fmt(on['throughput']['answered_per_s'])} vs "
+            f"{fmt(off['throughput']['answered_per_s'])} answers/s",
+        )
     dp, sn = P.get("pums", {}), P.get("smartnoise", {})
     for name, res in (("dpgate", dp), ("SmartNoise", sn)):
         if res.get("failed"):

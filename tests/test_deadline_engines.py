@@ -29,8 +29,8 @@ from gateway.plan import QueryRequest
 from tests import engines
 
 DEADLINE_MS = 600  # fixed, so that the machine's load does not move it
-SPARK_DEADLINE_MS = 5000  # long enough for Spark to plan and run the statement
-HELD_S = 1.5  # what the slowed statement adds after the engine's answer (× 3 on Spark)
+SPARK_DEADLINE_MS = 15_000  # long enough for Spark to plan and run it on a loaded machine
+HELD_S = 1.5  # what the slowed statement adds after the engine's answer (Spark: 15 s)
 SQL = "SELECT dept, COUNT(*) FROM stays WHERE stay >= 2 GROUP BY dept"
 ROWS = [
     {"pid": i // 3, "dept": ("ER", "ICU", "Ward")[i % 3], "stay": i % 11, "year": 2020}
@@ -139,7 +139,7 @@ def test_an_engine_that_answers_late_is_reported_at_the_release_moment(
 ) -> None:
     gw = _gateway(backend, tmp_path)
     deadline = _deadline_ms(backend[0]) / 1000
-    held = HELD_S * (3 if backend[0].startswith("spark") else 1)
+    held = deadline if backend[0].startswith("spark") else HELD_S
     # the statement, on time: answered, at its release moment
     elapsed, answer = _ask(gw, 0.5)
     assert not isinstance(answer, Exception), answer

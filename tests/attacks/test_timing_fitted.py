@@ -33,6 +33,7 @@ import pytest
 
 import budget
 from tests.attacks.kit import (
+    BRANCH_SQL,
     DROPPED,
     MAX_RATE,
     N_TARGETS,
@@ -49,6 +50,17 @@ from tests.attacks.kit import (
     target_tags,
     write_config,
     write_sqlite,
+)
+from tests.attacks.test_timing_neighbours import (
+    ALPHA,
+    PAIRS,
+    QUERY,
+    VICTIM,
+    VICTIM_ROWS,
+    Neighbours,
+    analysts,
+    distinguishable,
+    paired_sample,
 )
 from tests.test_serve import start
 
@@ -190,3 +202,49 @@ def test_concurrent_queries_of_one_analyst_do_not_time_each_other(fitted: Deploy
     )
     leaking = {k: v for k, v in rates.items() if v > MAX_RATE}
     assert not leaking, f"recovered {leaking} of {N_TARGETS} bits (bar {MAX_RATE:.0%})"
+
+
+@pytest.fixture(scope="module")
+def fitted_neighbours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Neighbours]:
+    """test_timing_neighbours' two databases (one differs by the victim's 100 rows), both
+    with the same declared row count, so that the cost model sets every deadline."""
+    deployments = []
+    victim = [VICTIM] * VICTIM_ROWS
+    for label, people in (("with-victim", [*PEOPLE, *victim]), ("without", PEOPLE)):
+        root = tmp_path_factory.mktemp(f"attack-fitted-neighbours-{label}")
+        write_sqlite(root / "people.db", people, primary_key=False)
+        path = write_config(root, "sqlite:///people.db")
+        text = path.read_text().replace(
+            "privacy_unit: person_id", "privacy_unit: person_id\n    rows: 4096", 1
+        )
+        path.write_text(text)
+        ledger_url = f"sqlite:///{root / 'ledger.db'}"
+        ledger = budget.Ledger.from_url(ledger_url)
+        ledger.migrate()
+        ledger.close()
+        deployments.append(
+            Deployment(server=start(root, path, workers=1), ledger_url=ledger_url, label=label)
+        )
+    yield Neighbours(*deployments)
+    for d in deployments:
+        shut_down(d)
+
+
+def test_fitted_response_times_on_neighbouring_databases_are_indistinguishable(
+    fitted_neighbours: Neighbours,
+) -> None:
+    """test_timing_neighbours' KS test (200 pairs, α = 1e-3, one re-draw) with the cost
+    model's deadlines: the victim alone evaluates the costliest accepted branch."""
+    pair = fitted_neighbours
+    keys = analysts(pair)
+    branch = costliest_branch(
+        pair.with_victim, keys[0][0], lambda b: QUERY.format(branch=b), max_sql=BRANCH_SQL
+    )
+    sql = QUERY.format(branch=branch)
+    assert pair.without.ask(keys[0][1], sql, dry_run=True).status == 200, "refused"
+    a, b = paired_sample(pair, keys, sql, first=0)
+    p = distinguishable(a, b, "sqlite-fitted-neighbours")
+    if p < ALPHA:
+        a, b = paired_sample(pair, keys, sql, first=PAIRS)
+        p_again = distinguishable(a, b, "sqlite-fitted-neighbours-redraw")
+        assert p_again >= ALPHA, f"distinguishable twice: p = {p:.2e}, then {p_again:.2e}"
