@@ -19,7 +19,8 @@ never the protected rows nor the running time of any statement (docs/privacy.md,
 - the gateway's concurrency: how many statements of this process are in flight when the
   query starts (a function of when requests arrived and when earlier answers were
   released, both public), against the machine's CPU count;
-- the machine's load: its 1-minute load average, in steps of √2 per CPU. This one is
+- the machine's load: its 1-minute load average, in steps of √2 per CPU, added to the
+  in-flight statements' share. This one is
   not strictly public: the run queue holds this gateway's own statements too, whose
   running time can depend on the rows. One person's share of it is bounded (a bounded
   number of their rows read, a bounded cost per row, every attempt charged) and is
@@ -113,16 +114,17 @@ class CostModel:
         return e.base_ms + ns / 1e6
 
     def load_factor(self, in_flight: int, load: float = 0.0) -> float:
-        """How much slower a statement runs when ``in_flight`` statements of this process
-        (itself included) share the machine's CPUs, or when the machine's run queue is
-        ``load`` long (its 1-minute load average), whichever is worse; the load's share
-        is rounded up to a power of √2, so that it moves the deadline in steps."""
+        """How much slower a statement runs when it shares the machine's CPUs with
+        ``in_flight`` statements of this process (itself included) on top of a run queue
+        ``load`` long (the machine's 1-minute load average, rounded up to a power of √2
+        per CPU, so that it moves the deadline in steps): the two add up."""
         cpus = max(1, self.cpus)
-        ours = in_flight / cpus
         machine = load / cpus
         if machine > 1:
             machine = 2 ** (math.ceil(2 * math.log2(machine)) / 2)
-        return max(1.0, ours, machine)
+        elif machine > 0:
+            machine = 1.0
+        return max(1.0, machine + in_flight / cpus)
 
 
 def build_model(

@@ -121,8 +121,9 @@ def test_the_deadline_follows_the_querys_cost(
     model = gw.timing.model
     assert model is not None and model.cpus >= 1
     assert model.load_factor(1, 0.0) == 1.0
-    assert model.load_factor(1, 4.0 * model.cpus) == 4.0
-    assert model.load_factor(1, 2.5 * model.cpus) == pytest.approx(2**1.5)
+    cpus = model.cpus
+    assert model.load_factor(cpus, 4.0 * cpus) == 5.0
+    assert model.load_factor(cpus, 2.5 * cpus) == pytest.approx(2**1.5 + 1)
 
 
 def test_without_a_declared_row_count_the_fixed_deadline_applies(
