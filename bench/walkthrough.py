@@ -136,15 +136,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=0, help="also replay shuffled orders")
     parser.add_argument("--patients", type=int, default=PATIENTS)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--docs-only", action="store_true", help="only the docs' examples")
     args = parser.parse_args(argv)
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         db = workdir / "demo.db"
         build(db, patients=args.patients)
-        orders: list[tuple[str, list[str]]] = [("written order", list(WALKTHROUGH))]
+        questions = DOCS_EXAMPLES if args.docs_only else WALKTHROUGH
+        orders: list[tuple[str, list[str]]] = [("written order", list(questions))]
         for seed in range(args.seeds):
-            shuffled = list(WALKTHROUGH)
+            shuffled = list(questions)
             random.Random(seed).shuffle(shuffled)
             orders.append((f"seed {seed}", shuffled))
         for n, (name, questions) in enumerate(orders):

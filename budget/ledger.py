@@ -315,6 +315,18 @@ class Ledger:
         with self._transaction(write=False) as conn:
             conn.execute(sa.select(schema.schema_version.c.version).limit(1))
 
+    def probe_write(self) -> None:
+        """Raise ``LedgerUnavailable`` unless the ledger database takes a durable write
+        (for /readyz: a full disk, a read-only or failed-over server answer reads but
+        not charges). Rewrites the latest schema-version row with its own values."""
+        latest = sa.select(sa.func.max(schema.schema_version.c.version)).scalar_subquery()
+        touch = (
+            sa.update(schema.schema_version)
+            .where(schema.schema_version.c.version == latest)
+            .values(applied_at=schema.schema_version.c.applied_at)
+        )
+        self.write(lambda conn: conn.execute(touch), durable=True)
+
     def _analyst_row(self, conn: Connection, name: str, *, lock: bool = False) -> Any:
         if lock:
             row = st.HOT_ANALYST_FOR_UPDATE.first(conn, {"name": name})

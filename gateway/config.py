@@ -306,7 +306,12 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError([f"{p}: not valid YAML{where}"]) from None
-    return parse_config(raw, base_dir=p.parent.resolve(), source=p)
+    try:
+        return parse_config(raw, base_dir=p.parent.resolve(), source=p)
+    except ConfigError as e:
+        from gateway.config_lines import locate
+
+        raise ConfigError(locate(e.problems, text)) from None
 
 
 def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None = None) -> Config:
@@ -449,7 +454,11 @@ def _postgres_wire(
         v.number(pw, "postgres_wire.authentication_timeout_s", 10.0, positive=True) or 10.0
     )
     max_authenticating = v.integer(pw, "postgres_wire.max_authenticating", 32, low=1) or 32
-    per_address = v.integer(pw, "postgres_wire.max_authenticating_per_address", 8, low=1) or 8
+    default_per_address = min(8, max_authenticating)
+    per_address = (
+        v.integer(pw, "postgres_wire.max_authenticating_per_address", default_per_address, low=1)
+        or default_per_address
+    )
     if per_address > max_authenticating:
         v.problem(
             "postgres_wire.max_authenticating_per_address: must be ≤ max_authenticating "

@@ -38,7 +38,7 @@ from gateway.config import TableConfig
 from gateway.constraints import bounded_columns, enforced_columns
 from gateway.domain import declared_values
 from gateway.engines import SQLGLOT_DIALECTS
-from gateway.errors import DatabaseUnavailable
+from gateway.errors import DatabaseUnavailable, UnsupportedQuery
 
 log = logging.getLogger("dpgate.execute")
 
@@ -49,6 +49,39 @@ def sqlglot_dialect(engine: sa.Engine) -> str:
     if name in SQLGLOT_DIALECTS:
         return SQLGLOT_DIALECTS[name]
     return {"postgresql": "postgres", "mssql": "tsql", "mariadb": "mysql"}.get(name, name)
+
+
+#: What SQLite says of a statement its parser cannot hold: its parser stack has a fixed
+#: 100 entries in the builds Python ships, and one level of nesting takes 1 to 7 of them
+#: (a parenthesis 1, ``ABS(`` 3, ``x IN (`` 7), so no bound on the analyst's nesting
+#: alone matches it; and an expression tree deeper than ``SQLITE_MAX_EXPR_DEPTH``.
+_SQLITE_PARSER_LIMITS = ("parser stack overflow", "expression tree is too large")
+
+
+def check_parses(sql: str, dialect: str) -> None:
+    """Refuse — before anything is charged or sent — a compiled statement the backend's
+    parser cannot take whatever the rows are; raises ``UnsupportedQuery``.
+
+    The statement is a function of the query text and the public config, so the
+    refusal is too. SQLite's is the parser with a small fixed stack: the statement is
+    prepared on an empty in-memory database, where parsing is all that can happen (its
+    tables do not exist there, so nothing runs). PostgreSQL's and DuckDB's parsers take
+    thousands of levels, far past ``gateway.analyze.limits.MAX_NESTING``."""
+    if dialect != "sqlite":
+        return
+    probe = sqlite3.connect(":memory:")
+    try:
+        probe.execute(sql)
+    except sqlite3.Error as e:
+        if any(limit in str(e).lower() for limit in _SQLITE_PARSER_LIMITS):
+            raise UnsupportedQuery(
+                "the query nests deeper than SQLite can parse once compiled (functions, "
+                "CASE, IN and subqueries each take several of its 100 parser levels)",
+                construct="limit sqlite_parser_depth",
+                limit="sqlite_parser_depth",
+            ) from None
+    finally:
+        probe.close()
 
 
 def _is_clickhouse(engine: sa.Engine) -> bool:
@@ -359,12 +392,48 @@ def units_unique_by_schema(engine: sa.Engine, tables: Mapping[str, TableConfig])
                 continue
             if not inspector.has_table(t.sql_name, schema=t.schema):
                 continue
+            if not _keys_hold_for_reads(engine, t):
+                continue
             unit = t.privacy_unit.lower()
             if any([c.lower() for c in cols] == [unit] for cols in candidates_of(engine, t)):
                 unique.add(key)
     except (sa.exc.SQLAlchemyError, NotImplementedError):
         log.warning("could not read the protected database's constraints; bounding in SQL")
     return unique
+
+
+def _keys_hold_for_reads(engine: sa.Engine, t: TableConfig) -> bool:
+    """Whether the table's own keys and constraints bind every row a statement reading
+    it sees, as that statement compares them (issue 31):
+
+    - PostgreSQL reads a table with its inheritance children, which its PRIMARY KEY and
+      UNIQUE constraints do not span and its ``NO INHERIT`` CHECKs do not bind (a
+      partitioned table's keys span its partitions: it counts as whole);
+    - DuckDB's unique index on a collated column compares bytes (it keeps 'a' and 'A'
+      under NOCASE) while PARTITION BY and COUNT(DISTINCT) use the collation.
+    """
+    name = engine.dialect.name
+    if name == "postgresql":
+        with engine.connect() as conn:
+            children = conn.execute(
+                sa.text(
+                    "SELECT EXISTS (SELECT 1 FROM pg_inherits i "
+                    "JOIN pg_class c ON c.oid = i.inhparent "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE c.relname = :t AND n.nspname = COALESCE(:s, current_schema()) "
+                    "AND c.relkind = 'r')"
+                ),
+                {"t": t.sql_name, "s": t.schema},
+            ).scalar()
+        return not children
+    if name == "duckdb":
+        (rows,) = _duckdb_catalogue(
+            engine,
+            t,
+            "SELECT sql FROM duckdb_tables() WHERE table_name = :t AND schema_name = :s",
+        )
+        return not any("COLLATE" in str(sql or "").upper() for (sql,) in rows)
+    return True
 
 
 def _unique_columns(engine: sa.Engine, t: TableConfig) -> list[list[str]]:
@@ -502,6 +571,8 @@ def domains_enforced_by_schema(
     dialect = sqlglot_dialect(engine)
     try:
         for key, t in tables.items():
+            if not _keys_hold_for_reads(engine, t):
+                continue
             facts = (
                 _duckdb_column_facts(engine, t)
                 if engine.dialect.name == "duckdb"
@@ -545,11 +616,12 @@ def _column_facts(engine: sa.Engine, t: TableConfig) -> _Facts | None:
         integral = isinstance(ctype, sa.Integer) and not sqlite
         boolean = isinstance(ctype, sa.Boolean) and not sqlite
         catalogue[name] = (not_null, integral, boolean)
-    # A PostgreSQL constraint added NOT VALID binds new rows only: older ones may break it.
+    # A PostgreSQL constraint added NOT VALID binds new rows only: older ones may break
+    # it; one declared NO INHERIT does not bind the rows of the table's children.
     checks = [
         str(c["sqltext"])
         for c in inspector.get_check_constraints(t.sql_name, t.schema)
-        if not (c.get("dialect_options") or {}).get("not_valid")
+        if not any((c.get("dialect_options") or {}).get(k) for k in ("not_valid", "no_inherit"))
     ]
     return catalogue, checks
 

@@ -235,3 +235,105 @@ def with_public_keys_as_units(tables: Mapping[str, TableConfig]) -> dict[str, Ta
     """The public tables with their key in the privacy unit's place (to ask
     ``units_unique_by_schema`` which keys the database keeps unique)."""
     return {k: replace(t, privacy_unit=t.key) for k, t in tables.items() if t.public}
+
+
+#: Storage that holds a declared type's values as the join compares them: SQLite
+#: affinities, and PostgreSQL / DuckDB type names (normalised, lower case).
+_SQLITE_AFFINITIES = {
+    "integer": ("INTEGER",),
+    "boolean": ("INTEGER", "NUMERIC"),
+    "real": ("REAL",),
+    "text": ("TEXT",),
+    "date": ("TEXT", "NUMERIC"),
+}
+_TYPES = {
+    "integer": (
+        "smallint",
+        "integer",
+        "bigint",
+        "tinyint",
+        "hugeint",
+        "int",
+        "int2",
+        "int4",
+        "int8",
+    ),
+    "boolean": ("boolean", "bool"),
+    "real": ("double precision", "real", "double", "float", "float4", "float8"),
+    "text": (
+        "text",
+        "character varying",
+        "varchar",
+        "character",
+        "char",
+        "bpchar",
+        "citext",
+        "string",
+    ),
+    "date": ("date",),
+}
+
+
+def _agrees(engine: str, declared: str, stored: StoredColumn) -> bool:
+    if engine == "sqlite":
+        return stored.sqlite_affinity in _SQLITE_AFFINITIES[declared]
+    base = stored.type.lower().split("(")[0].strip().split(".")[-1].strip('"')
+    return base in _TYPES[declared] or base.startswith(("uint", "utiny", "usmall", "ubig"))
+
+
+def key_type_problems(engine: sa.Engine, tables: Mapping[str, TableConfig]) -> list[str]:
+    """What ``dpgate config check`` reports of the declared join keys (issue 31): a join
+    column whose storage disagrees with its declared type (an untyped or TEXT column
+    declared ``integer`` on SQLite: its values stored as text never join), and a
+    reference between columns of different storage types or collations (its keys are
+    compared with conversions, so the join cannot rest on the key's uniqueness: it is
+    bounded after the join, and may match other rows than the declared type suggests).
+    Each names the column. Reads the catalogue only; an engine whose catalogue is not
+    read here (ClickHouse, Spark) reports nothing."""
+    name = engine.dialect.name
+    if name not in ("sqlite", "postgresql", "duckdb"):
+        return []
+    storage = {key: stored_columns(engine, t) for key, t in tables.items()}
+    problems: list[str] = []
+    seen: set[tuple[str, str]] = set()
+
+    def check(key: str, column: str) -> StoredColumn | None:
+        cols = storage.get(key)
+        stored = cols.get(column.lower()) if cols else None
+        if stored is None or (key, column) in seen:
+            return stored
+        seen.add((key, column))
+        declared = tables[key].columns[column].type
+        if not _agrees(name, declared, stored):
+            shown = stored.type or "no type"
+            problems.append(
+                f"tables.{tables[key].name}.columns.{column}: declared {declared} but stored "
+                f"as {shown}; a join compares its stored values, so values not held as "
+                f"{declared} never match (declare the column's real type, or store it as "
+                f"{declared})"
+            )
+        return stored
+
+    for key, t in tables.items():
+        for r in t.references:
+            a, b = check(key, r.column), check(r.table, r.target)
+            if a is None or b is None:
+                continue
+            if name == "sqlite":
+                differ = a.sqlite_affinity != b.sqlite_affinity
+            else:
+                differ = (a.type, a.collation) != (b.type, b.collation)
+            if differ:
+                other = tables[r.table].name
+                problems.append(
+                    f"tables.{t.name}.references.{r.column}: {t.name}.{r.column} is stored as "
+                    f"{_shown(a)} but {other}.{r.target} as {_shown(b)}; the join converts "
+                    "one to the other, so dpgate bounds each person's rows after it and "
+                    "cannot rely on the key being unique (store both alike)"
+                )
+    return problems
+
+
+def _shown(c: StoredColumn) -> str:
+    text = c.type or "no type"
+    return f"{text} COLLATE {c.collation}" if c.collation and c.collation != "?" else text

@@ -106,6 +106,7 @@ def add_noise(
         if selection.measure is not None:
             # the count that selected is released as drawn: one noise, one budget
             selected = {selection.measure: [noisy_count[k] for k in keys]}
+    exact = _centred(plan, exact)
     n = len(keys)
     noised = len(calibration.noises)  # the histogram measures come after, never noised
     noisy_measures: list[list[int]] = []
@@ -133,6 +134,26 @@ def add_noise(
     return NoisyCells(rows=tuple(all_rows), cells=cells)
 
 
+def _centred(plan: QueryPlan, exact: list[Row]) -> list[Row]:
+    """Each cell's exact measures with every centred SUM (an AVG's) made Σ(x − c) = S − c·n,
+    n being the AVG's count of the same rows (both are exact integers, so this is the very
+    sum of the centred values whose sensitivity ``Measure.sensitivity`` states)."""
+    pairs = {
+        o.measures[0]: o.measures[1]
+        for o in plan.outputs
+        if o.kind == "avg" and plan.measures[o.measures[0]].center
+    }
+    if not pairs:
+        return exact
+    out: list[Row] = []
+    for row in exact:
+        values = list(row)
+        for s, c in pairs.items():
+            values[s] = int(values[s] or 0) - plan.measures[s].center * int(values[c] or 0)
+        out.append(tuple(values))
+    return out
+
+
 def _choices(plan: QueryPlan, calibration: QueryCalibration, exact: Row) -> dict[int, Any]:
     """The quantile outputs of one cell, each chosen from its exact histogram counts."""
     chosen: dict[int, Any] = {}
@@ -158,13 +179,13 @@ def _output_value(o: OutputColumn, plan: QueryPlan, key: Row, noisy: list[int]) 
     if o.kind == "count":
         return noisy[o.measures[0]]
     measure = plan.measures[o.measures[0]]
-    total = _scaled(noisy[o.measures[0]], measure)
     if o.kind == "sum":
-        return total
+        return _scaled(noisy[o.measures[0]], measure)
     count = noisy[o.measures[1]]
     if count <= 0:
         return None
-    average = total / count
+    # Σ(x − c)/n + c, in grid units, then scaled (c = 0 for an uncentred sum)
+    average = (noisy[o.measures[0]] / count + measure.center) * float(measure.resolution)
     assert measure.lower is not None and measure.upper is not None
     return min(max(average, measure.lower), measure.upper)
 
@@ -186,9 +207,10 @@ def _cell(
                 count = float(noisy[j])
                 n = calibration.noises[j]
                 noise = CountNoise(n.mechanism, float(n.scale))
+    counts = {o.measures[0]: o.measures[1] for o in plan.outputs if o.kind == "avg"}
     sums = {
         (m.expression.sql(dialect=dialect(None)) if m.expression is not None else f"m{j}"): float(
-            _scaled(noisy[j], m)
+            _scaled(noisy[j] + m.center * noisy[counts[j]] if m.center else noisy[j], m)
         )
         for j, m in enumerate(plan.measures)
         if m.kind == "sum"
@@ -210,8 +232,8 @@ def _avg_intervals(
             intervals[i] = None
             continue
         lo, hi = ratio_interval(noisy[s], calibration.noises[s], noisy[c], calibration.noises[c])
-        r = float(plan.measures[s].resolution)
-        intervals[i] = [lo * r, hi * r]
+        r, center = float(plan.measures[s].resolution), plan.measures[s].center
+        intervals[i] = [(lo + center) * r, (hi + center) * r]
     return intervals
 
 

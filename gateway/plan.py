@@ -54,6 +54,11 @@ class Measure:
       ``threshold``, below it — one cumulative count of a quantile's public grid. It is
       never noised nor released: a quantile's bucket is chosen from these counts by
       permute-and-flip (``gateway/quantiles.py``). A plan lists these measures last.
+
+    ``center`` (grid units, a ``sum`` of an AVG only): the measure is Σ(round(v/g) − c),
+    computed from the exact SUM and the AVG's own count of the same rows
+    (``gateway/noising.py``), with ``sensitivity`` for the centred values — about half the
+    uncentred one when the bounds do not straddle 0 (``mechanisms.grid_center``).
     """
 
     kind: MeasureKind
@@ -63,6 +68,7 @@ class Measure:
     upper: float | None = None
     resolution: Fraction = Fraction(1)
     threshold: Fraction | None = None
+    center: int = 0
 
     @property
     def noised(self) -> bool:
@@ -193,6 +199,10 @@ class QueryPlan:
     # Nested aggregation: an outer query run on this plan's released rows (see PostQuery).
     post_query: PostQuery | None = None
     join: JoinPlan | None = None
+    # ``canonical_sql`` without the statement's own LIMIT and OFFSET: the cache key's
+    # text, so that requests differing only in their cut share one release (None: as
+    # ``canonical_sql``).
+    uncut_sql: str | None = None
 
     @property
     def needs_partition_selection(self) -> bool:
@@ -294,3 +304,6 @@ class QueryRequest:
     mechanism: MechanismName
     dry_run: bool = False
     accuracy: float | None = None
+    # The noisy values as drawn, not clamped into public bounds (``gateway.postprocess``):
+    # a view of the same release, so never part of the cache key.
+    raw: bool = False

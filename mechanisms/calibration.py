@@ -670,17 +670,32 @@ def grid_resolution(lower: float, upper: float) -> Fraction:
 
 
 def grid_sensitivity(
-    lower: float, upper: float, resolution: Fraction, max_rows_per_unit: int
+    lower: float, upper: float, resolution: Fraction, max_rows_per_unit: int, center: int = 0
 ) -> Fraction:
-    """L1 (= L∞) sensitivity, in grid units, of SUM(round(clamp(v, lower, upper) / g)).
+    """L1 (= L∞) sensitivity, in grid units, of SUM(round(clamp(v, lower, upper) / g) − c).
 
-    One unit adds at most ``max_rows_per_unit`` rows, each contributing an integer whose
-    magnitude is at most ⌈max(|lower|, |upper|)/g⌉ whatever the database's rounding mode
-    (half-even, half-away) — rounding is monotone and never crosses the next integer.
-    Adding or removing one privacy unit thus moves the integer sum by at most this much.
+    One unit adds at most ``max_rows_per_unit`` rows. Each rounded value lies in
+    [⌊lower/g⌋, ⌈upper/g⌉] whatever the database's rounding mode (half-even, half-away) —
+    rounding is monotone and never crosses the next integer — so each row contributes an
+    integer of magnitude at most max(⌈upper/g⌉ − c, c − ⌊lower/g⌋) (for c = 0:
+    ⌈max(|lower|, |upper|)/g⌉). Adding or removing one privacy unit thus moves the
+    integer sum by at most ``max_rows_per_unit`` times that.
     """
     if max_rows_per_unit < 1:
         raise ValueError("max_rows_per_unit must be >= 1")
-    bound = Fraction(max(abs(lower), abs(upper)))
-    per_row = -((-bound) // resolution)  # ceiling
+    top = -((-Fraction(upper)) // resolution)  # ceiling
+    bottom = Fraction(lower) // resolution
+    per_row = max(top - center, center - bottom)
     return Fraction(per_row * max_rows_per_unit)
+
+
+def grid_center(lower: float, upper: float, resolution: Fraction) -> int:
+    """The grid point c nearest the middle of [lower, upper], in grid units.
+
+    Summing round(clamp(v)/g) − c instead of round(clamp(v)/g) makes each row move the sum
+    by about (upper − lower)/2 instead of max(|lower|, |upper|) (``grid_sensitivity``); an
+    AVG adds c back to the noisy ratio (Σ(x − c)/n + c). c comes from the public bounds
+    only, so it costs no privacy.
+    """
+    middle = (Fraction(lower) + Fraction(upper)) / 2 / resolution
+    return round(middle)

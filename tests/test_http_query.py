@@ -582,3 +582,32 @@ def test_a_count_selects_its_groups_by_its_own_noise(ask: Ask, gateway: Gateway)
     assert "its noisy n (the one released) reaches" in note
     threshold = body["partition_selection"]["threshold"]
     assert all(row[1] >= threshold for row in body["rows"])
+
+
+def test_an_average_sums_its_values_from_the_middle_of_their_bounds(
+    ask: Ask, gateway: Gateway
+) -> None:
+    """AVG(age), age in [0, 100]: Σ(age − 50) moves by ≤ 50 per person, not 100, so the
+    sum's noise is half; the released average adds 50 back. A SUM of the same column in
+    the same query is shared instead (one noisy sum, not two)."""
+    from gateway.plan import QueryRequest
+
+    def planned(sql: str) -> Any:
+        return gateway.planner.plan(QueryRequest(sql, 1.0, 1e-6, "laplace"))
+
+    avg = planned("SELECT AVG(age) FROM patients")
+    total = avg.plan.measures[avg.plan.outputs[0].measures[0]]
+    assert total.center == 50 and total.sensitivity.l1 == 50
+    assert avg.calibration.noises[0].scale == 100  # 50 / (ε/2)
+    both = planned("SELECT SUM(age), AVG(age) FROM patients")
+    assert [m.kind for m in both.plan.measures] == ["sum", "count_values"]
+    assert all(m.center == 0 for m in both.plan.measures)
+    truth = _rows(gateway, "SELECT AVG(age), COUNT(age) FROM patients")[0]
+    status, body = ask("SELECT AVG(age) AS a FROM patients", epsilon=1.0)
+    assert status == 200
+    value = body["rows"][0][0]
+    low, high = body["accuracy"]["a"]["ci95_intervals"][0]
+    # the interval is around the released value, and the value near the truth (the sum's
+    # noise has scale 100 over thousands of people)
+    assert low <= value <= high and high - low < 1.0
+    assert abs(value - truth[0]) < 1.0

@@ -22,6 +22,7 @@ from mechanisms import (
     analytic_gaussian_mu,
     calibrate_query,
     calibrate_query_rho,
+    grid_center,
     grid_resolution,
     grid_sensitivity,
     halfwidth,
@@ -57,6 +58,7 @@ def test_public_api_is_pinned() -> None:
             "analytic_gaussian_mu",
             "calibrate_query",
             "calibrate_query_rho",
+            "grid_center",
             "grid_resolution",
             "grid_sensitivity",
             "halfwidth",
@@ -559,3 +561,23 @@ def test_choices_take_their_share_of_epsilon_and_never_more() -> None:
     assert grouped.selection is not None and grouped.cost.selection_delta <= 1e-6
     with pytest.raises(ValueError):
         calibrate_with_choices("laplace", 1.0, 0.0, [], 1, max_groups_per_unit=3)
+
+
+def test_a_centred_sum_moves_by_half_the_width_of_the_bounds() -> None:
+    # age in [0, 100], whole numbers: c = 50 and each row moves Σ(x − 50) by ≤ 50
+    assert grid_center(0, 100, Fraction(1)) == 50
+    assert grid_sensitivity(0, 100, Fraction(1), 1, 50) == 50
+    assert grid_sensitivity(0, 100, Fraction(1), 3, 50) == 150
+    # uncentred it is max(|lower|, |upper|), as before
+    assert grid_sensitivity(0, 100, Fraction(1), 1) == 100
+    assert grid_sensitivity(-7, 3, Fraction(1), 1) == 7
+    # bounds around 0 gain nothing: c = 0 there
+    assert grid_center(-5, 5, Fraction(1)) == 0
+    # a real column on its grid: every rounded value is within the bound of c
+    res = grid_resolution(2.0, 20.0)
+    c = grid_center(2.0, 20.0, res)
+    bound = grid_sensitivity(2.0, 20.0, res, 1, c)
+    for v in (2.0, 2.0 + float(res) / 2, 11.0, 20.0 - float(res) / 2, 20.0):
+        for rounded in (math.floor(v / res), math.ceil(v / res)):
+            assert abs(rounded - c) <= bound
+    assert bound <= (Fraction(18) / 2) / res + 1

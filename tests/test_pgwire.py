@@ -310,6 +310,26 @@ def test_fuzzed_frames_never_crash_or_hang_the_server(wire: tuple[WireServer, in
     server, port, key = wire
     rng = random.Random(18)
     kinds = b"QPBDECSHXpFdcfZ?\0"
+    # An honest analyst's session runs beside the fuzzer: nothing the fuzzer sends may
+    # stall it (each answer within seconds, none refused).
+    fuzzing = threading.Event()
+    fuzzing.set()
+    latencies: list[float] = []
+    failures: list[str] = []
+
+    def honest() -> None:
+        try:
+            with connect(port, key, autocommit=True) as conn:
+                while fuzzing.is_set():
+                    t = time.monotonic()
+                    assert conn.execute("SELECT 1").fetchone() == (1,)
+                    latencies.append(time.monotonic() - t)
+                    time.sleep(0.05)
+        except Exception as e:  # reported below, in the test's own thread
+            failures.append(repr(e))
+
+    analyst = threading.Thread(target=honest, daemon=True)
+    analyst.start()
     started = time.monotonic()
     for i in range(150):
         logged_in = i % 2 == 0
@@ -342,6 +362,10 @@ def test_fuzzed_frames_never_crash_or_hang_the_server(wire: tuple[WireServer, in
         finally:
             sock.close()
     assert time.monotonic() - started < 60
+    fuzzing.clear()
+    analyst.join(30)
+    assert not failures and len(latencies) > 10, failures
+    assert max(latencies) < 5.0, max(latencies)  # a stall, not scheduling noise
     with connect(port, key, autocommit=True) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
     assert charges(server) == 0

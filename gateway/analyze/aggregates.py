@@ -10,6 +10,7 @@ steps.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from fractions import Fraction
 
 from sqlglot import exp
@@ -18,7 +19,7 @@ from gateway.analyze.resolve import resolve_row_expression
 from gateway.config import TableConfig
 from gateway.errors import UnsupportedQuery
 from gateway.plan import Measure, MeasureKind
-from mechanisms import grid_resolution, grid_sensitivity
+from mechanisms import grid_center, grid_resolution, grid_sensitivity
 from mechanisms.types import Sensitivity
 
 AGGREGATES = (exp.Count, exp.Sum, exp.Avg)
@@ -41,8 +42,13 @@ def _sqrt_upper(n: int) -> Fraction:
     return Fraction(math.ceil(math.sqrt(n) * 10**9) + 1, 10**9)
 
 
-def measures_for(node: exp.Expr, table: TableConfig, alias: str, grouped: bool) -> list[Measure]:
-    """The measures behind one aggregate call: one for COUNT and SUM, (SUM, COUNT) for AVG."""
+def measures_for(
+    node: exp.Expr, table: TableConfig, alias: str, grouped: bool, *, centred: bool = False
+) -> list[Measure]:
+    """The measures behind one aggregate call: one for COUNT and SUM, (SUM, COUNT) for AVG.
+
+    ``centred``: an AVG's SUM is of the values minus the grid point nearest the middle of
+    their bounds (``Measure.center``), which the released average adds back."""
     rows, groups = contribution_bounds(table, grouped)
     name = node.key.upper()
     if node.args.get("filter") is not None:
@@ -69,6 +75,10 @@ def measures_for(node: exp.Expr, table: TableConfig, alias: str, grouped: bool) 
     total = summed_measure("sum", column, col.type, (lower, upper), (lower, upper), rows)
     if isinstance(node, exp.Sum):
         return [total]
+    if centred:
+        center = grid_center(lower, upper, total.resolution)
+        per_unit = grid_sensitivity(lower, upper, total.resolution, rows, center)
+        total = replace(total, sensitivity=uniform_sensitivity(per_unit), center=center)
     return [total, Measure("count_values", uniform_sensitivity(rows), expression=column)]
 
 
@@ -106,8 +116,9 @@ def bounded_column(arg: exp.Expr, table: TableConfig, alias: str, name: str) -> 
     col = table.columns[column.name]
     if not col.numeric or not col.bounded:
         raise UnsupportedQuery(
-            f"{name}({col.name}) needs a numeric column with declared lower and upper bounds "
-            f"(declare them in the config: columns.{col.name}.lower/upper)",
+            f"{name}({col.name}) needs a numeric column with declared lower and upper bounds, "
+            f"and {col.name} has none (GET /v1/schema lists each column's bounds; only the "
+            "administrator can declare them)",
             construct=f"{name} of an unbounded column",
         )
     return column

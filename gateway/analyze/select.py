@@ -53,6 +53,10 @@ ROWS_HINT = (
 )
 
 
+#: Marks a centred SUM's measure key (an AVG's, ``Measure.center``).
+_CENTRED = "\x00centred:"
+
+
 @dataclass
 class _Builder:
     table: TableConfig
@@ -70,6 +74,8 @@ class _Builder:
         key = f"{m.kind}:{shown}"
         if m.threshold is not None:
             key += f"<{m.threshold}"
+        if m.center:
+            key += f"{_CENTRED}{m.center}"
         if key in self.measure_keys:
             return self.measure_keys.index(key)
         self.measure_keys.append(key)
@@ -86,7 +92,7 @@ class _Builder:
             return index
         if isinstance(node, QUANTILE_AGGREGATES + SPREAD_AGGREGATES):
             return self.nonlinear_output(node, key, name, hidden)
-        ms = measures_for(node, self.table, self.alias, self.grouped)
+        ms = measures_for(node, self.table, self.alias, self.grouped, centred=True)
         indices = tuple(self.measure(m) for m in ms)
         if isinstance(node, exp.Avg):
             kind, vtype = "avg", "real"
@@ -121,6 +127,26 @@ class _Builder:
         self.outputs.append(out)
         self.aggregate_outputs[key] = len(self.outputs) - 1
         return len(self.outputs) - 1
+
+    def share_uncentred_sums(self) -> None:
+        """An AVG whose column is also summed uncentred (SUM, VARIANCE, STDDEV) uses that
+        sum instead of a centred one of its own: one noisy measure fewer to split ε over."""
+        plain = {k: i for i, k in enumerate(self.measure_keys) if not self.measures[i].center}
+        target = {
+            i: plain[k.split(_CENTRED)[0]]
+            for i, k in enumerate(self.measure_keys)
+            if self.measures[i].center and k.split(_CENTRED)[0] in plain
+        }
+        if not target:
+            return
+        kept = [i for i in range(len(self.measures)) if i not in target]
+        index = {old: new for new, old in enumerate(kept)}
+        remap = {i: index[target.get(i, i)] for i in range(len(self.measures))}
+        self.measures = [self.measures[i] for i in kept]
+        self.measure_keys = [self.measure_keys[i] for i in kept]
+        self.outputs = [
+            _replace(o, measures=tuple(remap[i] for i in o.measures)) for o in self.outputs
+        ]
 
     def histograms_last(self) -> None:
         """Put the never-noised histogram measures after all the noised ones (the
@@ -172,6 +198,23 @@ def canonical_sql(select: exp.Expr) -> str:
     ``normalize`` lowercases unquoted identifiers as PostgreSQL resolves them (what
     ``normalize_identifiers`` does for this dialect, without a walk of its own)."""
     return _canonical(select)
+
+
+def _aggregate_name(node: exp.Expr) -> str:
+    """An unaliased aggregate's column name: its normalised text, but MEDIAN as the
+    analyst wrote it (the dialect spells it PERCENTILE_CONT(0.5) WITHIN GROUP (…))."""
+    if isinstance(node, exp.Median):
+        return f"MEDIAN({node.this.sql(dialect=dialect(READ_DIALECT))})"
+    return node.sql(dialect=dialect(READ_DIALECT))
+
+
+def uncut_sql(select: exp.Expr) -> str:
+    """``canonical_sql`` of the statement without its own LIMIT and OFFSET (a cut of the
+    release, done in post-processing: ``gateway.postprocess.present``)."""
+    uncut = select.copy()
+    uncut.set("limit", None)
+    uncut.set("offset", None)
+    return _canonical(uncut)
 
 
 def _contains_aggregate(node: exp.Expr) -> bool:
@@ -255,6 +298,7 @@ def build_plan(
     )
     limit = limit_value(select, "limit")
     offset = limit_value(select, "offset") or 0
+    b.share_uncentred_sums()
     b.histograms_last()
     outputs = b.outputs
     if outer is not None:
@@ -347,7 +391,7 @@ def _add_select_item(b: _Builder, item: exp.Expr) -> None:
     ):
         raise UnsupportedQuery(f"SELECT * returns rows. {ROWS_HINT}", construct="SELECT *")
     if isinstance(node, AGGREGATES):
-        b.aggregate_output(node, alias or node.sql(dialect=dialect(READ_DIALECT)), hidden=False)
+        b.aggregate_output(node, alias or _aggregate_name(node), hidden=False)
         return
     if _contains_aggregate(node):
         raise UnsupportedQuery(

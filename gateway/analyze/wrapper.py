@@ -20,8 +20,9 @@ from gateway.errors import UnsupportedQuery
 from gateway.plan import ProbePlan, ValueType
 
 _PROBE_FUNCTIONS: dict[str, tuple[Any, ValueType]] = {
-    "VERSION": (f"dpgate {gateway.__version__}", "text"),
-    "CURRENT_VERSION": (f"dpgate {gateway.__version__}", "text"),
+    # the same text as over the PostgreSQL protocol (gateway.pgwire.catalog)
+    "VERSION": (gateway.VERSION_TEXT, "text"),
+    "CURRENT_VERSION": (gateway.VERSION_TEXT, "text"),
     "CURRENT_SCHEMA": ("main", "text"),
     "CURRENT_DATABASE": ("dpgate", "text"),
     "CURRENT_USER": ("analyst", "text"),
@@ -51,6 +52,9 @@ def probe_plan(select: exp.Select) -> ProbePlan | None:
     for item in select.expressions:
         node = item.unalias()
         name = item.alias_or_name if isinstance(item, exp.Alias) else node.sql()
+        fname = "" if is_literal(node) else _function_name(node)
+        if fname and not isinstance(item, exp.Alias):
+            name = "version" if fname == "CURRENT_VERSION" else fname.lower()  # PostgreSQL's
         if is_literal(node):
             value = literal_value(node)
             vtype: ValueType = (
@@ -63,7 +67,6 @@ def probe_plan(select: exp.Select) -> ProbePlan | None:
                 else "real"
             )
         else:
-            fname = _function_name(node)
             if fname not in _PROBE_FUNCTIONS:
                 return None
             value, vtype = _PROBE_FUNCTIONS[fname]

@@ -95,7 +95,7 @@ def _axis(space: CellSpace, axis: int, groups: np.ndarray) -> str:
     if not null and all(c for p, c in zip(dim.pieces, chosen, strict=True) if p.sample is not None):
         return f"{subject} IS NOT NULL"  # everything but NULL
     if dim.key.kind == "opaque":
-        said = {2: subject, 0: f"NOT ({subject})"}
+        said = {2: f"({subject})", 0: f"NOT ({subject})", 1: f"({subject}) IS NULL"}
         parts = [said[int(p.sample)] for p in values]
     elif dim.key.kind == "categorical":
         parts = _categorical(dim, subject, values, chosen)

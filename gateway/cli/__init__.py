@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import sys
 from pathlib import Path
 
@@ -90,10 +89,13 @@ def demo(
     if pg_port is None:
         pg_port = port + 7352 if port + 7352 <= 65535 else port - 7352
     demo_run = prepare(Path(directory), fresh=fresh, postgres_port=pg_port)
-    admin_key = os.environ.get("DPGATE_ADMIN_KEY")
-    if not admin_key:
-        admin_key = secrets.token_urlsafe(24)
-        os.environ["DPGATE_ADMIN_KEY"] = admin_key
+    admin_key = demo_run.admin_key
+    os.environ["DPGATE_ADMIN_KEY"] = admin_key  # what the served gateway reads
+    admin_note = {
+        "environment": "(from DPGATE_ADMIN_KEY)",
+        "kept": f"(the earlier demo's, kept in {_shown(demo_run.config.parent / 'admin.key')})",
+        "new": f"(new; kept in {_shown(demo_run.config.parent / 'admin.key')} for the next demo)",
+    }[demo_run.admin_key_source]
     url = f"http://{host}:{port}"
     dpgate = self_command()
     config = _shown(demo_run.config)
@@ -111,7 +113,7 @@ dpgate demo
   ledger:  {_shown(demo_run.ledger)}
 
   demo analyst key: {key}
-  admin key:        {admin_key}
+  admin key:        {admin_key}  {admin_note}
   web console:      {url}/ui/  (sign in with either key)
 """
     )
@@ -318,11 +320,13 @@ def _nullability_report(cfg: object) -> list[str]:
 
 
 def _check_against_database(cfg: object) -> list[str]:
-    """Declared tables and columns exist in the protected database."""
+    """Declared tables and columns exist in the protected database, and the declared
+    join keys are stored as declared (``gateway/join_keys.py``, ``key_type_problems``)."""
     import sqlalchemy as sa
 
     from gateway.config import Config
     from gateway.execute import open_protected_engine
+    from gateway.join_keys import key_type_problems
 
     assert isinstance(cfg, Config)
     try:
@@ -342,6 +346,8 @@ def _check_against_database(cfg: object) -> list[str]:
             for c in t.columns.values():
                 if c.name.lower() not in present:
                     problems.append(f"tables.{t.name}.columns.{c.name}: no such column")
+        if not problems:
+            problems += key_type_problems(engine, cfg.tables)
     except sa.exc.SQLAlchemyError as e:
         problems.append(f"database.url: cannot read the schema ({type(e).__name__})")
     finally:

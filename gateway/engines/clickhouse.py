@@ -21,8 +21,12 @@ whatever the server's or the user's profile says:
   aggregate of the rows read so far as if it were the answer;
 - ``count_distinct_implementation = 'uniqExact'``: COUNT(DISTINCT unit) is exact — an
   approximate count (``uniq``, HyperLogLog) has no sensitivity of one;
-- ``aggregate_functions_null_for_empty = 0``, ``transform_null_in = 0``: NULL handling
-  as in the SQL standard, which the compiled SQL assumes.
+- ``aggregate_functions_null_for_empty = 0``, ``transform_null_in = 0``,
+  ``join_use_nulls = 1``: NULL handling as in the SQL standard, which the compiled SQL
+  assumes (a LEFT JOIN's unmatched columns are NULL, not the type's default).
+
+A PRIMARY KEY here is a sort key: it promises no uniqueness, so no unit or join key is
+ever taken as unique on ClickHouse (``gateway/join_keys.py``).
 """
 
 from __future__ import annotations
@@ -74,6 +78,10 @@ def statement_settings(timeout_ms: int) -> str:
             this=exp.var("aggregate_functions_null_for_empty"), expression=exp.Literal.number(0)
         ),
         exp.EQ(this=exp.var("transform_null_in"), expression=exp.Literal.number(0)),
+        # A LEFT JOIN's unmatched columns are NULL, as elsewhere and as the auditor
+        # models them, not the type's default ('' or 0: docs/privacy.md, "What the
+        # catalogue may replace").
+        exp.EQ(this=exp.var("join_use_nulls"), expression=exp.Literal.number(1)),
     ]
     return exp.Set(expressions=[exp.SetItem(this=s) for s in settings]).sql(dialect="clickhouse")
 

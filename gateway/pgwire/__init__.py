@@ -11,7 +11,10 @@
     commands.py  SET, SHOW, RESET, transactions, DISCARD, DEALLOCATE
     observe.py   rate limits, logs, metrics and audit log, as the HTTP layer does them
     errors.py    dpgate error codes → SQLSTATE
-    server.py    the listener: threads, TLS, cancel requests, connection limit
+    server.py    the listener: threads, TLS, cancel requests
+    admission.py connection slots: pending (per address, in total) and sessions
+    link.py      a connection's socket under deadlines (login, idle session, writes)
+    probe.py     whether the front end accepts connections (for /readyz)
 
 Queries go through ``Gateway.query``, exactly as ``POST /v1/query``; see docs/connect.md.
 """

@@ -35,13 +35,12 @@ from gateway.pgwire.catalog_tables import (
     OWNER,
     PG_CATALOG_OID,
     PG_TYPES,
-    PG_VERSION,
     PUBLIC_OID,
     SETTINGS,
     TYPE_OF_VALUE,
 )
 
-VERSION_TEXT = f"PostgreSQL {PG_VERSION} (dpgate {gateway.__version__}, differentially private)"
+VERSION_TEXT = gateway.VERSION_TEXT
 STATEMENT_TIMEOUT_S = 2.0
 MAX_ROWS = 100_000
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-PG_VERSION = "15.0"
+from gateway import POSTGRES_VERSION
+
+PG_VERSION = POSTGRES_VERSION
 SERVER_VERSION_NUM = "150000"
 DATABASE = "dpgate"
 OWNER = "dpgate"
@@ -483,6 +485,30 @@ CATALOG_TABLES: dict[str, tuple[_C, ...]] = {
         ("application_name", "VARCHAR"),
         ("state", "VARCHAR"),
         ("query", "VARCHAR"),
+    ),
+    # Statistics views stay empty: PostgreSQL's are counts of the protected rows
+    # (n_live_tup, seq_tup_read, …), which dpgate never publishes (Metabase reads
+    # pg_stat_user_tables.n_live_tup as a row estimate: it gets NULL from its LEFT JOIN).
+    **{
+        name: (
+            ("relid", "UINTEGER"),
+            ("schemaname", "VARCHAR"),
+            ("relname", "VARCHAR"),
+            ("seq_scan", "BIGINT"),
+            ("seq_tup_read", "BIGINT"),
+            ("n_live_tup", "BIGINT"),
+            ("n_dead_tup", "BIGINT"),
+            ("last_analyze", "TIMESTAMP"),
+        )
+        for name in ("pg_stat_user_tables", "pg_stat_all_tables", "pg_statio_user_tables")
+    },
+    "pg_stat_database": (
+        ("datid", "UINTEGER"),
+        ("datname", "VARCHAR"),
+        ("numbackends", "INTEGER"),
+        ("xact_commit", "BIGINT"),
+        ("tup_returned", "BIGINT"),
+        ("tup_fetched", "BIGINT"),
     ),
     "dpg_type_display": (("oid", "UINTEGER"), ("display", "VARCHAR")),
     # pg_get_keywords()'s result (DBeaver reads it on connect); left empty

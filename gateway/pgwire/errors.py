@@ -37,6 +37,7 @@ SQLSTATE_OF_CLASS: dict[str, str] = {
     "UnknownSetting": "42704",  # undefined_object
     "ParameterError": "22P02",  # invalid_text_representation
     "CancelledQuery": "57014",  # query_canceled
+    "UndefinedFunction": "42883",  # undefined_function (a catalogue function not emulated)
 }
 
 

@@ -18,6 +18,7 @@ protected table among them) is refused, never half-answered.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from gateway.pgwire.catalog_tables import (
     INFORMATION_SCHEMA_TABLES,
     OWNER,
 )
+from gateway.pgwire.commands import UnknownSetting
 
 Route = Literal["session", "catalog", "query", "empty"]
 
@@ -85,8 +87,16 @@ def classify(sql: str) -> tuple[Route, exp.Expr | None]:
         return "session", None
     try:
         tree = sqlglot.parse_one(sql, read="postgres")
-    except SqlglotError:
-        return "query", None
+    except (SqlglotError, TypeError, ValueError, RecursionError) as e:
+        # sqlglot's own failures too (``WHERE #> 1`` is a TypeError): the gateway's
+        # parser, behind its input limits, says what is wrong with the query
+        quoted = _quote_keyword_aliases(sql) if isinstance(e, SqlglotError) else None
+        if quoted is None:
+            return "query", None
+        try:  # `… AS select` (Metabase's privileges query): PostgreSQL takes a keyword
+            tree = sqlglot.parse_one(quoted, read="postgres")  # after AS as a name
+        except (SqlglotError, TypeError, ValueError, RecursionError):
+            return "query", None
     if not isinstance(tree, exp.Query):
         return "query", None
     tables = list(tree.find_all(exp.Table))
@@ -94,6 +104,27 @@ def classify(sql: str) -> tuple[Route, exp.Expr | None]:
     if all(_is_catalog_table(t, ctes) for t in tables):
         return "catalog", tree
     return "query", None
+
+
+def _quote_keyword_aliases(sql: str) -> str | None:
+    """``sql`` with each keyword written right after AS double-quoted (None: none)."""
+    try:
+        tokens = sqlglot.Tokenizer(dialect="postgres").tokenize(sql)
+    except SqlglotError:
+        return None
+    spans = [
+        (token.start, token.end)
+        for before, token in itertools.pairwise(tokens)
+        if before.token_type == TokenType.ALIAS
+        and token.token_type not in (TokenType.VAR, TokenType.IDENTIFIER, TokenType.STRING)
+        and token.text.isidentifier()
+    ]
+    if not spans:
+        return None
+    out = sql
+    for start, end in reversed(spans):
+        out = out[:start] + '"' + out[start : end + 1].lower() + '"' + out[end + 1 :]
+    return out
 
 
 def _strip_comments(sql: str) -> str:
@@ -117,6 +148,8 @@ def _table_function(table: exp.Table) -> str | None:
     inner = table.this
     if isinstance(inner, exp.ExplodingGenerateSeries | exp.GenerateSeries):
         return "generate_series"
+    if isinstance(inner, exp.StringToArray):
+        return "string_to_array"  # one row, one array (Grafana's search_path walk)
     if isinstance(inner, exp.Anonymous) and str(inner.this).lower() in _TABLE_FUNCTIONS:
         return str(inner.this).lower()
     return None
@@ -135,7 +168,6 @@ _AMPLIFIERS = frozenset(
         "list_resize",
         "array_resize",
         "printf",
-        "format",
         "generate_series",
         "explodinggenerateseries",
         "generatedaterange",
@@ -144,8 +176,13 @@ _AMPLIFIERS = frozenset(
 
 
 def rewrite_catalog(tree: exp.Expr, context: SessionContext) -> str:
-    """The catalogue query as DuckDB SQL over the emulated tables."""
-    tree = tree.copy()
+    """The catalogue query as DuckDB SQL over the emulated tables.
+
+    Its result columns are named as PostgreSQL names them (``name_columns``), and it may
+    call only the functions in ``_ALLOWED_FUNCTIONS`` once rewritten: whatever else the
+    engine underneath offers stays out of reach, so no answer tells what it runs on.
+    """
+    tree = name_columns(tree.copy())
     for func in tree.find_all(exp.Func):
         name = _function_name(func)
         key = name.replace("_", "")
@@ -169,6 +206,7 @@ def rewrite_catalog(tree: exp.Expr, context: SessionContext) -> str:
         if not isinstance(table.this, exp.Identifier):
             table.set("db", None)  # pg_catalog.generate_series(…) → generate_series(…)
             table.set("catalog", None)
+            _name_function_column(table)
             continue
         name, db = table.name.lower(), table.db.lower()
         if not db and name in ctes:
@@ -197,7 +235,22 @@ def rewrite_catalog(tree: exp.Expr, context: SessionContext) -> str:
     for rewrite in (_unqualify, _operators, _casts):
         tree = tree.transform(rewrite)
     tree = tree.transform(lambda node: _functions(node, context))
+    _check_functions(tree)
     return tree.sql(dialect="duckdb")
+
+
+def _name_function_column(table: exp.Table) -> None:
+    """A function in FROM, aliased ``f(…) AS x``, has one column named ``x`` too, as in
+    PostgreSQL; a scalar one (string_to_array) becomes a one-row subquery."""
+    alias = table.args.get("alias")
+    if not isinstance(alias, exp.TableAlias) or not alias.name or alias.columns:
+        return
+    name = alias.name
+    if isinstance(table.this, exp.StringToArray):
+        row = exp.select(exp.alias_(table.this.copy(), name)).subquery(name)
+        table.replace(row)
+        return
+    alias.set("columns", [exp.to_identifier(name)])
 
 
 def _unqualify(node: exp.Expr) -> exp.Expr:
@@ -211,7 +264,18 @@ def _unqualify(node: exp.Expr) -> exp.Expr:
 
 
 def _casts(node: exp.Expr) -> exp.Expr:
+    if isinstance(node, exp.Div) and _integral(node.this) and _integral(node.expression):
+        return exp.IntDiv(this=node.this, expression=node.expression)  # PostgreSQL's int / int
     return _cast(node) if isinstance(node, exp.Cast) else node
+
+
+def _integral(node: exp.Expr) -> bool:
+    """Integer-typed by its spelling alone: an integer literal or a cast to an integer."""
+    if isinstance(node, exp.Paren):
+        return _integral(node.this)
+    if isinstance(node, exp.Literal):
+        return not node.is_string and node.name.isdigit()
+    return isinstance(node, exp.Cast) and node.to.is_type(*exp.DataType.INTEGER_TYPES)
 
 
 def _operators(node: exp.Expr) -> exp.Expr:
@@ -225,7 +289,12 @@ def _operators(node: exp.Expr) -> exp.Expr:
 
 
 def _functions(node: exp.Expr, context: SessionContext) -> exp.Expr:
-    if isinstance(node, exp.CurrentUser | exp.SessionUser):
+    if isinstance(node, exp.CurrentUser | exp.SessionUser) or (
+        isinstance(node, exp.Column)
+        and not node.table
+        and node.name.lower() == "user"
+        and not node.this.args.get("quoted")
+    ):  # `user` unquoted is PostgreSQL's keyword for current_user
         return exp.Literal.string(context.user)
     if isinstance(node, exp.CurrentSchema):
         return exp.Literal.string("public")
@@ -242,6 +311,111 @@ def _functions(node: exp.Expr, context: SessionContext) -> exp.Expr:
             args = [a.transform(lambda n: _functions(n, context)) for a in _arguments(node)]
             return replacement(args, context)
     return node
+
+
+class UndefinedFunction(UnsupportedQuery):
+    """A function the emulated catalogue does not offer (SQLSTATE 42883)."""
+
+
+#: What a rewritten catalogue query may call: standard SQL functions (sqlglot's typed
+#: nodes, by class name), and by name the catalogue's own macros and the few engine
+#: functions the rewrites produce. Everything else is refused as PostgreSQL refuses an
+#: unknown function, so no engine-only function (typeof, uuid, pragma_*, …) answers.
+_ALLOWED_FUNCTIONS = frozenset(
+    {
+        "And", "Or", "Xor", "Cast", "TryCast", "If", "Case", "Array", "Coalesce", "Nullif",
+        "Greatest", "Least", "Count", "Sum", "Min", "Max", "Avg", "ArrayAgg", "GroupConcat",
+        "Lower", "Upper", "Initcap", "Length", "Substring", "Concat", "ConcatWs", "Trim",
+        "Replace", "Left", "Right", "StrPosition", "SplitPart", "StartsWith", "Reverse",
+        "RegexpLike", "RegexpILike", "RegexpReplace", "Abs", "Round", "Floor", "Ceil",
+        "Exists", "Unnest", "GenerateSeries", "ExplodingGenerateSeries", "ArrayToString",
+        "ArraySize", "ArrayContains", "StringToArray", "Split", "ArrayPosition",
+        "RowNumber", "Rank", "DenseRank",
+    }
+)  # fmt: skip
+_ALLOWED_BY_NAME = frozenset(
+    {
+        "dpg_format_type", "dpg_table_is_visible", "dpg_regclass", "dpg_regclass_name",
+        "dpg_regtype", "dpg_regtype_name", "dpg_regnamespace_name", "len", "json_object",
+        "array_to_string", "replace", "string_to_array", "regexp_matches",
+    }
+)  # fmt: skip
+
+
+def _check_functions(tree: exp.Expr) -> None:
+    for func in tree.find_all(exp.Func):
+        if isinstance(func, exp.Anonymous):
+            allowed = str(func.this).lower() in _ALLOWED_BY_NAME
+        else:
+            allowed = type(func).__name__ in _ALLOWED_FUNCTIONS
+        if not allowed:
+            raise UndefinedFunction(
+                f"function {_function_name(func)}() does not exist in dpgate's catalogue",
+                construct="catalog",
+            )
+
+
+def name_columns(tree: exp.Expr) -> exp.Expr:
+    """The query with each unnamed result column named as PostgreSQL would name it.
+
+    PostgreSQL (``FigureColname``): a column reference is named after the column, a
+    function call after the function, a cast after what it casts (or the type), CASE
+    ``case``, a scalar subquery after its own column, EXISTS ``exists``, ARRAY
+    ``array``, anything else ``?column?``. The engine below would name them after the
+    expression's text, which is neither PostgreSQL's nor free of its own spelling.
+    """
+    select = tree
+    while isinstance(select, exp.SetOperation):
+        select = select.this
+    if not isinstance(select, exp.Select):
+        return tree
+    named: list[exp.Expr] = []
+    for item in select.expressions:
+        if isinstance(item, exp.Alias | exp.Star | exp.Column) or (
+            isinstance(item, exp.Column) and isinstance(item.this, exp.Star)
+        ):
+            named.append(item)
+            continue
+        named.append(exp.alias_(item, _pg_name(item) or "?column?", quoted=True))
+    select.set("expressions", named)
+    return tree
+
+
+def _pg_name(node: exp.Expr) -> str | None:
+    """PostgreSQL's name for an unaliased result column (None: ``?column?``)."""
+    if isinstance(node, exp.Paren):
+        return _pg_name(node.this)
+    if isinstance(node, exp.Column):
+        return None if isinstance(node.this, exp.Star) else node.name
+    if isinstance(node, exp.Dot):
+        return _pg_name(node.expression)
+    if isinstance(node, exp.Alias):
+        return node.alias
+    if isinstance(node, exp.Cast):
+        return _pg_name(node.this) or _type_name(node.to) or None
+    if isinstance(node, exp.Case):
+        return "case"
+    if isinstance(node, exp.Exists):
+        return "exists"
+    if isinstance(node, exp.Array):
+        return "array"
+    if isinstance(node, exp.Subquery):
+        inner = node.this
+        if isinstance(inner, exp.Select) and inner.expressions:
+            first = inner.expressions[0]
+            return first.alias if isinstance(first, exp.Alias) else _pg_name(first)
+        return None
+    if isinstance(node, exp.Bracket):
+        return _pg_name(node.this)
+    if isinstance(node, exp.CurrentVersion):
+        return "version"
+    if isinstance(node, exp.Anonymous):
+        return str(node.this).lower()
+    if isinstance(node, exp.Func):
+        text = node.sql(dialect="postgres")
+        head = text.split("(", 1)[0].strip()
+        return head.split(".")[-1].strip('"').lower() or None
+    return None
 
 
 def _is_pg_catalog(node: exp.Expr) -> bool:
@@ -305,11 +479,59 @@ def _format_type(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
 
 
 def _current_setting(args: list[exp.Expr], context: SessionContext) -> exp.Expr:
+    """A setting of the session (PostgreSQL's names, case-insensitive); an unknown one is
+    an error (42704) unless the second argument, missing_ok, is true."""
     if args and isinstance(args[0], exp.Literal):
-        value = context.settings.get(args[0].name)
-        if value is not None:
-            return exp.Literal.string(value)
+        wanted = args[0].name.lower()
+        for name, value in context.settings.items():
+            if name.lower() == wanted:
+                return exp.Literal.string(value)
+        missing_ok = len(args) > 1 and isinstance(args[1], exp.Boolean) and args[1].this
+        if not missing_ok:
+            raise UnknownSetting(f'unrecognized configuration parameter "{args[0].name[:64]}"')
     return exp.Null()
+
+
+def _format(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
+    """``format('…%s…%I…', …)`` as a concatenation (no width or position specifiers:
+    those could make a short statement allocate without bound)."""
+    if not args or not (isinstance(args[0], exp.Literal) and args[0].is_string):
+        raise UnsupportedQuery("format() needs a literal format string", construct="catalog")
+    parts = re.split(r"(%[sIL%])", args[0].name)
+    values = iter(args[1:])
+    pieces: list[exp.Expr] = []
+    for part in parts:
+        if part == "%%":
+            pieces.append(exp.Literal.string("%"))
+        elif part in ("%s", "%I", "%L"):
+            value = next(values, None)
+            if value is None:
+                raise UnsupportedQuery("too few arguments for format()", construct="catalog")
+            text: exp.Expr = exp.cast(value, exp.DataType.build("VARCHAR"))
+            if part == "%I":
+                text = _quote_ident([text], _context)
+            elif part == "%L":
+                doubled = exp.Anonymous(
+                    this="replace",
+                    expressions=[text, exp.Literal.string("'"), exp.Literal.string("''")],
+                )
+                text = exp.DPipe(
+                    this=exp.DPipe(this=exp.Literal.string("'"), expression=doubled),
+                    expression=exp.Literal.string("'"),
+                )
+            pieces.append(text)
+        elif "%" in part:
+            raise UnsupportedQuery(
+                "format() supports only %s, %I, %L and %% here", construct="catalog"
+            )
+        elif part:
+            pieces.append(exp.Literal.string(part))
+    if not pieces:
+        return exp.Literal.string("")
+    result = pieces[0]
+    for piece in pieces[1:]:
+        result = exp.DPipe(this=result, expression=piece)
+    return result
 
 
 def _set_config(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
@@ -317,14 +539,18 @@ def _set_config(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
 
 
 def _quote_ident(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
+    """PostgreSQL's quote_ident: quoted only when it must be (not all lower-case letters,
+    digits and underscores; keywords are not singled out)."""
     doubled = exp.Anonymous(
         this="replace",
         expressions=[args[0], exp.Literal.string('"'), exp.Literal.string('""')],
     )
-    return exp.DPipe(
+    quoted = exp.DPipe(
         this=exp.DPipe(this=exp.Literal.string('"'), expression=doubled),
         expression=exp.Literal.string('"'),
     )
+    plain = exp.RegexpLike(this=args[0], expression=exp.Literal.string("^[a-z_][a-z0-9_$]*$"))
+    return exp.Case(ifs=[exp.If(this=plain, true=args[0])], default=quoted)
 
 
 def _array_length(args: list[exp.Expr], _context: SessionContext) -> exp.Expr:
@@ -337,6 +563,22 @@ def _backend_pid(_args: list[exp.Expr], context: SessionContext) -> exp.Expr:
 
 _FUNCTIONS: dict[str, Callable[[list[exp.Expr], SessionContext], exp.Expr]] = {
     "version": _const(VERSION_TEXT),
+    "current_version": _const(VERSION_TEXT),
+    "format": _format,
+    "parse_ident": lambda args, _c: exp.Anonymous(
+        this="string_to_array",
+        expressions=[
+            exp.Anonymous(
+                this="replace",
+                expressions=[args[0], exp.Literal.string('"'), exp.Literal.string("")],
+            ),
+            exp.Literal.string("."),
+        ],
+    ),
+    "array_lower": _const(1),
+    "current_schemas": lambda _args, _c: exp.Array(
+        expressions=[exp.Literal.string("pg_catalog"), exp.Literal.string("public")]
+    ),
     "pg_get_userbyid": _const(OWNER),
     "pg_encoding_to_char": _const("UTF8"),
     "pg_get_expr": _const(None),

@@ -39,6 +39,7 @@ from gateway.errors import (
     InvalidPrivacyParameters,
     InvalidRequest,
     Unauthenticated,
+    UnknownColumn,
     UnsupportedQuery,
 )
 from gateway.pgwire import codec
@@ -51,6 +52,7 @@ from gateway.pgwire.values import (
     bind,
     duckdb_type_oid,
     encode,
+    infer_parameter_types,
     parameter_literal,
     placeholders,
     type_size,
@@ -376,6 +378,9 @@ class Session(SessionCommands):
         self._hold(size)
         count = max(placeholders(message.sql), len(message.parameter_types))
         types = tuple(message.parameter_types) + (0,) * (count - len(message.parameter_types))
+        if 0 in types:  # the client left some to the server (asyncpg, node-postgres)
+            inferred = infer_parameter_types(message.sql, self.server.column_types)
+            types = tuple(t or inferred.get(i + 1, 0) for i, t in enumerate(types))
         self.statements[message.name] = Statement(message.name, message.sql, types, size)
         self.send(codec.parse_complete())
 
@@ -518,17 +523,12 @@ class Session(SessionCommands):
             rewritten = rewrite_catalog(tree, context)
         except GatewayError:
             raise
-        except Exception as e:  # a construct the rewriter does not know
-            raise UnsupportedQuery(
-                f"this catalogue query is not supported by dpgate ({type(e).__name__})",
-                construct="catalog",
-            ) from None
+        except Exception:  # a construct the rewriter does not know
+            raise UnsupportedQuery(_CATALOG_UNSUPPORTED, construct="catalog") from None
         try:
             result: CatalogResult = self.server.catalog.run(rewritten)
         except CatalogError as e:
-            raise UnsupportedQuery(
-                f"this catalogue query is not supported by dpgate: {e}", construct="catalog"
-            ) from None
+            raise _catalog_error(str(e)) from None
         columns = [(name, duckdb_type_oid(kind)) for name, kind in result.columns]
         return Outcome(columns, result.rows, f"SELECT {len(result.rows)}")
 
@@ -573,6 +573,27 @@ class Session(SessionCommands):
         return secrets.compare_digest(
             secret.to_bytes(4, "big", signed=True), self.secret.to_bytes(4, "big", signed=True)
         )
+
+
+_CATALOG_UNSUPPORTED = (
+    "this catalogue query is not supported by dpgate: it reads only the tables and "
+    "columns of pg_catalog and information_schema that dpgate emulates from its config"
+)
+
+
+def _catalog_error(engine_message: str) -> GatewayError:
+    """The client's error for a failed catalogue query, in PostgreSQL's words.
+
+    The engine's own message is never shown (its wording would tell what answers the
+    catalogue); only a column or table name the client itself wrote is echoed back."""
+    column = re.search(r'column "([^"]{1,64})" not found', engine_message)
+    if column is not None:
+        return UnknownColumn(f'column "{column.group(1)}" does not exist', column=column.group(1))
+    if "interrupt" in engine_message.lower():
+        return UnsupportedQuery(
+            "this catalogue query took too long and was stopped", construct="catalog"
+        )
+    return UnsupportedQuery(_CATALOG_UNSUPPORTED, construct="catalog")
 
 
 class InFailedTransaction(InvalidRequest):

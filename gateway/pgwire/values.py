@@ -32,6 +32,35 @@ _SIZES = {oid: size for oid, _, size, *_ in PG_TYPES}
 _ARRAY_OF = {elem: oid for oid, _, _, category, _, elem, _ in PG_TYPES if category == "A"}
 
 
+def infer_parameter_types(sql: str, column_types: dict[str, str]) -> dict[int, int]:
+    """Types for the ``$n`` a client left unspecified, as PostgreSQL infers them: from
+    the declared column each is compared with (``age >= $1`` → int8). Only the public
+    schema is read; a parameter whose column is unknown (or ambiguous) is left out.
+
+    ``column_types``: declared column name → dpgate type, over the config's tables.
+    """
+    try:
+        tree = sqlglot.parse_one(sql, read="postgres")
+    except SqlglotError:
+        return {}
+    found: dict[int, int] = {}
+    for parameter in tree.find_all(exp.Parameter):
+        try:
+            index = int(parameter.name)
+        except ValueError:
+            continue
+        parent = parameter.parent
+        if isinstance(parent, exp.Paren | exp.Neg):
+            parent = parent.parent
+        if not isinstance(parent, exp.Binary | exp.In | exp.Between):
+            continue
+        column = next((c for c in parent.find_all(exp.Column)), None)
+        kind = column_types.get(column.name) if column is not None else None
+        if kind in TYPE_OF_VALUE:
+            found[index] = TYPE_OF_VALUE[kind][0]
+    return found
+
+
 class ParameterError(InvalidRequest):
     """A bound parameter that cannot be read as its declared type (SQLSTATE 22P02)."""
 

@@ -500,3 +500,69 @@ def test_duckdb_casts_and_collations_multiply_nobody(
     queries = compile_all(config_for(url, tables, tmp_path / "ledger.db"), sqls)
     people = [[("people", "pid", p)] for p in range(1, 11)]
     _check_every_person(url, queries, people)
+
+
+def test_postgres_inheritance_children_break_the_parents_keys_and_checks(
+    pg_schema: tuple[sa.Engine, str], tmp_path: Path
+) -> None:
+    """A table read with its inheritance children: the parent's PRIMARY KEY does not span
+    them, and a CHECK … NO INHERIT does not bind them — person 5 has three rows, two of
+    them far outside x's declared [0, 1]."""
+    engine, schema = pg_schema
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                f'CREATE TABLE "{schema}".people (pid integer PRIMARY KEY, '
+                "x integer NOT NULL CHECK (x BETWEEN 0 AND 1) NO INHERIT)"
+            )
+        )
+        conn.execute(sa.text(f'CREATE TABLE "{schema}".more () INHERITS ("{schema}".people)'))
+        conn.execute(sa.text(f'INSERT INTO "{schema}".people VALUES (5, 1), (6, 0), (7, 1)'))
+        conn.execute(sa.text(f'INSERT INTO "{schema}".more VALUES (5, 700), (5, 900)'))
+    tables = {
+        "people": {
+            "schema": schema,
+            "privacy_unit": "pid",
+            "columns": {
+                "pid": {"type": "integer"},
+                "x": {"type": "integer", "lower": 0, "upper": 1},
+            },
+        }
+    }
+    assert POSTGRES_URL is not None
+    queries = compile_all(
+        config_for(POSTGRES_URL, tables, tmp_path / "ledger.db"),
+        ["SELECT COUNT(*), SUM(x) FROM people", "SELECT x, COUNT(*) FROM people GROUP BY x"],
+    )
+    people = [[("people", "pid", p)] for p in (5, 6, 7)]
+    _check_every_person(POSTGRES_URL, queries, people, schema)
+
+
+def test_duckdb_a_collated_unique_unit_is_not_unique(tmp_path: Path) -> None:
+    """DuckDB's PRIMARY KEY on a NOCASE column keeps 'a' and 'A' (bytes differ), which its
+    PARTITION BY and COUNT(DISTINCT) read as one person."""
+    pytest.importorskip("duckdb_engine")
+    url = f"duckdb:///{tmp_path / 'c.duckdb'}"
+    writer = sa.create_engine(url)
+    with writer.begin() as conn:
+        conn.execute(
+            sa.text("CREATE TABLE people (pid VARCHAR COLLATE NOCASE PRIMARY KEY, x INTEGER)")
+        )
+        conn.execute(sa.text("INSERT INTO people VALUES ('a', 1), ('A', 1), ('b', 0), ('c', 1)"))
+    writer.dispose()
+    tables = {
+        "people": {
+            "privacy_unit": "pid",
+            "columns": {
+                "pid": {"type": "text", "nullable": False},
+                "x": {"type": "integer", "lower": 0, "upper": 1},
+            },
+        }
+    }
+    queries = compile_all(
+        config_for(url, tables, tmp_path / "ledger.db"),
+        ["SELECT COUNT(*), SUM(x) FROM people", "SELECT x, COUNT(*) FROM people GROUP BY x"],
+    )
+    # one person under the column's collation: every spelling of them is removed
+    people = [[("people", "pid", p)] for p in ("a", "b", "c")]
+    _check_every_person(url, queries, people)
