@@ -140,6 +140,7 @@ def test_an_engine_that_answers_late_is_reported_at_the_release_moment(
     gw = _gateway(backend, tmp_path)
     deadline = _deadline_ms(backend[0]) / 1000
     held = deadline if backend[0].startswith("spark") else HELD_S
+    _ask(gw, 0.4)  # warm-up, whatever it comes to: a cold JVM plans for long under load
     # the statement, on time: answered, at its release moment
     elapsed, answer = _ask(gw, 0.5)
     assert not isinstance(answer, Exception), answer
@@ -161,4 +162,4 @@ def test_an_engine_that_answers_late_is_reported_at_the_release_moment(
     assert deadline <= elapsed < deadline + held / 2, elapsed
     assert _misses() == before + 1
     outcomes = [h.outcome for h in gw.ledger.history("erin")]
-    assert outcomes == ["answered", "withheld"]
+    assert outcomes[1:] == ["answered", "withheld"]
