@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.common import COUNT_MAE_THEORY, REPO_DIR, RESULTS_DIR, fmt, log
 
-PARTS = ("pums", "smartnoise", "throughput", "pgwire", "scale")
+PARTS = ("pums", "smartnoise", "throughput", "pgwire", "dashboard", "scale")
 PUMS_ROUNDS = 10  # turns dpgate and SmartNoise take on PUMS (each: reps / PUMS_ROUNDS)
 
 
@@ -153,6 +153,15 @@ def main(argv: list[str] | None = None) -> int:
         from bench import bench_pgwire
 
         attempt("pgwire", lambda: bench_pgwire.run(100 if a.quick else 400))
+    if "dashboard" in parts:
+        from bench import dashboard
+
+        attempt(
+            "dashboard",
+            lambda: dashboard.run(
+                n=20 if a.quick else 60, dashboards=2 if a.quick else 5, duration=duration / 2
+            ),
+        )
     if "scale" in parts:
         # Last: loading and reading 10M rows leaves databases busy for a while
         # (autovacuum, checkpoints), which would be measured as the server's latency.
@@ -232,6 +241,45 @@ def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
             f"{fmt(pg['median_ms']['in_process'])} ms)",
             "≤ 1 ms",
             pg["wire_minus_http_ms"] <= 1.0,
+        )
+    db = P.get("dashboard", {})
+    if db.get("failed"):
+        add("Dashboard", "run", f"failed: {db['failed'][:120]}")
+    elif db.get("timing_deadline"):
+        on, off = db["timing_deadline"], db["timing_off"]
+        single = on["single"]
+        add(
+            "Dashboard",
+            "single COUNT/AVG on patients over HTTP, median (padding to the deadline apart)",
+            f"{fmt(single['latency']['median_ms'])} ms (padding {fmt(single['padding_mean_ms'])}"
+            f" ms, timing off {fmt(off['single']['latency']['median_ms'])} ms; load "
+            f"{fmt(single['load'])})",
+            "≤ 50 ms",
+            single["latency"]["median_ms"] <= 50,
+        )
+        dash = on["dashboard"]
+        add(
+            "Dashboard",
+            "20 distinct charts of one analyst fired at once, wall time, median",
+            f"{fmt(dash['wall_median_s'])} s ({dash['failed']} failed, {fmt(dash['misses'])} "
+            f"misses; timing off {fmt(off['dashboard']['wall_median_s'])} s; load "
+            f"{fmt(dash['load'])})",
+            "≤ 1.0 s",
+            dash["wall_median_s"] <= 1.0,
+        )
+        ex = on["examples"]
+        add(
+            "Dashboard",
+            "deadline misses, README and console examples (5 each)",
+            f"{fmt(ex['misses'])} (load {fmt(ex['load'])})",
+            "0",
+            ex["misses"] == 0,
+        )
+        add(
+            "Dashboard",
+            "throughput, 8 analysts, default config vs timing off",
+            f"{fmt(on['throughput']['answered_per_s'])} vs "
+            f"{fmt(off['throughput']['answered_per_s'])} answers/s",
         )
     dp, sn = P.get("pums", {}), P.get("smartnoise", {})
     for name, res in (("dpgate", dp), ("SmartNoise", sn)):

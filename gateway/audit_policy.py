@@ -1,12 +1,14 @@
 """Stage: audit policy — what the differencing auditor's decisions mean for a request.
 
 ``audit.mode`` is read here and nowhere else: ``off`` audits nothing; ``flag`` answers
-and records the auditor's objection; ``refuse`` refuses. Around each audited query the
-scope's lock is held from the re-sync of the scope's history to the release moment, so
-the other half of a differencing pair sent at the same moment, to any worker, sees this
-one's answer (``budget.locks``). A pre-audit refusal costs nothing; a post-audit refusal
-comes after the statement was sent, so its charge stays and nothing is released
-(docs/design.md, invariants 2 and 8: the auditor sees only plans and noisy values).
+and records the auditor's objection; ``refuse`` refuses. While a scope has audited
+queries in flight in a process, that process holds the scope's lock (``budget.locks``),
+re-syncs the scope's history when it takes it, and audits its queries in the order of
+their tickets (``gateway.lanes``): the other half of a differencing pair sent at the same
+moment, to any worker, is post-audited against this one's answer. A pre-audit refusal
+costs nothing; a post-audit refusal comes after the statement was sent, so its charge
+stays and nothing is released (docs/design.md, invariants 2 and 8: the auditor sees only
+plans and noisy values).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from gateway.audit import (
 from gateway.charges import Charges, ledger_errors
 from gateway.config import AuditConfig, TableConfig
 from gateway.errors import AuditRefused, GatewayError
+from gateway.lanes import NoLane, ScopeLane
 from gateway.noising import audit_cells_from_json
 from gateway.plan import QueryPlan
 from gateway.planning import PlannedQuery, Planner
@@ -61,6 +64,8 @@ class AuditPolicy:
         )
         self._synced: dict[str, int] = {}
         self._sync_lock = threading.Lock()
+        self._lanes: dict[str, ScopeLane] = {}
+        self._lanes_lock = threading.Lock()
 
     @property
     def active(self) -> bool:
@@ -70,18 +75,35 @@ class AuditPolicy:
         return analyst if self.scope_kind == "analyst" else GLOBAL_SCOPE
 
     @contextmanager
-    def holding(self, analyst: str) -> Iterator[str]:
-        """Hold the analyst's audit scope (nothing to hold when the audit is off), with
-        the scope's history re-read from the ledger; yields the scope."""
+    def lane(self, analyst: str) -> Iterator[ScopeLane | NoLane]:
+        """Join the analyst's audit scope's lane (``gateway.lanes``): the scope's lock
+        is held while it has queries in flight in this process, its history re-read
+        from the ledger when the lock is taken; nothing to hold when the audit is off."""
         scope = self.scope_of(analyst)
         if not self.active:
-            yield scope
+            yield NoLane(scope)
             return
+        with self._lanes_lock:
+            lane = self._lanes.get(scope)
+            if lane is None:
+                lane = self._lanes[scope] = ScopeLane(
+                    scope,
+                    lambda: self.ledger.scope_lock(scope),
+                    lambda: self._sync(scope),
+                )
         asked = time.monotonic()
-        with self.ledger.scope_lock(scope):
+        with lane.member():
+            # the wait to join: for the lane to open, and for the ledger's scope lock
+            # when another process holds it (dpgate_audit_lock_wait_seconds)
             metrics.record_audit_lock_wait(time.monotonic() - asked)
-            self._sync(scope)
-            yield scope
+            yield lane
+
+    @contextmanager
+    def holding(self, analyst: str) -> Iterator[str]:
+        """Hold the analyst's audit scope for one decision outside a query (a dry run's
+        prediction): as a member of its lane, under the lane's mutex; yields the scope."""
+        with self.lane(analyst) as lane, lane.deciding():
+            yield lane.scope
 
     def before(self, scope: str, analyst: str, planned: PlannedQuery) -> list[str]:
         """Refuse (free) a request the auditor refused before, or that the pre-audit

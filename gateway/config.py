@@ -94,8 +94,9 @@ READ_ROWS_FACTOR = 10
 class TableConfig:
     """One protected table. ``privacy_unit`` None means row-level privacy.
 
-    ``deadline_ms`` overrides ``execution.deadline_ms`` for queries on this table (a
-    large table needs a later deadline than a small one).
+    ``deadline_ms`` fixes the release deadline of queries on this table (instead of the
+    cost model's, ``gateway/cost_model.py``); ``rows`` declares the table's row count as
+    public (an upper bound the cost model uses instead of the measured count).
 
     ``public`` tables hold public rows (a zip → region list) with a unique ``key``;
     ``references`` are the joins this table may take (``Reference``).
@@ -110,6 +111,7 @@ class TableConfig:
     source: str | None = None  # the table's real name in the database, if it differs
     deadline_ms: int | None = None
     max_rows_read_per_unit: int | None = None
+    rows: int | None = None
     public: bool = False
     key: str | None = None
     references: tuple[Reference, ...] = ()
@@ -187,10 +189,30 @@ class ExecutionConfig:
     finished by then is cancelled, charged, and reported at the same moment with the same
     error as any other failure. ``timing: off`` answers as soon as the database does
     (response time then depends on the data).
+
+    The deadline is the cost model's (``gateway/cost_model.py``: declared row counts,
+    the engine's per-row costs — ``row_ns``, ``char_ns``, ``sort_ns``, ``join_ns``,
+    ``base_ms`` override them —, the query's shape, the gateway's concurrency), times
+    ``deadline_margin``, plus ``post_ms`` for the work after the statement, never below
+    ``min_deadline_ms``; a ``deadline_ms`` here (or on a table) fixes it instead, and a
+    table without a declared ``rows`` gets ``FALLBACK_DEADLINE_MS`` (gateway/timing.py).
+
+    ``load_aware: true`` also scales deadlines by the machine's load average. Off by
+    default: the load average counts dpgate's own statements, whose running time may
+    depend on the rows, so it is not a public fact (docs/privacy.md, "Timing").
     """
 
     timing: Literal["deadline", "off"] = "deadline"
-    deadline_ms: int = 250
+    deadline_ms: int | None = None
+    deadline_margin: float = 3.0
+    min_deadline_ms: int = 10
+    post_ms: int = 10
+    load_aware: bool = False
+    row_ns: float | None = None  # the cost model's per-row costs (None: the engine's)
+    char_ns: float | None = None
+    sort_ns: float | None = None
+    join_ns: float | None = None
+    base_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -352,10 +374,42 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
         address_per_minute=v.integer(li, "limits.address_per_minute", None, low=1),
     )
     ex = v.section(raw, "execution")
-    v.no_unknown(ex, "execution", {"timing", "deadline_ms"})
+    v.no_unknown(
+        ex,
+        "execution",
+        {
+            "timing",
+            "deadline_ms",
+            "deadline_margin",
+            "min_deadline_ms",
+            "post_ms",
+            "load_aware",
+            "row_ns",
+            "char_ns",
+            "sort_ns",
+            "join_ns",
+            "base_ms",
+        },
+    )
+    load_aware = ex.get("load_aware", False)
+    if not isinstance(load_aware, bool):
+        v.problem("execution.load_aware: must be true or false")
+        load_aware = False
+    margin = v.number(ex, "execution.deadline_margin", 3.0, positive=True) or 3.0
+    if margin < 1:
+        v.problem("execution.deadline_margin: must be ≥ 1")
     execution = ExecutionConfig(
         timing=v.choice(ex, "execution.timing", ("deadline", "off"), "deadline"),  # type: ignore[arg-type]
-        deadline_ms=v.integer(ex, "execution.deadline_ms", 250, low=1) or 250,
+        deadline_ms=v.integer(ex, "execution.deadline_ms", None, low=1),
+        deadline_margin=max(1.0, margin),
+        min_deadline_ms=v.integer(ex, "execution.min_deadline_ms", 10, low=1) or 10,
+        post_ms=v.integer(ex, "execution.post_ms", 10, low=1) or 10,
+        load_aware=load_aware,
+        row_ns=v.number(ex, "execution.row_ns", None, positive=True),
+        char_ns=v.number(ex, "execution.char_ns", None, positive=True),
+        sort_ns=v.number(ex, "execution.sort_ns", None, positive=True),
+        join_ns=v.number(ex, "execution.join_ns", None, positive=True),
+        base_ms=v.number(ex, "execution.base_ms", None, positive=True),
     )
     tables = _tables(v, raw.get("tables"))
     analysts = _analysts(v, raw.get("analysts"))
@@ -552,6 +606,7 @@ def _tables(v: _Validator, raw: Any) -> dict[str, TableConfig]:
                 "source",
                 "deadline_ms",
                 "max_rows_read_per_unit",
+                "rows",
                 "public",
                 "key",
                 "references",
@@ -579,6 +634,7 @@ def _tables(v: _Validator, raw: Any) -> dict[str, TableConfig]:
             source=str(traw["source"]) if traw.get("source") else None,
             deadline_ms=v.integer(traw, f"{path}.deadline_ms", None, low=1),
             max_rows_read_per_unit=v.integer(traw, f"{path}.max_rows_read_per_unit", None, low=1),
+            rows=v.integer(traw, f"{path}.rows", None, low=0),
         )
     return _joins(v, raw, tables)
 

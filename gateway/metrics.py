@@ -12,7 +12,7 @@ and analysts by name (never by key), so label sets stay small and secret-free.
 What tells the operator's causes apart (docs/operations.md, "Alerts"):
 ``dpgate_backend_errors_total{backend="database"}`` counts only a protected database that
 could not be reached (the query was refunded); a statement that reached it and did not
-finish in time is a deadline miss (``dpgate_deadline_misses_total``, by table), one that
+finish in time is a deadline miss (``dpgate_deadline_misses_total``, by stage and table), one that
 failed otherwise a ``dpgate_statement_failures_total{cause="error"}``. Waits that queue
 requests have their own histograms: the audit scope's lock, a ledger connection.
 """
@@ -101,9 +101,13 @@ AUDIT_LOCK_WAIT = Histogram(
 )
 DEADLINE_MISSES = Counter(
     "dpgate_deadline_misses",
-    "Statements cancelled at their deadline (charged, nothing released), by table: the "
-    "table's deadline_ms is too tight for them, or the database is slow; not an outage.",
-    ["table"],
+    "Queries that missed their release deadline (charged, nothing released; the deadline "
+    "is too tight for them, or the database is slow: not an outage), by stage — statement "
+    "(still running at its deadline: abandoned or cancelled, reported as failed at the "
+    "release moment), turn (an earlier query of the same audit scope was not done in "
+    "time), release (the answer was ready only after its release moment and left late) "
+    "— and by table.",
+    ["stage", "table"],
 )
 PAST_DEADLINE = Counter(
     "dpgate_statements_past_deadline",
@@ -218,8 +222,8 @@ def record_audit_lock_wait(seconds: float) -> None:
     AUDIT_LOCK_WAIT.observe(seconds)
 
 
-def record_deadline_miss(table: str) -> None:
-    DEADLINE_MISSES.labels(table).inc()
+def record_deadline_miss(stage: str, table: str) -> None:
+    DEADLINE_MISSES.labels(stage, table).inc()
 
 
 def record_past_deadline(table: str) -> None:

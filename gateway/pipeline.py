@@ -43,6 +43,7 @@ from gateway.catalog import public_schema
 from gateway.charges import Charges, charged_ledger_failure, uncharged_ledger_failures
 from gateway.compile import CompiledQuery, compile_plan
 from gateway.config import Config, with_enforced_domains, with_nullability
+from gateway.cost_model import CostModel, build_model
 from gateway.dry_run import dry_run
 from gateway.errors import DatabaseUnavailable, Forbidden, GatewayError, LedgerUnavailable
 from gateway.execute import (
@@ -53,11 +54,13 @@ from gateway.execute import (
     open_protected_engine,
     ping,
     run_aggregate,
+    run_aggregate_until,
     sqlglot_dialect,
     units_unique_by_schema,
 )
 from gateway.identity import Principal, identify
 from gateway.join_keys import join_keys_by_schema, with_public_keys_as_units
+from gateway.lanes import NoLane, ScopeLane, TurnMissed
 from gateway.noising import add_noise
 from gateway.plan import ProbePlan, QueryPlan, QueryRequest
 from gateway.planning import PLAN_CACHE_SIZE, PlannedQuery, Planner
@@ -65,7 +68,7 @@ from gateway.post_query import run_post_query
 from gateway.postprocess import finish, shown
 from gateway.release import NO_PRIVACY_SPENT, ColumnInfo, Release, privacy_spent
 from gateway.request import check_request
-from gateway.timing import ReleaseClock, start_clock
+from gateway.timing import ReleaseClock, ReleaseTiming
 from mechanisms import prefill
 
 log = logging.getLogger("dpgate.pipeline")
@@ -132,6 +135,15 @@ class Gateway:
         self._ready_lock = threading.Lock()
         self._ready: dict[str, bool] | None = None
         self._ready_at = 0.0
+        self.timing = ReleaseTiming(config.execution, self._cost_model())
+
+    def _cost_model(self) -> CostModel | None:
+        """The cost model (``gateway.cost_model``) of the tables whose deadline it sets:
+        from the config and the catalogue only; ``None`` when it sets none."""
+        ex = self.config.execution
+        if ex.timing == "off" or ex.deadline_ms is not None:
+            return None
+        return build_model(ex, self.config.tables, self.dialect, self.unique_units)
 
     # -- identity and public metadata ----------------------------------------------------
 
@@ -231,33 +243,48 @@ class Gateway:
                 return self._dry_run(analyst, planned)
         plan, calibration = planned.plan, planned.calibration
         table = self.config.tables[plan.table]
+        compiled = self._compile(planned)  # pure functions of the plan: outside the lane
+        _prefill(planned)
         # The scope lock's own failure is the ledger's, before anything is charged.
-        with uncharged_ledger_failures(), self.audit.holding(analyst) as scope:
-            flags = self.audit.before(scope, analyst, planned)
-            compiled = self._compile(planned)
-            _prefill(planned)
-            reservation = self.charges.reserve(
-                analyst, planned.request, calibration.cost, planned.key
-            )
-            clock = start_clock(
-                self.config.execution, table, self.config.database.statement_timeout_ms
-            )
+        with uncharged_ledger_failures(), self.audit.lane(analyst) as lane:
+            with lane.deciding():
+                flags = self.audit.before(lane.scope, analyst, planned)
+                reservation = self.charges.reserve(
+                    analyst, planned.request, calibration.cost, planned.key
+                )
+                clock = self.timing.start(
+                    plan,
+                    table,
+                    compiled.sql,
+                    self.config.database.statement_timeout_ms,
+                    after=lane.last_release,
+                )
+                ticket = lane.ticket(clock.release_at)
             try:
-                return self._release(scope, planned, compiled, reservation, clock, flags)
+                return self._release(lane, ticket, planned, compiled, reservation, clock, flags)
             except (LedgerUnavailable, budget.LedgerUnavailable) as e:
                 if isinstance(e, LedgerUnavailable) and e.detail.get("charged") is True:
                     raise
                 raise charged_ledger_failure() from None  # the charge above stands
             finally:
+                lane.done(ticket)
                 # Whatever happened — answer, failure, withheld — it leaves at the release
                 # moment fixed before execution (invariant: observables are public or DP).
                 held = clock.wait()
                 if clock.release_at is not None:
                     metrics.record_release_wait(held)
+                    if held == 0.0:
+                        metrics.record_deadline_miss("release", plan.table)
+                        log.warning(
+                            "deadline miss: query %s was ready only after its release moment "
+                            "(deadline %.0f ms)",
+                            reservation.id,
+                            clock.deadline_ms or 0,
+                        )
 
     def _dry_run(self, analyst: str, planned: PlannedQuery) -> Release:
         """The plan, cost and expected accuracy of a request; nothing runs or is charged."""
-        return dry_run(
+        release = dry_run(
             planned,
             self.charges,
             analyst,
@@ -265,6 +292,12 @@ class Gateway:
             self.config.tables,
             self.audit.predict(analyst, planned),
         )
+        # the cost model's deadline on an idle gateway (public: plan, config, model)
+        table = self.config.tables[planned.plan.table]
+        sql = self._compile(planned).sql
+        deadline = self.timing.deadline_ms(planned.plan, table, sql)
+        ms = None if deadline is None else int(deadline)
+        return replace(release, extra={**release.extra, "release_deadline_ms": ms})
 
     def _compile(self, planned: PlannedQuery) -> CompiledQuery:
         """The one statement of a plan (from the cache of recently compiled plans)."""
@@ -295,34 +328,54 @@ class Gateway:
 
     def _release(
         self,
-        scope: str,
+        lane: ScopeLane | NoLane,
+        ticket: int,
         planned: PlannedQuery,
         compiled: CompiledQuery,
         reservation: Reservation,
         clock: ReleaseClock,
         flags: list[str],
     ) -> Release:
-        """Execute a reserved query, noise it, post-audit and post-process it, record it."""
+        """Execute a reserved query, noise it, post-audit it in its ticket's turn
+        (``gateway.lanes``), post-process it and record it."""
         plan, calibration = planned.plan, planned.calibration
         try:
-            exact = run_aggregate(self.engine, compiled.sql, timeout_ms=clock.statement_timeout_ms)
+            exact = run_aggregate_until(
+                self.engine,
+                compiled.sql,
+                timeout_ms=clock.statement_timeout_ms,
+                until=clock.statement_until,
+                query_id=reservation.id,
+                run=run_aggregate,
+            )
         except DatabaseUnavailable:
+            lane.done(ticket)
             # The statement was never sent: the failure cannot depend on the rows.
             self.charges.refund(reservation, "the protected database was unreachable")
             raise
         except StatementFailed as failure:
+            lane.done(ticket)
             _count_past_deadline(plan.table, clock)
             if failure.timed_out:
-                metrics.record_deadline_miss(plan.table)
+                metrics.record_deadline_miss("statement", plan.table)
             self._charged_failure(reservation, "timeout" if failure.timed_out else "error")
         _count_past_deadline(plan.table, clock)
         try:
             noisy = add_noise(plan, compiled, exact, calibration)
         except Exception:
+            lane.done(ticket)
             log.error("noising failed after execution; the query stays charged", exc_info=True)
             self._charged_failure(reservation, "noising")
         cells_json = noisy.cells_json()
-        flags += self.audit.after(scope, planned, reservation, noisy.cells, cells_json)
+        try:
+            with lane.turn(ticket, clock.release_at):
+                flags += self.audit.after(lane.scope, planned, reservation, noisy.cells, cells_json)
+                self.audit.remember(lane.scope, reservation.id, plan, noisy.cells)
+        except TurnMissed:
+            lane.done(ticket)
+            metrics.record_deadline_miss("turn", plan.table)
+            self._charged_failure(reservation, "turn")
+        lane.done(ticket)
         uncut = finish(plan, calibration, noisy)
         release = Release(
             query_id=reservation.id,
@@ -340,11 +393,11 @@ class Gateway:
         record["audit_cells"] = cells_json
         if flags:
             record["audit_flags"] = flags
-        # Its charge is durable already. Another worker's auditor replays this row under
-        # the scope lock held now, so with the audit on it is committed before the lock
-        # is released; otherwise it rides on the writer's next batch.
+        # Its charge is durable already. Another worker's auditor replays this row once it
+        # has the scope lock, which this process holds until its last query of the scope
+        # leaves, so with the audit on it is committed before this query leaves the lane;
+        # otherwise it rides on the writer's next batch.
         self.charges.answered(reservation, record, wait=self.audit.active)
-        self.audit.remember(scope, reservation.id, plan, noisy.cells)
         return release
 
     def _charged_failure(self, reservation: Reservation, cause: str) -> NoReturn:

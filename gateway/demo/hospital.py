@@ -242,12 +242,13 @@ audit:
   min_group_size: 5
   scope: analyst
 execution:
-  timing: deadline     # answers that read rows leave exactly deadline_ms after execution starts
-  deadline_ms: 250
+  timing: deadline     # answers that read rows leave at a release moment fixed from public facts
+  deadline_margin: 3   # a query's deadline: its cost estimate × 3 (+ post_ms), or set deadline_ms
 tables:
   patients:
     privacy_unit: patient_id
     max_rows_per_unit: 1
+    rows: {PATIENTS}              # declared public (an upper bound): sizes the release deadlines
     columns:
       patient_id: {{type: integer}}
       sex:        {{type: text, values: [F, M], nullable: false}}
@@ -264,6 +265,7 @@ tables:
     privacy_unit: patient_id
     max_rows_per_unit: 5
     max_groups_per_unit: 3
+    rows: {MAX_VISITS * PATIENTS}              # at most {MAX_VISITS} visits per patient
     references:               # a privacy-unit path: a visit's patient is the person
       patient_id: patients.patient_id
     columns:
@@ -275,6 +277,7 @@ tables:
   zip_regions:                # public rows: no privacy unit, joined on its unique key
     public: true
     key: zip
+    rows: {len(CITIES) * ZIPS_PER_CITY}
     columns:
       zip:    {{type: text}}
       region: {{type: text, values: [{regions}]}}

@@ -1,0 +1,170 @@
+"""Every engine keeps the release moment (gateway/execute.py, ``run_aggregate_until``).
+
+A statement made slow on purpose — the real statement on the real engine, then held for
+1.5 s more, as a driver that ignores the cancel would (Spark's job-group cancel does
+nothing while the query is still planned) — must be reported as the one charged failure
+at its release moment, not when the engine gives up; the miss is counted in
+``dpgate_deadline_misses_total{stage="statement"}``. And the same statement left alone
+is answered at its release moment on the same engine.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from prometheus_client import REGISTRY
+
+import gateway.pipeline
+from gateway.config import parse_config
+from gateway.errors import DatabaseUnavailable
+from gateway.pipeline import CHARGED_FAILURE_MESSAGE, Gateway
+from gateway.plan import QueryRequest
+from tests import engines
+
+DEADLINE_MS = 600  # fixed, so that the machine's load does not move it
+SPARK_DEADLINE_MS = 15_000  # long enough for Spark to plan and run it on a loaded machine
+HELD_S = 1.5  # what the slowed statement adds after the engine's answer (Spark: 15 s)
+SQL = "SELECT dept, COUNT(*) FROM stays WHERE stay >= 2 GROUP BY dept"
+ROWS = [
+    {"pid": i // 3, "dept": ("ER", "ICU", "Ward")[i % 3], "stay": i % 11, "year": 2020}
+    for i in range(600)
+]
+
+
+def _load(engine: sa.Engine, schema: str | None) -> None:
+    meta = sa.MetaData(schema=schema)
+    table = sa.Table(
+        "stays",
+        meta,
+        sa.Column("pid", sa.Integer),
+        sa.Column("dept", sa.Text),
+        sa.Column("stay", sa.Integer),
+        sa.Column("year", sa.Integer),
+    )
+    with engine.begin() as conn:
+        meta.create_all(conn)
+        conn.execute(table.insert(), ROWS)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "duckdb", "postgres", *engines.ENGINES])
+def backend(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str | None]]:
+    """(URL, schema) of a database holding ``stays``."""
+    if request.param in ("sqlite", "duckdb"):
+        if request.param == "duckdb":
+            pytest.importorskip("duckdb_engine")
+        path = tmp_path_factory.mktemp("deadline") / f"stays.{request.param}"
+        writer = sa.create_engine(f"{request.param}:///{path}")
+        _load(writer, None)
+        writer.dispose()
+        yield f"{request.param}:///{path}", None
+    elif request.param in ("clickhouse", "spark"):
+        database = engines.new_database("deadline")
+        columns = {"pid": "integer", "dept": "text", "stay": "integer", "year": "integer"}
+        engines.load(request.param, tmp_path_factory, database, "stays", columns, ROWS)
+        yield engines.url(request.param, tmp_path_factory), database
+    else:
+        url = os.environ.get("DPGATE_TEST_POSTGRES_URL")
+        if not url:
+            pytest.skip("set DPGATE_TEST_POSTGRES_URL to run PostgreSQL tests")
+        schema = f"dpgate_deadline_{uuid.uuid4().hex[:10]}"
+        admin = sa.create_engine(url)
+        with admin.begin() as conn:
+            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        try:
+            _load(admin, schema)
+            yield url, schema
+        finally:
+            with admin.begin() as conn:
+                conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
+            admin.dispose()
+
+
+def _deadline_ms(url: str) -> int:
+    return SPARK_DEADLINE_MS if url.startswith("spark") else DEADLINE_MS
+
+
+def _gateway(backend: tuple[str, str | None], tmp_path: Path) -> Gateway:
+    url, schema = backend
+    table: dict[str, Any] = {
+        "privacy_unit": "pid",
+        "max_rows_per_unit": 3,
+        "rows": len(ROWS),
+        "columns": {
+            "pid": {"type": "integer"},
+            "dept": {"type": "text", "values": ["ER", "ICU", "Ward"]},
+            "stay": {"type": "integer", "lower": 0, "upper": 30},
+            "year": {"type": "integer", "lower": 2019, "upper": 2025},
+        },
+    }
+    if schema:
+        table["schema"] = schema
+    config = parse_config(
+        {
+            "database": {"url": url},
+            "ledger": {"url": f"sqlite:///{tmp_path / 'ledger.db'}"},
+            "execution": {"timing": "deadline", "deadline_ms": _deadline_ms(url)},
+            "audit": {"mode": "off"},
+            "tables": {"stays": table},
+        }
+    )
+    gw = Gateway(config)
+    gw.ledger.create_analyst("erin", 100.0, 1e-6)
+    return gw
+
+
+def _ask(gw: Gateway, epsilon: float) -> tuple[float, Any]:
+    started = time.monotonic()
+    try:
+        outcome: Any = gw.query("erin", QueryRequest(SQL, epsilon, 0.0, "laplace"))
+    except DatabaseUnavailable as e:
+        outcome = e
+    return time.monotonic() - started, outcome
+
+
+def _misses() -> float:
+    return sum(
+        s.value
+        for m in REGISTRY.collect()
+        for s in m.samples
+        if s.name == "dpgate_deadline_misses_total" and s.labels.get("stage") == "statement"
+    )
+
+
+def test_an_engine_that_answers_late_is_reported_at_the_release_moment(
+    backend: tuple[str, str | None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gw = _gateway(backend, tmp_path)
+    deadline = _deadline_ms(backend[0]) / 1000
+    held = deadline if backend[0].startswith("spark") else HELD_S
+    _ask(gw, 0.4)  # warm-up, whatever it comes to: a cold JVM plans for long under load
+    # the statement, on time: answered, at its release moment
+    elapsed, answer = _ask(gw, 0.5)
+    assert not isinstance(answer, Exception), answer
+    assert elapsed >= deadline
+
+    real = gateway.pipeline.run_aggregate
+
+    def late(engine: Any, sql: str, *, timeout_ms: int) -> Any:
+        rows = real(engine, sql, timeout_ms=timeout_ms)
+        time.sleep(held)
+        return rows
+
+    monkeypatch.setattr(gateway.pipeline, "run_aggregate", late)
+    before = _misses()
+    elapsed, failure = _ask(gw, 0.6)  # another ε: not the cached answer
+    assert isinstance(failure, DatabaseUnavailable), failure
+    assert failure.to_dict()["error"]["message"] == CHARGED_FAILURE_MESSAGE
+    # at the release moment, not when the engine's late answer came
+    assert deadline <= elapsed < deadline + held / 2, elapsed
+    assert _misses() == before + 1
+    outcomes = [h.outcome for h in gw.ledger.history("erin")]
+    assert outcomes[1:] == ["answered", "withheld"]

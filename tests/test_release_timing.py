@@ -1,0 +1,361 @@
+"""Release moments that fit the query (gateway/timing.py, gateway/cost_model.py) and the
+concurrent queries of one analyst (gateway/lanes.py).
+
+What must hold (docs/privacy.md, "Timing"): a query's release moment is a function of
+public facts only — the plan, the config, the catalogue, arrival times and earlier
+release moments —; one analyst's queries run their statements concurrently while the
+auditor decides in an order fixed before any statement ran; a statement still running
+at its deadline is abandoned and reported, charged, at the release moment, whatever the
+engine does with the cancel. Timing figures (latency, a dashboard's wall time) are
+measured by `python -m bench --parts dashboard`, not asserted here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+
+import gateway.execute
+import gateway.pipeline
+from gateway.config import parse_config
+from gateway.cost_model import ENGINE_COSTS
+from gateway.errors import DatabaseUnavailable
+from gateway.pipeline import CHARGED_FAILURE_MESSAGE, Gateway
+from gateway.plan import QueryRequest
+from gateway.timing import FALLBACK_DEADLINE_MS
+
+DEADLINE = {"timing": "deadline"}
+DASHBOARD = [
+    "SELECT COUNT(*) FROM patients",
+    "SELECT AVG(age) FROM patients",
+    "SELECT sex, COUNT(*) FROM patients GROUP BY sex",
+    "SELECT disease, COUNT(*) FROM patients GROUP BY disease",
+    "SELECT city, AVG(income) FROM patients GROUP BY city",
+    "SELECT smoker, AVG(glucose) FROM patients GROUP BY smoker",
+    "SELECT AVG(glucose) FROM patients",
+    "SELECT SUM(income) FROM patients",
+]
+
+
+def request(sql: str, epsilon: float = 0.1) -> QueryRequest:
+    return QueryRequest(sql=sql, epsilon=epsilon, delta=0.0, mechanism="laplace")
+
+
+def deadline_of(gw: Gateway, sql: str) -> float | None:
+    planned = gw.planner.plan(request(sql))
+    plan = planned.plan  # type: ignore[union-attr]
+    compiled = gw._compile(planned)  # type: ignore[arg-type]
+    return gw.timing.deadline_ms(plan, gw.config.tables[plan.table], compiled.sql)
+
+
+def drop_one_patient(db: Path) -> None:
+    with sqlite3.connect(db) as conn:
+        pid = conn.execute("SELECT MIN(patient_id) FROM patients").fetchone()[0]
+        conn.execute("DELETE FROM visits WHERE patient_id = ?", (pid,))
+        conn.execute("DELETE FROM patients WHERE patient_id = ?", (pid,))
+
+
+def misses(stage: str) -> float:
+    return sum(
+        s.value
+        for m in REGISTRY.collect()
+        for s in m.samples
+        if s.name == "dpgate_deadline_misses_total" and s.labels.get("stage") == stage
+    )
+
+
+# -- deadlines from public facts -----------------------------------------------------------
+
+
+@pytest.fixture
+def idle_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The machine's load average read as 0: the tests below compare deadlines, which
+    must not move with the load of a shared test machine between two reads."""
+    monkeypatch.setattr("gateway.timing.machine_load", lambda: 0.0)
+
+
+def test_neighbouring_databases_give_every_query_the_same_deadline(
+    make_gateway: Callable[..., Gateway], idle_machine: None
+) -> None:
+    """Nothing is measured on the protected rows: the deadline is the config's and the
+    plan's, so a database with one person fewer gives the same one, for every query."""
+    a = make_gateway(execution=DEADLINE)
+    b = make_gateway(drop_one_patient, execution=DEADLINE)
+    queries = [
+        *DASHBOARD,
+        "SELECT department, COUNT(*) FROM visits GROUP BY department",
+        "SELECT MEDIAN(cost) FROM visits",
+        "SELECT region, COUNT(*) FROM patients JOIN zip_regions "
+        "ON patients.zip = zip_regions.zip GROUP BY region",
+    ]
+    for sql in queries:
+        assert deadline_of(a, sql) == deadline_of(b, sql), sql
+    assert a.timing.model == b.timing.model
+
+
+def test_the_deadline_follows_the_querys_cost(
+    make_gateway: Callable[..., Gateway], idle_machine: None
+) -> None:
+    gw = make_gateway(execution=DEADLINE)
+    count = deadline_of(gw, "SELECT COUNT(*) FROM patients")
+    median = deadline_of(gw, "SELECT MEDIAN(age) FROM patients")
+    bounded = deadline_of(gw, "SELECT department, COUNT(*) FROM visits GROUP BY department")
+    assert count is not None and median is not None and bounded is not None
+    # a plain count on the demo's 12,000 patients: well under the old fixed 250 ms
+    assert count < 100
+    # a quantile's grid and a table read through its per-person bound cost more
+    assert median > 2 * count
+    assert bounded > 2 * count
+    # the release moment waits for more when more statements are in flight (public)
+    planned = gw.planner.plan(request("SELECT COUNT(*) FROM patients"))
+    plan = planned.plan  # type: ignore[union-attr]
+    sql = gw._compile(planned).sql  # type: ignore[arg-type]
+    table = gw.config.tables["patients"]
+    many = gw.timing.deadline_ms(plan, table, sql, in_flight=20)
+    assert many is not None and many > count
+    # and when the machine is busy (its load average, in steps)
+    model = gw.timing.model
+    assert model is not None and model.cpus >= 1
+    assert model.load_factor(1, 0.0) == 1.0
+    cpus = model.cpus
+    assert model.load_factor(cpus, 4.0 * cpus) == 5.0
+    assert model.load_factor(cpus, 2.5 * cpus) == pytest.approx(2**1.5 + 1)
+
+
+def test_without_a_declared_row_count_the_fixed_deadline_applies(
+    make_gateway: Callable[..., Gateway],
+) -> None:
+    gw = make_gateway(execution=DEADLINE, tables=_without_rows(make_gateway))
+    assert deadline_of(gw, "SELECT COUNT(*) FROM patients") == FALLBACK_DEADLINE_MS
+    fixed = make_gateway(execution={"timing": "deadline", "deadline_ms": 321})
+    assert deadline_of(fixed, "SELECT MEDIAN(cost) FROM visits") == 321
+    off = make_gateway(execution={"timing": "off"})
+    assert deadline_of(off, "SELECT COUNT(*) FROM patients") is None
+
+
+def _without_rows(make_gateway: Callable[..., Gateway]) -> dict[str, Any]:
+    import yaml
+
+    from gateway.demo.hospital import config_yaml
+
+    tables: dict[str, Any] = yaml.safe_load(config_yaml("x.db", "l.db"))["tables"]
+    for t in tables.values():
+        t.pop("rows", None)
+    return tables
+
+
+def test_the_cost_model_settings_are_checked() -> None:
+    base = {"database": {"url": "sqlite:///x.db"}, "ledger": {"url": "sqlite:///l.db"}}
+    table = {"t": {"rows": 1000, "columns": {"a": {"type": "integer"}}}}
+    cfg = parse_config({**base, "tables": table, "execution": {"row_ns": 10, "base_ms": 2}})
+    assert cfg.tables["t"].rows == 1000
+    assert cfg.execution.row_ns == 10 and cfg.execution.base_ms == 2
+    for bad in ({"row_ns": -1}, {"deadline_margin": 0.5}, {"post_ms": 0}, {"speed": 1}):
+        with pytest.raises(Exception, match="execution"):
+            parse_config({**base, "tables": table, "execution": bad})
+    with pytest.raises(Exception, match="rows"):
+        parse_config({**base, "tables": {"t": {**table["t"], "rows": -5}}})
+    assert "sqlite" in ENGINE_COSTS and "spark" in ENGINE_COSTS
+
+
+def test_a_dry_run_shows_the_querys_own_deadline(
+    make_gateway: Callable[..., Gateway], idle_machine: None
+) -> None:
+    gw = make_gateway(execution=DEADLINE)
+    gw.ledger.create_analyst("dana", 10.0, 1e-6)
+    sql = "SELECT COUNT(*) FROM patients"
+    release = gw.query("dana", QueryRequest(sql, 0.1, 0.0, "laplace", dry_run=True))
+    assert release.extra["release_deadline_ms"] == deadline_of(gw, sql)
+
+
+# -- one analyst's dashboard ---------------------------------------------------------------
+
+
+class Statements:
+    """Records when each protected statement ran (wrapping the real one)."""
+
+    def __init__(self, slow_first: float = 0.0) -> None:
+        self.lock = threading.Lock()
+        self.spans: list[tuple[float, float]] = []
+        self.slow_first = slow_first
+        self.real = gateway.execute.run_aggregate
+
+    def __call__(self, engine: Any, sql: str, *, timeout_ms: int) -> Any:
+        with self.lock:
+            first = not self.spans and not getattr(self, "started", False)
+            self.started = True
+        start = time.monotonic()
+        rows = self.real(engine, sql, timeout_ms=timeout_ms)
+        if first and self.slow_first:
+            time.sleep(self.slow_first)  # the first ticket's statement ends last
+        with self.lock:
+            self.spans.append((start, time.monotonic()))
+        return rows
+
+    def most_at_once(self) -> int:
+        events = sorted([(s, 1) for s, _ in self.spans] + [(e, -1) for _, e in self.spans])
+        now = best = 0
+        for _, step in events:
+            now += step
+            best = max(best, now)
+        return best
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[Statements]:
+    recorder = Statements(slow_first=1.0)
+    monkeypatch.setattr(gateway.pipeline, "run_aggregate", recorder)
+    yield recorder
+
+
+def test_a_dashboard_of_one_analyst_overlaps_and_is_audited_in_ticket_order(
+    make_gateway: Callable[..., Gateway], statements: Statements
+) -> None:
+    """Eight charts fired at once by one analyst: their statements overlap; the first
+    ticket's statement is made to end last, yet every post-audit runs in ticket order,
+    and the release moments follow the tickets."""
+    # deadlines generous enough for the slowed statement on a loaded machine
+    gw = make_gateway(execution={**DEADLINE, "min_deadline_ms": 5000}, audit={"mode": "refuse"})
+    gw.ledger.create_analyst("dana", 100.0, 1e-6)
+    reserved: list[str] = []
+    remembered: list[str] = []
+    releases: list[float | None] = []
+    reserve, remember, start = gw.charges.reserve, gw.audit.remember, gw.timing.start
+
+    def reserving(*a: Any, **k: Any) -> Any:
+        r = reserve(*a, **k)
+        reserved.append(r.id)
+        return r
+
+    def remembering(scope: str, query_id: str, *a: Any) -> None:
+        remembered.append(query_id)
+        remember(scope, query_id, *a)
+
+    def starting(*a: Any, **k: Any) -> Any:
+        clock = start(*a, **k)
+        releases.append(clock.release_at)
+        return clock
+
+    gw.charges.reserve = reserving  # type: ignore[method-assign]
+    gw.audit.remember = remembering  # type: ignore[method-assign,assignment]
+    gw.timing.start = starting  # type: ignore[method-assign]
+    barrier = threading.Barrier(len(DASHBOARD))
+
+    def chart(sql: str) -> Any:
+        barrier.wait()
+        return gw.query("dana", request(sql, epsilon=1.0))
+
+    with ThreadPoolExecutor(len(DASHBOARD)) as pool:
+        answers = list(pool.map(chart, DASHBOARD))
+    assert all(a.rows for a in answers)
+    assert statements.most_at_once() >= 2, statements.spans
+    assert remembered == reserved
+    moments = [r for r in releases if r is not None]
+    assert len(moments) == len(DASHBOARD)
+    assert all(b - a >= 0.002 - 1e-9 for a, b in itertools.pairwise(moments))
+
+
+def test_a_differencing_pair_fired_at_once_is_still_caught(
+    make_gateway: Callable[..., Gateway],
+) -> None:
+    """Both halves of a differencing pair sent at the same moment by one analyst: the
+    later ticket's post-audit sees the earlier's answer, so at most one is released."""
+    gw = make_gateway(execution=DEADLINE, audit={"mode": "refuse"})
+    gw.ledger.create_analyst("mallory", 100.0, 1e-6)
+    pair = [
+        "SELECT COUNT(*) FROM patients WHERE age >= 0",
+        "SELECT COUNT(*) FROM patients WHERE age >= 0 AND patient_id <> 17",
+    ]
+    barrier = threading.Barrier(2)
+
+    def ask(sql: str) -> Any:
+        barrier.wait()
+        try:
+            return gw.query("mallory", request(sql, epsilon=1.0))
+        except Exception as e:
+            return e
+
+    with ThreadPoolExecutor(2) as pool:
+        outcomes = list(pool.map(ask, pair))
+    released = [o for o in outcomes if not isinstance(o, Exception)]
+    assert len(released) <= 1, outcomes
+
+
+# -- misses ----------------------------------------------------------------------------------
+
+
+def test_a_statement_past_its_deadline_is_reported_at_the_release_moment(
+    make_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A driver that ignores the cancel (Spark's planning does): the statement goes on
+    for a second, but the charged failure leaves at the release moment, the miss is
+    counted, and the history says withheld."""
+    real = gateway.execute.run_aggregate
+
+    def ignores_cancel(engine: Any, sql: str, *, timeout_ms: int) -> Any:
+        time.sleep(1.0)
+        return real(engine, sql, timeout_ms=timeout_ms)
+
+    monkeypatch.setattr(gateway.pipeline, "run_aggregate", ignores_cancel)
+    gw = make_gateway(execution={**DEADLINE, "deadline_ms": 100})
+    gw.ledger.create_analyst("erin", 100.0, 1e-6)
+    before = misses("statement")
+    started = time.monotonic()
+    with pytest.raises(DatabaseUnavailable) as failure:
+        gw.query("erin", request("SELECT COUNT(*) FROM patients"))
+    elapsed = time.monotonic() - started
+    assert 0.1 <= elapsed < 0.9, elapsed
+    assert failure.value.to_dict()["error"]["message"] == CHARGED_FAILURE_MESSAGE
+    assert misses("statement") == before + 1
+    assert [(h.outcome, h.release) for h in gw.ledger.history("erin")] == [
+        ("withheld", {"withheld": True, "failed": True})
+    ]
+
+
+def test_a_query_whose_declared_rows_understate_the_table_misses_and_stays_charged(
+    make_gateway: Callable[..., Gateway], idle_machine: None
+) -> None:
+    """A statement made slow on purpose, on the real engine: `visits` declared to hold a
+    handful of rows, so the costly query gets the least deadline and cannot make it."""
+    tables = _without_rows(make_gateway)
+    tables["visits"]["rows"] = 1
+    gw = make_gateway(
+        execution={**DEADLINE, "min_deadline_ms": 1, "post_ms": 5, "deadline_margin": 1},
+        tables=tables,
+    )
+    gw.ledger.create_analyst("erin", 100.0, 1e-6)
+    sql = "SELECT department, AVG(cost) FROM visits WHERE year >= 2020 GROUP BY department"
+    deadline = deadline_of(gw, sql)
+    assert deadline is not None and deadline < 20
+    started = time.monotonic()
+    with pytest.raises(DatabaseUnavailable):
+        gw.query("erin", request(sql))
+    elapsed = time.monotonic() - started
+    assert elapsed >= deadline / 1000
+    assert gw.ledger.budget_status("erin").rho_spent == pytest.approx(0.1**2 / 2)
+
+
+def test_the_machines_load_moves_no_deadline_unless_the_admin_asks(
+    make_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The load average counts dpgate's own statements, whose running time may depend on
+    the rows: by default it is no input of the release moment (invariant 9); only
+    ``execution.load_aware: true`` adds it."""
+    sql = "SELECT COUNT(*) FROM patients"
+    quiet = make_gateway(execution=DEADLINE)
+    aware = make_gateway(execution={**DEADLINE, "load_aware": True})
+    monkeypatch.setattr("gateway.timing.machine_load", lambda: 0.0)
+    idle = (deadline_of(quiet, sql), deadline_of(aware, sql))
+    monkeypatch.setattr("gateway.timing.machine_load", lambda: 64.0)
+    busy = (deadline_of(quiet, sql), deadline_of(aware, sql))
+    assert busy[0] == idle[0]
+    assert busy[1] is not None and idle[1] is not None and busy[1] > idle[1]
