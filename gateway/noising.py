@@ -106,7 +106,7 @@ def add_noise(
         if selection.measure is not None:
             # the count that selected is released as drawn: one noise, one budget
             selected = {selection.measure: [noisy_count[k] for k in keys]}
-    exact = _centred(plan, exact)
+    exact = centred(plan, exact)
     n = len(keys)
     noised = len(calibration.noises)  # the histogram measures come after, never noised
     noisy_measures: list[list[int]] = []
@@ -134,7 +134,7 @@ def add_noise(
     return NoisyCells(rows=tuple(all_rows), cells=cells)
 
 
-def _centred(plan: QueryPlan, exact: list[Row]) -> list[Row]:
+def centred(plan: QueryPlan, exact: list[Row]) -> list[Row]:
     """Each cell's exact measures with every centred SUM (an AVG's) made Σ(x − c) = S − c·n,
     n being the AVG's count of the same rows (both are exact integers, so this is the very
     sum of the centred values whose sensitivity ``Measure.sensitivity`` states)."""

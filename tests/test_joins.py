@@ -25,6 +25,7 @@ import yaml
 import gateway.pipeline as pipeline_module
 from gateway.config import ConfigError, parse_config
 from gateway.errors import DatabaseUnavailable, GatewayError
+from gateway.noising import centred
 from gateway.pipeline import CHARGED_FAILURE_MESSAGE, Gateway
 from gateway.plan import QueryPlan, QueryRequest
 
@@ -195,12 +196,17 @@ def exact(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[list[tuple[Any, ...]
 def _answer(
     gw: Gateway, sql: str, seen: list[list[tuple[Any, ...]]]
 ) -> tuple[QueryPlan, dict[tuple[Any, ...], tuple[int, ...]]]:
-    """The plan of ``sql`` and its exact measures by group key, through Gateway.query."""
+    """The plan of ``sql`` and its exact measures by group key, through Gateway.query
+    (an AVG's sum as the noise sees it: centred on the middle of its bounds)."""
     gw.query("alice", request(sql, epsilon=1.0, delta=1e-6))
     plan = gw.planner.analyze(sql)
     assert isinstance(plan, QueryPlan) and plan.join is not None
     k, m = len(plan.group_keys), len(plan.measures)
-    return plan, {row[:k]: tuple(int(v) for v in row[k : k + m]) for row in seen[-1]}
+    rows = seen[-1]
+    measures = centred(plan, [row[k : k + m] for row in rows])
+    return plan, {
+        row[:k]: tuple(int(v) for v in values) for row, values in zip(rows, measures, strict=True)
+    }
 
 
 JOIN_QUERIES = [
