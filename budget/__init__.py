@@ -33,6 +33,7 @@ from budget.errors import (
 from budget.ledger import GLOBAL_NAME, Ledger
 from budget.periods import PERIODS, Period
 from budget.records import (
+    AdminCaller,
     Analyst,
     AuditEntry,
     BudgetStatus,
@@ -58,6 +59,7 @@ __all__ = [
     "SLACK",
     "Accountant",
     "Accounting",
+    "AdminCaller",
     "Analyst",
     "AnalystDisabled",
     "AnalystExists",
