@@ -33,7 +33,10 @@ from budget.errors import (
 from budget.ledger import GLOBAL_NAME, Ledger
 from budget.periods import PERIODS, Period
 from budget.records import (
+    ADMIN_ROLES,
     AdminCaller,
+    AdminPrincipal,
+    AdminRole,
     Analyst,
     AuditEntry,
     BudgetStatus,
@@ -51,6 +54,7 @@ from budget.records import (
 from budget.schema import SCHEMA_VERSION, SchemaTooNew
 
 __all__ = [
+    "ADMIN_ROLES",
     "COMPOSITIONS",
     "DEFAULT_SELECTION_SHARE",
     "GLOBAL_NAME",
@@ -60,6 +64,8 @@ __all__ = [
     "Accountant",
     "Accounting",
     "AdminCaller",
+    "AdminPrincipal",
+    "AdminRole",
     "Analyst",
     "AnalystDisabled",
     "AnalystExists",

@@ -67,7 +67,10 @@ from budget.locks import ScopeLocks
 from budget.periods import ALL_TIME, Period, check_period, period_end, period_start
 from budget.pool import ping_when_idle
 from budget.records import (
+    ADMIN_ROLES,
     AdminCaller,
+    AdminPrincipal,
+    AdminRole,
     Analyst,
     AuditEntry,
     BudgetStatus,
@@ -627,6 +630,85 @@ class Ledger:
             _store_verifier(conn, row.id, verifier)
             self._record_admin(conn, caller, "key.rotate", {"name": name})
         return key
+
+    # -- admin principals ------------------------------------------------------------
+
+    def create_admin(self, name: str, role: AdminRole, *, caller: AdminCaller | None = None) -> str:
+        """Create a named admin with ``role`` (``admin`` or ``auditor``); returns their key
+        (shown once; only its hash is kept). ``admin`` is the bootstrap admin's name
+        (``DPGATE_ADMIN_KEY``) and cannot be taken. Audit-logged as ``admin.create``."""
+        if not _NAME.match(name) or name == "admin":
+            raise ValueError(
+                "an admin name is 1-64 letters, digits, '_', '.', '@' or '-', starting "
+                "with a letter or digit, and not 'admin' (the bootstrap admin)"
+            )
+        if role not in ADMIN_ROLES:
+            raise ValueError(f"role must be one of {', '.join(ADMIN_ROLES)}")
+        key = new_api_key()
+        now = self._now()
+        t = schema.admins
+        try:
+            with self._transaction(write=True) as conn:
+                if conn.execute(sa.select(t.c.id).where(t.c.name == name)).first():
+                    raise AnalystExists(f"an admin named {name!r} already exists")
+                conn.execute(
+                    sa.insert(t).values(
+                        name=name,
+                        role=role,
+                        key_hash=key_hash(key),
+                        disabled=False,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                )
+                self._record_admin(conn, caller, "admin.create", {"name": name, "role": role})
+        except sa.exc.IntegrityError as exc:
+            raise AnalystExists(f"an admin named {name!r} already exists") from exc
+        return key
+
+    def update_admin(
+        self,
+        name: str,
+        *,
+        role: AdminRole | None = None,
+        disabled: bool | None = None,
+        caller: AdminCaller | None = None,
+    ) -> AdminPrincipal:
+        """Change a named admin's role or disable / enable them (``admin.update``)."""
+        if role is not None and role not in ADMIN_ROLES:
+            raise ValueError(f"role must be one of {', '.join(ADMIN_ROLES)}")
+        t = schema.admins
+        with self._transaction(write=True) as conn:
+            row = conn.execute(sa.select(t).where(t.c.name == name)).first()
+            if row is None:
+                raise UnknownAnalyst(f"no admin named {name!r}")
+            new_role = row.role if role is None else role
+            new_disabled = bool(row.disabled) if disabled is None else bool(disabled)
+            conn.execute(
+                sa.update(t)
+                .where(t.c.id == row.id)
+                .values(role=new_role, disabled=new_disabled, updated_at=self._now())
+            )
+            given = {"role": role, "disabled": disabled}
+            changed = {k: v for k, v in given.items() if v is not None}
+            self._record_admin(conn, caller, "admin.update", {"name": name, **changed})
+        return AdminPrincipal(name, new_role, new_disabled)
+
+    def admin_by_key(self, key: str) -> AdminPrincipal | None:
+        """The named admin holding this key (possibly disabled), or ``None``."""
+        if not key or len(key) > 256:
+            return None
+        t = schema.admins
+        with self._transaction(write=False) as conn:
+            row = conn.execute(sa.select(t).where(t.c.key_hash == key_hash(key))).first()
+        return None if row is None else AdminPrincipal(row.name, row.role, bool(row.disabled))
+
+    def list_admins(self) -> list[AdminPrincipal]:
+        """Every named admin, by name."""
+        t = schema.admins
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(sa.select(t).order_by(t.c.name)).all()
+        return [AdminPrincipal(r.name, r.role, bool(r.disabled)) for r in rows]
 
     def scram_login(self, name: str) -> tuple[Analyst, ScramVerifier] | None:
         """The analyst named ``name`` and their key's SCRAM-SHA-256 verifier, or ``None``

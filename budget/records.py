@@ -185,6 +185,23 @@ class ReleaseEntry:
     seq: int = 0
 
 
+AdminRole = Literal["admin", "auditor"]
+ADMIN_ROLES: tuple[AdminRole, ...] = ("admin", "auditor")
+
+
+@dataclass(frozen=True)
+class AdminPrincipal:
+    """A named admin: ``admin`` may do everything, ``auditor`` only read."""
+
+    name: str
+    role: AdminRole
+    disabled: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
 @dataclass(frozen=True)
 class AdminCaller:
     """Who makes an admin change, for its audit-log row (written by the ledger in the

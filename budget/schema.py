@@ -246,6 +246,23 @@ scram_verifiers = sa.Table(
 )
 
 
+# Named admin principals (schema v9), each with its own key (stored as its hash, as an
+# analyst's) and a role: ``admin`` (everything) or ``auditor`` (read the audit log,
+# budgets and spend; change nothing). DPGATE_ADMIN_KEY stays the bootstrap admin.
+admins = sa.Table(
+    "dpgate_admins",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("name", sa.String(64), nullable=False, unique=True),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("key_hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("disabled", sa.Boolean, nullable=False, default=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("updated_at", sa.DateTime, nullable=False),
+    sa.CheckConstraint("role IN ('admin', 'auditor')", name="dpgate_admins_role"),
+)
+
+
 def utcnow() -> datetime:
     """Now, as the naive UTC datetime every table stores."""
     return datetime.now(UTC).replace(tzinfo=None)
@@ -345,6 +362,10 @@ def _v8_audit_chain(conn: Connection) -> None:
     audit_chain.chain_existing(conn)
 
 
+def _v9_admins(conn: Connection) -> None:
+    admins.create(conn, checkfirst=True)
+
+
 # Append new migrations here; never edit an applied one.
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _v1_initial,
@@ -355,6 +376,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _v6_release_index,
     _v7_global_checkpoints,
     _v8_audit_chain,
+    _v9_admins,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -10,6 +10,8 @@
     dpgate audit-log [--analyst A] [--actor W] [--since T] [--until T] [--limit N] [--json]
     dpgate audit-log verify [--anchor SEQ:HASH] [--against EXPORT.jsonl]
     dpgate audit-log export [--after SEQ] [--output FILE]
+    dpgate admin add NAME --role admin|auditor        prints the admin's key (once)
+    dpgate admin list [--json] / admin disable NAME / admin enable NAME
 
 Every change (``analyst add``/``disable``/``enable``, ``key rotate``, ``budget set``,
 ``budget set --global``) writes one audit-log row in its own transaction, naming who
@@ -451,11 +453,80 @@ def audit_log_export(after: int, output: Any, config_path: str) -> None:
             output.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
 
 
-ADMIN_COMMANDS: tuple[click.Command, ...] = (analyst_group, key_group, budget_group, audit_log)
+@click.group("admin")
+def admin_group() -> None:
+    """Named admins with their own keys: role admin (everything) or auditor (read only)."""
+
+
+@admin_group.command("add")
+@click.argument("name")
+@click.option("--role", type=click.Choice(budget.ADMIN_ROLES), required=True)
+@CONFIG_OPTION
+@ACTOR_OPTION
+def admin_add(name: str, role: str, config_path: str, actor: str | None) -> None:
+    """Create admin NAME with ROLE; prints their key (shown only once)."""
+    caller = _caller(actor, "admin add")
+    with _ledger_errors():
+        key = open_ledger(config_path).create_admin(
+            name,
+            role,  # type: ignore[arg-type]
+            caller=caller,
+        )
+    click.echo(f"created admin {name} ({role}); key (shown once, store it now):", err=True)
+    click.echo(key)
+
+
+@admin_group.command("list")
+@CONFIG_OPTION
+@JSON_OPTION
+def admin_list(config_path: str, as_json: bool) -> None:
+    """Every named admin and their role."""
+    with _ledger_errors():
+        admins = open_ledger(config_path).list_admins()
+    if as_json:
+        click.echo(json.dumps([a.to_json() for a in admins], indent=2))
+        return
+    for a in admins:
+        click.echo(f"{a.name}  {a.role}{'  (disabled)' if a.disabled else ''}")
+
+
+def _admin_disabled(name: str, config_path: str, disabled: bool, actor: str | None) -> None:
+    caller = _caller(actor, "admin disable" if disabled else "admin enable")
+    with _ledger_errors():
+        open_ledger(config_path).update_admin(name, disabled=disabled, caller=caller)
+    click.echo(f"admin {name} {'disabled' if disabled else 'enabled'}")
+
+
+@admin_group.command("disable")
+@click.argument("name")
+@CONFIG_OPTION
+@ACTOR_OPTION
+def admin_disable(name: str, config_path: str, actor: str | None) -> None:
+    """Disable admin NAME: their key is refused."""
+    _admin_disabled(name, config_path, True, actor)
+
+
+@admin_group.command("enable")
+@click.argument("name")
+@CONFIG_OPTION
+@ACTOR_OPTION
+def admin_enable(name: str, config_path: str, actor: str | None) -> None:
+    """Enable a disabled admin again."""
+    _admin_disabled(name, config_path, False, actor)
+
+
+ADMIN_COMMANDS: tuple[click.Command, ...] = (
+    analyst_group,
+    key_group,
+    budget_group,
+    audit_log,
+    admin_group,
+)
 
 
 def register_admin_commands(group: click.Group) -> None:
-    """Add ``analyst``, ``key``, ``budget`` and ``audit-log`` to the ``dpgate`` group."""
+    """Add ``analyst``, ``key``, ``budget``, ``audit-log`` and ``admin`` to the ``dpgate``
+    group."""
     for command in ADMIN_COMMANDS:
         group.add_command(command)
 

@@ -13,6 +13,13 @@ the environment (compared in constant time): no key or a wrong key is ``unauthen
     GET   /v1/admin/budget                    the dataset-wide budget (null if none)
     PATCH /v1/admin/budget                    {epsilon?, delta?, period?}
     GET   /v1/admin/audit-log                 ?analyst=&actor=&since=&until=&limit=
+    POST  /v1/admin/admins                    {name, role} → the new admin's key (201)
+    GET   /v1/admin/admins                    every named admin and role
+    PATCH /v1/admin/admins/<name>             {role?, disabled?}
+
+Admins: ``DPGATE_ADMIN_KEY`` is the bootstrap admin (named ``admin``); named admins, each
+with its own key, have the role ``admin`` (everything) or ``auditor`` (every GET; any
+other method is ``forbidden``, 403).
 
 ``period`` is ``day``, ``week``, ``month`` or ``none`` (the default): the budget renews at
 the end of each period (UTC; ``budget/periods.py``).
@@ -431,6 +438,121 @@ def audit_log() -> Response:
             limit=limit,
         )
     return jsonify({"ok": True, "entries": [e.to_json() for e in entries]})
+
+
+_ADMIN = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "role": {"enum": list(budget.ADMIN_ROLES)},
+        "disabled": {"type": "boolean"},
+    },
+}
+
+
+def _role(body: Mapping[str, Any]) -> budget.AdminRole | None:
+    value = body.get("role")
+    if value is None:
+        return None
+    if value not in budget.ADMIN_ROLES:
+        raise InvalidRequest(f"role must be one of {', '.join(budget.ADMIN_ROLES)}", field="role")
+    return value
+
+
+@admin_bp.post("/admins")
+@document(
+    summary="Create a named admin with a role; returns their key once",
+    auth="admin",
+    request={
+        "type": "object",
+        "required": ["name", "role"],
+        "additionalProperties": False,
+        "properties": {"name": {"type": "string"}, "role": {"enum": list(budget.ADMIN_ROLES)}},
+    },
+    responses={
+        201: {
+            "type": "object",
+            "required": ["ok", "name", "role", "api_key"],
+            "properties": {
+                "ok": {"const": True},
+                "name": {"type": "string"},
+                "role": {"enum": list(budget.ADMIN_ROLES)},
+                "api_key": {"type": "string", "description": "Shown once."},
+            },
+        }
+    },
+    errors=[Conflict, LedgerUnavailable],
+    tags=["admin"],
+)
+def create_admin() -> tuple[Response, int]:
+    body = _json_body({"name", "role"}, {"name", "role"})
+    name, role = body["name"], _role(body)
+    if not isinstance(name, str):
+        raise InvalidRequest("name must be a string", field="name")
+    assert role is not None
+    caller = _caller("admin.create", {"name": name, "role": role}, 201)
+    with _ledger_errors():
+        key = _ledger().create_admin(name, role, caller=caller)
+        _written()
+    return jsonify({"ok": True, "name": name, "role": role, "api_key": key}), 201
+
+
+@admin_bp.get("/admins")
+@document(
+    summary="Every named admin and their role",
+    auth="admin",
+    responses={
+        200: {
+            "type": "object",
+            "required": ["ok", "admins"],
+            "properties": {"ok": {"const": True}, "admins": {"type": "array", "items": _ADMIN}},
+        }
+    },
+    errors=[LedgerUnavailable],
+    tags=["admin"],
+)
+def list_admins() -> Response:
+    _reading("admin.list")
+    with _ledger_errors():
+        admins = _ledger().list_admins()
+    return jsonify({"ok": True, "admins": [a.to_json() for a in admins]})
+
+
+@admin_bp.patch("/admins/<name>")
+@document(
+    summary="Change a named admin's role, or disable / enable them",
+    auth="admin",
+    request={
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "role": {"enum": list(budget.ADMIN_ROLES)},
+            "disabled": {"type": "boolean"},
+        },
+    },
+    responses={
+        200: {
+            "type": "object",
+            "required": ["ok", "admin"],
+            "properties": {"ok": {"const": True}, "admin": _ADMIN},
+        }
+    },
+    errors=[NotFound, LedgerUnavailable],
+    tags=["admin"],
+)
+def update_admin(name: str) -> Response:
+    body = _json_body({"role", "disabled"})
+    role, disabled = _role(body), body.get("disabled")
+    if disabled is not None and not isinstance(disabled, bool):
+        raise InvalidRequest("disabled must be true or false", field="disabled")
+    given = {"role": role, "disabled": disabled}
+    caller = _caller(
+        "admin.update", {"name": name, **{k: v for k, v in given.items() if v is not None}}
+    )
+    with _ledger_errors():
+        admin = _ledger().update_admin(name, role=role, disabled=disabled, caller=caller)
+        _written()
+    return jsonify({"ok": True, "admin": admin.to_json()})
 
 
 __all__ = ["admin_bp"]
