@@ -18,7 +18,7 @@ PG_PORT     ?= 5432
 PG_TEST_URL ?= postgresql+psycopg://postgres@$(PG_HOST):$(PG_PORT)/test
 # `--dist loadgroup`: the Spark tests share one worker (one JVM per run), the rest spread.
 
-.PHONY: demo test lint typecheck unit bench lock clean
+.PHONY: demo test lint typecheck unit bench fuzz lock clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -43,12 +43,20 @@ unit: $(STAMP)
 	if [ -n "$$url" ]; then echo "PostgreSQL tests: on, against $$url"; \
 	else echo "PostgreSQL tests: skipped (no server on $(PG_HOST):$(PG_PORT);" \
 	  "set DPGATE_TEST_POSTGRES_URL to run them)"; fi; \
+	if [ -x /usr/bin/chromium ]; then echo "Console browser tests: on (/usr/bin/chromium)"; \
+	else echo "Console browser tests: skipped (no /usr/bin/chromium;" \
+	  "apt-get install -y chromium to run them)"; fi; \
 	DPGATE_TEST_POSTGRES_URL="$$url" $(BIN)/pytest -n 2 --dist loadgroup
 
 test: lint typecheck unit
 
 bench: $(STAMP)
 	$(BIN)/python -m bench
+
+# The fuzzer of tests/test_fuzz.py at 10,000 SQL and 6,666 JSON cases, freshly random
+# (`make test` runs it at 1,500 and 1,000 with a fixed seed).
+fuzz: $(STAMP)
+	DPGATE_FUZZ_EXAMPLES=10000 DPGATE_FUZZ_RANDOM=1 $(BIN)/pytest tests/test_fuzz.py -q -p no:randomly
 
 # Resolve the dependencies afresh in a throwaway environment and pin what was installed.
 lock:

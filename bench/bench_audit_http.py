@@ -69,6 +69,7 @@ def run(audit: str, root: Path, sqls: list[str], marks: list[int], probes: int) 
                 "p90_ms": times[int(0.9 * (len(times) - 1))],
                 "refused_so_far": refused,
             }
+            print(f"audit {audit}, {mark} answered: {out[str(mark)]}", flush=True)
         conn.close()
     finally:
         proc.terminate()

@@ -28,6 +28,7 @@ import logging
 import math
 import re
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -192,6 +193,9 @@ class Ledger:
             self._deferred = WriteQueue(write_transaction)
             self._audit_rows = WriteQueue(write_transaction)
         self._locks = ScopeLocks(engine)
+        # Observes how long each transaction waited for a pooled connection (the
+        # gateway's metrics; seconds): ``None`` observes nothing.
+        self.on_connection_wait: Callable[[float], None] | None = None
 
     @classmethod
     def from_url(cls, url: str, **kw: Any) -> Ledger:
@@ -257,7 +261,10 @@ class Ledger:
                 with locked, held.transaction(begin) as conn:
                     yield conn
                 return
+            asked = time.monotonic()
             with locked, self.engine.connect() as conn:
+                if self.on_connection_wait is not None:
+                    self.on_connection_wait(time.monotonic() - asked)
                 if write:
                     conn.execution_options(dpgate_write=True, dpgate_durable=durable)
                 with conn.begin():
@@ -322,6 +329,18 @@ class Ledger:
         """Raise ``LedgerUnavailable`` unless the ledger database answers (for /readyz)."""
         with self._transaction(write=False) as conn:
             conn.execute(sa.select(schema.schema_version.c.version).limit(1))
+
+    def probe_write(self) -> None:
+        """Raise ``LedgerUnavailable`` unless the ledger database takes a durable write
+        (for /readyz: a full disk, a read-only or failed-over server answer reads but
+        not charges). Rewrites the latest schema-version row with its own values."""
+        latest = sa.select(sa.func.max(schema.schema_version.c.version)).scalar_subquery()
+        touch = (
+            sa.update(schema.schema_version)
+            .where(schema.schema_version.c.version == latest)
+            .values(applied_at=schema.schema_version.c.applied_at)
+        )
+        self.write(lambda conn: conn.execute(touch), durable=True)
 
     def _analyst_row(self, conn: Connection, name: str, *, lock: bool = False) -> Any:
         if lock:

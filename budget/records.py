@@ -243,9 +243,17 @@ class AuditEntry:
         return d
 
 
+# Budget figures in JSON carry 12 significant digits: sums of floats such as
+# 0.7 + 0.7 = 1.4000000000000001 read as the 1.4 that was spent; the ledger keeps the
+# exact figures, and 12 digits are far below any budget's meaningful precision.
+JSON_DIGITS = 12
+
+
 def _json_number(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        return float(f"{value:.{JSON_DIGITS}g}")
     return value
 
 

@@ -68,6 +68,7 @@ class Client:
         mechanism: Mechanism | str | None = None,
         dry_run: bool = False,
         accuracy: float | None = None,
+        raw: bool = False,
     ) -> QueryResult:
         """Run one counting query; the answer is charged to the analyst's budget.
 
@@ -77,6 +78,8 @@ class Client:
         and says what it would cost. With ``dry_run=True`` nothing is read or spent: the
         result carries the plan, the cost (``charge``, in budget units), how many such
         queries the budget still admits and the expected accuracy, and no rows.
+        ``raw=True`` returns the noisy values as drawn (unbiased, so they can be summed; a
+        count may be negative) instead of values moved into the public bounds.
         """
         body: dict[str, Any] = {"sql": sql}
         if epsilon is not None:
@@ -89,6 +92,8 @@ class Client:
             body["mechanism"] = mechanism
         if dry_run:
             body["dry_run"] = True
+        if raw:
+            body["raw"] = True
         log.debug("POST %s/v1/query %s", self.url, json.dumps(body))
         payload = self._transport.request("POST", "/v1/query", body)
         return QueryResult.from_json(payload, dry_run=dry_run)

@@ -14,9 +14,8 @@ from typing import Any, Literal
 import budget
 from gateway.charges import ledger_errors
 from gateway.planning import PlannedQuery
-from gateway.release import Release
-
-RECORD_ONLY = ("audit_cells", "audit_flags")  # recorded for the auditor, never released
+from gateway.postprocess import Answer, shown
+from gateway.release import RECORD_ONLY, Release
 
 
 class AnswerCache:
@@ -31,10 +30,20 @@ class AnswerCache:
         """What to look for in the ledger for this request."""
         return budget.CacheProbe(planned.key, self.data_version, self.any_analyst)
 
-    def hit(self, stored: dict[str, Any], status: budget.BudgetStatus) -> Release:
-        """The stored release, as a cached answer with the caller's budget."""
+    def hit(
+        self, planned: PlannedQuery, stored: dict[str, Any], status: budget.BudgetStatus
+    ) -> Release:
+        """The stored release, as a cached answer with the caller's budget, cut and
+        clamped for this request (its LIMIT, OFFSET and ``raw`` may differ from the
+        request that paid for it: ``gateway.postprocess.present``)."""
         answer = {k: v for k, v in stored.items() if k not in RECORD_ONLY}
-        return Release.from_answer_json(answer, cached=True, budget=status)
+        release = Release.from_answer_json(answer, cached=True, budget=status)
+        uncut = stored.get("uncut")
+        if isinstance(uncut, dict):
+            rows = tuple(tuple(r) for r in uncut["rows"])
+            return shown(planned, release, Answer(rows, dict(uncut["accuracy"])))
+        # recorded before uncut answers were kept: the rows as released then
+        return shown(planned, release, Answer(release.rows, release.accuracy))
 
     def lookup(self, analyst: str, planned: PlannedQuery) -> Release | None:
         """The release an identical earlier request of ``analyst`` got, if any."""
@@ -45,4 +54,4 @@ class AnswerCache:
             if stored is None:
                 return None
             status = self.ledger.budget_status(analyst)
-        return self.hit(stored, status)
+        return self.hit(planned, stored, status)

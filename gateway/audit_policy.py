@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 
 import budget
 from budget import Reservation
+from gateway import metrics
 from gateway.audit import (
     AnsweredCell,
     AnsweredQuery,
@@ -75,7 +77,9 @@ class AuditPolicy:
         if not self.active:
             yield scope
             return
+        asked = time.monotonic()
         with self.ledger.scope_lock(scope):
+            metrics.record_audit_lock_wait(time.monotonic() - asked)
             self._sync(scope)
             yield scope
 

@@ -289,7 +289,12 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError([f"{p}: not valid YAML{where}"]) from None
-    return parse_config(raw, base_dir=p.parent.resolve(), source=p)
+    try:
+        return parse_config(raw, base_dir=p.parent.resolve(), source=p)
+    except ConfigError as e:
+        from gateway.config_lines import locate
+
+        raise ConfigError(locate(e.problems, text)) from None
 
 
 def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None = None) -> Config:

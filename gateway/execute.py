@@ -37,7 +37,7 @@ from gateway.config import TableConfig
 from gateway.constraints import bounded_columns, enforced_columns
 from gateway.domain import declared_values
 from gateway.engines import SQLGLOT_DIALECTS
-from gateway.errors import DatabaseUnavailable
+from gateway.errors import DatabaseUnavailable, UnsupportedQuery
 
 log = logging.getLogger("dpgate.execute")
 
@@ -48,6 +48,39 @@ def sqlglot_dialect(engine: sa.Engine) -> str:
     if name in SQLGLOT_DIALECTS:
         return SQLGLOT_DIALECTS[name]
     return {"postgresql": "postgres", "mssql": "tsql", "mariadb": "mysql"}.get(name, name)
+
+
+#: What SQLite says of a statement its parser cannot hold: its parser stack has a fixed
+#: 100 entries in the builds Python ships, and one level of nesting takes 1 to 7 of them
+#: (a parenthesis 1, ``ABS(`` 3, ``x IN (`` 7), so no bound on the analyst's nesting
+#: alone matches it; and an expression tree deeper than ``SQLITE_MAX_EXPR_DEPTH``.
+_SQLITE_PARSER_LIMITS = ("parser stack overflow", "expression tree is too large")
+
+
+def check_parses(sql: str, dialect: str) -> None:
+    """Refuse — before anything is charged or sent — a compiled statement the backend's
+    parser cannot take whatever the rows are; raises ``UnsupportedQuery``.
+
+    The statement is a function of the query text and the public config, so the
+    refusal is too. SQLite's is the parser with a small fixed stack: the statement is
+    prepared on an empty in-memory database, where parsing is all that can happen (its
+    tables do not exist there, so nothing runs). PostgreSQL's and DuckDB's parsers take
+    thousands of levels, far past ``gateway.analyze.limits.MAX_NESTING``."""
+    if dialect != "sqlite":
+        return
+    probe = sqlite3.connect(":memory:")
+    try:
+        probe.execute(sql)
+    except sqlite3.Error as e:
+        if any(limit in str(e).lower() for limit in _SQLITE_PARSER_LIMITS):
+            raise UnsupportedQuery(
+                "the query nests deeper than SQLite can parse once compiled (functions, "
+                "CASE, IN and subqueries each take several of its 100 parser levels)",
+                construct="limit sqlite_parser_depth",
+                limit="sqlite_parser_depth",
+            ) from None
+    finally:
+        probe.close()
 
 
 def _is_clickhouse(engine: sa.Engine) -> bool:
@@ -465,6 +498,11 @@ def domains_enforced_by_schema(
     and column metadata, never rows); anything unreadable keeps the filter and the clamp.
     """
     out = SchemaGuarantees({}, {})
+    if _is_clickhouse(engine) or _is_spark(engine):
+        # Expected, not a warning: neither keeps a constraint dpgate reads (ClickHouse
+        # checks its CONSTRAINTs on insert only; Spark enforces none), so every domain
+        # filter and clamp stays in the SQL (``dpgate config check`` says so).
+        return out
     dialect = sqlglot_dialect(engine)
     try:
         for key, t in tables.items():

@@ -58,8 +58,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(line, default=str, ensure_ascii=False)
 
 
+#: Loggers of the libraries dpgate runs on that write to stderr when they have something
+#: to say: their records become JSON lines too (Python warnings, pyspark's and Py4J's).
+ENGINE_LOGGERS = ("py.warnings", "pyspark", "py4j")
+
+
 def configure_logging(level: int | str = logging.INFO) -> None:
-    """Send dpgate's logs to stderr as JSON lines (idempotent).
+    """Send dpgate's logs to stderr as JSON lines (idempotent); Python warnings and the
+    Spark client's log records go there as JSON lines too (``ENGINE_LOGGERS``, WARNING
+    and above), never as free text between them. The JVM's own log is kept off stderr
+    by the Spark driver (``gateway/engines/spark_dbapi.py``).
 
     Records still propagate to the root logger, so an embedding application's logging
     (or pytest's ``caplog``) sees them too; under ``dpgate serve`` the root logger has no
@@ -67,6 +75,16 @@ def configure_logging(level: int | str = logging.INFO) -> None:
     """
     logger = logging.getLogger("dpgate")
     logger.setLevel(level)
+    _json_handler(logger)
+    logging.captureWarnings(True)
+    for name in ENGINE_LOGGERS:
+        engine_logger = logging.getLogger(name)
+        if engine_logger.level == logging.NOTSET:
+            engine_logger.setLevel(logging.WARNING)
+        _json_handler(engine_logger)
+
+
+def _json_handler(logger: logging.Logger) -> None:
     if not any(getattr(h, "_dpgate", False) for h in logger.handlers):
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonFormatter())

@@ -8,12 +8,20 @@ scrape answered by any worker sees the counts of all of them. Without that varia
 
 Labels name endpoints by their route (``/v1/admin/analysts/<name>``, never the raw path)
 and analysts by name (never by key), so label sets stay small and secret-free.
+
+What tells the operator's causes apart (docs/operations.md, "Alerts"):
+``dpgate_backend_errors_total{backend="database"}`` counts only a protected database that
+could not be reached (the query was refunded); a statement that reached it and did not
+finish in time is a deadline miss (``dpgate_deadline_misses_total``, by table), one that
+failed otherwise a ``dpgate_statement_failures_total{cause="error"}``. Waits that queue
+requests have their own histograms: the audit scope's lock, a ledger connection.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -27,6 +35,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from sqlalchemy import Engine, event
+from sqlalchemy.pool import QueuePool
 
 import budget
 
@@ -64,7 +74,10 @@ EPSILON_CHARGED = Counter(
 )
 BACKEND_ERRORS = Counter(
     "dpgate_backend_errors",
-    "Failures of the protected database or the ledger database seen by requests.",
+    "Requests that could not reach the protected database (refunded) or whose ledger "
+    "database failed, by backend. A statement that reached the database and failed or "
+    "missed its deadline is not counted here (dpgate_statement_failures_total, "
+    "dpgate_deadline_misses_total).",
     ["backend"],
 )
 RELEASE_WAIT = Histogram(
@@ -78,6 +91,48 @@ STATEMENT_FAILURES = Counter(
     "Queries that failed after their statement reached the protected database (charged), "
     "by cause: error, timeout (the deadline was too short for it), noising.",
     ["cause"],
+)
+_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+AUDIT_LOCK_WAIT = Histogram(
+    "dpgate_audit_lock_wait_seconds",
+    "Time a query waited for its audit scope's lock (held by another query of the same "
+    "analyst, or of anyone under audit.scope: global, from its pre-audit to its release).",
+    buckets=_WAIT_BUCKETS,
+)
+DEADLINE_MISSES = Counter(
+    "dpgate_deadline_misses",
+    "Statements cancelled at their deadline (charged, nothing released), by table: the "
+    "table's deadline_ms is too tight for them, or the database is slow; not an outage.",
+    ["table"],
+)
+PAST_DEADLINE = Counter(
+    "dpgate_statements_past_deadline",
+    "Statements that returned (an answer, an error or their cancellation) after their "
+    "query's release moment, by table: that response left late, at a moment set by the "
+    "database rather than by the deadline (docs/privacy.md, Timing).",
+    ["table"],
+)
+LEDGER_POOL_IN_USE = Gauge(
+    "dpgate_ledger_pool_in_use",
+    "Ledger database connections checked out of the pool now (summed over workers).",
+    multiprocess_mode="livesum",
+)
+LEDGER_POOL_CAPACITY = Gauge(
+    "dpgate_ledger_pool_capacity",
+    "Ledger connections the pool may hold at once (size plus overflow), summed over workers.",
+    multiprocess_mode="livesum",
+)
+LEDGER_POOL_WAIT = Histogram(
+    "dpgate_ledger_pool_wait_seconds",
+    "Time to get a ledger connection: queueing for a free one when the pool is exhausted, "
+    "or opening a new one.",
+    buckets=_WAIT_BUCKETS,
+)
+BUILD_INFO = Gauge(
+    "dpgate_build_info",
+    "Always 1; the labels say which dpgate and Python this worker runs.",
+    ["version", "python"],
+    multiprocess_mode="max",
 )
 RATE_LIMITED = Counter(
     "dpgate_rate_limited",
@@ -116,15 +171,23 @@ def multiprocess_dir() -> str | None:
 
 
 def record_request(
-    *, endpoint: str, method: str, status: int, outcome: str, duration_s: float
+    *,
+    endpoint: str,
+    method: str,
+    status: int,
+    outcome: str,
+    duration_s: float,
+    charged: bool = False,
 ) -> None:
-    """Count one HTTP request and its latency; count backend failures by their code."""
+    """Count one HTTP request and its latency; count backend failures by their code.
+    ``charged``: the error came after the statement reached the protected database (a
+    statement failure or deadline miss, counted where it happened), not a backend down."""
     if method not in _METHODS:
         method = "OTHER"  # any token is a valid method: keep the label set bounded
     HTTP_REQUESTS.labels(endpoint, method, str(status), outcome).inc()
     HTTP_LATENCY.labels(endpoint).observe(duration_s)
     backend = BACKEND_OF_CODE.get(outcome)
-    if backend is not None:
+    if backend is not None and not (charged and backend == "database"):
         BACKEND_ERRORS.labels(backend).inc()
 
 
@@ -149,6 +212,49 @@ def record_statement_failure(cause: str) -> None:
 
 def record_rate_limited(scope: str) -> None:
     RATE_LIMITED.labels(scope).inc()
+
+
+def record_audit_lock_wait(seconds: float) -> None:
+    AUDIT_LOCK_WAIT.observe(seconds)
+
+
+def record_deadline_miss(table: str) -> None:
+    DEADLINE_MISSES.labels(table).inc()
+
+
+def record_past_deadline(table: str) -> None:
+    PAST_DEADLINE.labels(table).inc()
+
+
+def record_build_info() -> None:
+    """Set ``dpgate_build_info`` for this process (once per worker)."""
+    import platform
+    from importlib import metadata
+
+    try:
+        version = metadata.version("dpgate")
+    except metadata.PackageNotFoundError:  # run from a source tree
+        version = "unknown"
+    BUILD_INFO.labels(version, platform.python_version()).set(1)
+
+
+def watch_ledger_pool(engine: Engine) -> Callable[[float], None]:
+    """Keep ``dpgate_ledger_pool_in_use`` and ``_capacity`` for the ledger's engine (its
+    pool's check-out and check-in events); returns what observes a connection wait
+    (``budget.Ledger.on_connection_wait``)."""
+    pool = engine.pool
+    if isinstance(pool, QueuePool):
+        LEDGER_POOL_CAPACITY.inc(pool.size() + max(0, pool._max_overflow))
+
+    def checkout(*_: Any) -> None:
+        LEDGER_POOL_IN_USE.inc()
+
+    def checkin(*_: Any) -> None:
+        LEDGER_POOL_IN_USE.dec()
+
+    event.listen(engine, "checkout", checkout)
+    event.listen(engine, "checkin", checkin)
+    return LEDGER_POOL_WAIT.observe
 
 
 def set_wire_connections(authenticating: int, sessions: int) -> None:

@@ -47,6 +47,9 @@ class RequestRecord:
     action: str | None = None
     params: dict[str, Any] | None = None
     audit_written: bool = False
+    # The error came after the statement reached the protected database (charged): a
+    # statement's failure, not the database being down (``gateway.metrics``).
+    charged_failure: bool = False
 
     @property
     def analyst(self) -> str | None:
@@ -72,6 +75,7 @@ def observe(record: RequestRecord, ledger: budget.Ledger | None) -> None:
         status=record.status,
         outcome=code or ("ok" if record.status < 400 else str(record.status)),
         duration_s=duration,
+        charged=record.charged_failure,
     )
     outcome = None
     if record.is_query or (record.rule == QUERY_RULE and record.method == "POST"):

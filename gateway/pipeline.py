@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
@@ -39,13 +40,14 @@ from gateway import metrics
 from gateway.answer_cache import AnswerCache
 from gateway.audit_policy import AuditPolicy
 from gateway.catalog import public_schema
-from gateway.charges import Charges
+from gateway.charges import Charges, charged_ledger_failure, uncharged_ledger_failures
 from gateway.compile import CompiledQuery, compile_plan
 from gateway.config import Config, with_enforced_domains, with_nullability
 from gateway.dry_run import dry_run
-from gateway.errors import DatabaseUnavailable, Forbidden, GatewayError
+from gateway.errors import DatabaseUnavailable, Forbidden, GatewayError, LedgerUnavailable
 from gateway.execute import (
     StatementFailed,
+    check_parses,
     domains_enforced_by_schema,
     nullability_by_schema,
     open_protected_engine,
@@ -56,17 +58,21 @@ from gateway.execute import (
 )
 from gateway.identity import Principal, identify
 from gateway.join_keys import join_keys_by_schema, with_public_keys_as_units
-from gateway.noising import add_noise, selection_note
+from gateway.noising import add_noise
 from gateway.plan import ProbePlan, QueryPlan, QueryRequest
 from gateway.planning import PLAN_CACHE_SIZE, PlannedQuery, Planner
 from gateway.post_query import run_post_query
-from gateway.postprocess import finish
+from gateway.postprocess import finish, shown
 from gateway.release import NO_PRIVACY_SPENT, ColumnInfo, Release, privacy_spent
 from gateway.request import check_request
 from gateway.timing import ReleaseClock, start_clock
 from mechanisms import prefill
 
 log = logging.getLogger("dpgate.pipeline")
+
+#: A ready answer is reused this long (seconds): /readyz needs no key, and each probe
+#: is a durable write to the ledger. A failed probe is not reused: recovery shows at once.
+READY_PROBE_INTERVAL_S = 0.5
 CHARGED_FAILURE_MESSAGE = (
     "the protected database did not complete this query before its deadline; the query "
     "was charged and nothing was released (a query that keeps failing may need a later "
@@ -107,6 +113,8 @@ class Gateway:
             config.ledger.url, **config.privacy.ledger_options()
         )
         self.ledger.migrate()
+        self.ledger.on_connection_wait = metrics.watch_ledger_pool(self.ledger.engine)
+        metrics.record_build_info()
         for a in config.analysts:
             self.ledger.ensure_analyst(a.name, a.epsilon, a.delta, a.period)
         data_version = config.database.data_version
@@ -121,6 +129,9 @@ class Gateway:
         # and the public config, and costs more than the rest of planning together).
         self._compiled: OrderedDict[str, CompiledQuery] = OrderedDict()
         self._compiled_lock = threading.Lock()
+        self._ready_lock = threading.Lock()
+        self._ready: dict[str, bool] | None = None
+        self._ready_at = 0.0
 
     # -- identity and public metadata ----------------------------------------------------
 
@@ -140,12 +151,24 @@ class Gateway:
         return self.charges.history(analyst, limit=limit)
 
     def ready(self) -> dict[str, bool]:
-        ledger_ok = True
-        try:
-            self.ledger.ping()
-        except Exception:
-            ledger_ok = False
-        return {"database": ping(self.engine), "ledger": ledger_ok}
+        """Whether the protected database answers and the ledger takes a write (a ready
+        answer is reused for ``READY_PROBE_INTERVAL_S``). A ledger that is back first gets
+        the outcomes it missed (``Charges.settle_pending``)."""
+        now = time.monotonic()
+        with self._ready_lock:
+            if self._ready is not None and now - self._ready_at < READY_PROBE_INTERVAL_S:
+                return self._ready
+            ledger_ok = True
+            try:
+                self.ledger.probe_write()
+                self.charges.settle_pending()
+            except Exception:
+                log.warning("ledger readiness probe failed", exc_info=True)
+                ledger_ok = False
+            checks = {"database": ping(self.engine), "ledger": ledger_ok}
+            self._ready = checks if all(checks.values()) else None
+            self._ready_at = time.monotonic()
+            return checks
 
     def analyze(self, sql: str) -> Any:
         """The plan of ``sql`` (from the plan cache when it was seen recently)."""
@@ -197,23 +220,19 @@ class Gateway:
         if isinstance(planned, ProbePlan):
             return principal, self._probe(self.charges.status(principal.name), planned)
         if lookup.release is not None and lookup.budget is not None:
-            return principal, _post_process(planned, self.cache.hit(lookup.release, lookup.budget))
+            hit = self.cache.hit(planned, lookup.release, lookup.budget)
+            return principal, _post_process(planned, hit)
         return principal, _post_process(planned, self._answer(principal.name, planned))
 
     def _answer(self, analyst: str, planned: PlannedQuery) -> Release:
         """A planned request that is not in the cache: a dry run, or the data's turn."""
         if planned.request.dry_run:
-            return dry_run(
-                planned,
-                self.charges,
-                analyst,
-                self.config.execution,
-                self.config.tables,
-                self.audit.predict(analyst, planned),
-            )
+            with uncharged_ledger_failures():  # the audit's scope lock: nothing is charged
+                return self._dry_run(analyst, planned)
         plan, calibration = planned.plan, planned.calibration
         table = self.config.tables[plan.table]
-        with self.audit.holding(analyst) as scope:
+        # The scope lock's own failure is the ledger's, before anything is charged.
+        with uncharged_ledger_failures(), self.audit.holding(analyst) as scope:
             flags = self.audit.before(scope, analyst, planned)
             compiled = self._compile(planned)
             _prefill(planned)
@@ -225,12 +244,27 @@ class Gateway:
             )
             try:
                 return self._release(scope, planned, compiled, reservation, clock, flags)
+            except (LedgerUnavailable, budget.LedgerUnavailable) as e:
+                if isinstance(e, LedgerUnavailable) and e.detail.get("charged") is True:
+                    raise
+                raise charged_ledger_failure() from None  # the charge above stands
             finally:
                 # Whatever happened — answer, failure, withheld — it leaves at the release
                 # moment fixed before execution (invariant: observables are public or DP).
                 held = clock.wait()
                 if clock.release_at is not None:
                     metrics.record_release_wait(held)
+
+    def _dry_run(self, analyst: str, planned: PlannedQuery) -> Release:
+        """The plan, cost and expected accuracy of a request; nothing runs or is charged."""
+        return dry_run(
+            planned,
+            self.charges,
+            analyst,
+            self.config.execution,
+            self.config.tables,
+            self.audit.predict(analyst, planned),
+        )
 
     def _compile(self, planned: PlannedQuery) -> CompiledQuery:
         """The one statement of a plan (from the cache of recently compiled plans)."""
@@ -241,6 +275,7 @@ class Gateway:
                 self._compiled.move_to_end(key)
                 return compiled
         compiled = self.compile(planned.plan)
+        check_parses(compiled.sql, self.dialect)  # refused free, before the charge
         with self._compiled_lock:
             self._compiled[key] = compiled
             if len(self._compiled) > PLAN_CACHE_SIZE:
@@ -276,7 +311,11 @@ class Gateway:
             self.charges.refund(reservation, "the protected database was unreachable")
             raise
         except StatementFailed as failure:
+            _count_past_deadline(plan.table, clock)
+            if failure.timed_out:
+                metrics.record_deadline_miss(plan.table)
             self._charged_failure(reservation, "timeout" if failure.timed_out else "error")
+        _count_past_deadline(plan.table, clock)
         try:
             noisy = add_noise(plan, compiled, exact, calibration)
         except Exception:
@@ -284,19 +323,20 @@ class Gateway:
             self._charged_failure(reservation, "noising")
         cells_json = noisy.cells_json()
         flags += self.audit.after(scope, planned, reservation, noisy.cells, cells_json)
-        answer = finish(plan, calibration, noisy)
+        uncut = finish(plan, calibration, noisy)
         release = Release(
             query_id=reservation.id,
             cached=False,
             columns=tuple(ColumnInfo(o.name, o.type) for o in plan.visible_outputs),
-            rows=answer.rows,
-            accuracy=answer.accuracy,
+            rows=uncut.rows,
+            accuracy=uncut.accuracy,
             privacy=privacy_spent(planned),
             budget=reservation.budget,
-            extra=_selection_extra(planned, len(answer.rows)),
             charge=reservation.charge,
         )
+        release = shown(planned, release, uncut)
         record = release.answer_json()
+        record["uncut"] = {"rows": [list(r) for r in uncut.rows], "accuracy": uncut.accuracy}
         record["audit_cells"] = cells_json
         if flags:
             record["audit_flags"] = flags
@@ -334,19 +374,19 @@ class Gateway:
         )
 
 
+def _count_past_deadline(table: str, clock: ReleaseClock) -> None:
+    """Count a statement that returned after its query's release moment (operator's
+    metric: its response cannot leave at the deadline)."""
+    if clock.release_at is not None and time.monotonic() > clock.release_at:
+        metrics.record_past_deadline(table)
+
+
 def _post_process(planned: PlannedQuery, release: Release) -> Release:
     """A nested aggregation's outer query, run on the (inner) release just obtained —
     fresh, cached or a dry run; post-processing of noisy values only."""
     if planned.plan.post_query is None:
         return release
     return run_post_query(planned, release)
-
-
-def _selection_extra(planned: PlannedQuery, rows: int | None) -> dict[str, Any]:
-    """The partition-selection note of a query whose group keys are not public."""
-    if not planned.plan.needs_partition_selection:
-        return {}
-    return {"partition_selection": selection_note(planned.plan, planned.calibration, rows)}
 
 
 def _prefill(planned: PlannedQuery) -> None:

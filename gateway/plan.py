@@ -199,6 +199,10 @@ class QueryPlan:
     # Nested aggregation: an outer query run on this plan's released rows (see PostQuery).
     post_query: PostQuery | None = None
     join: JoinPlan | None = None
+    # ``canonical_sql`` without the statement's own LIMIT and OFFSET: the cache key's
+    # text, so that requests differing only in their cut share one release (None: as
+    # ``canonical_sql``).
+    uncut_sql: str | None = None
 
     @property
     def needs_partition_selection(self) -> bool:
@@ -300,3 +304,6 @@ class QueryRequest:
     mechanism: MechanismName
     dry_run: bool = False
     accuracy: float | None = None
+    # The noisy values as drawn, not clamped into public bounds (``gateway.postprocess``):
+    # a view of the same release, so never part of the cache key.
+    raw: bool = False

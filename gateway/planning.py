@@ -111,10 +111,11 @@ class Planner:
         return calibration
 
     def key(self, plan: QueryPlan, request: QueryRequest) -> str:
-        """What identical requests share: canonical SQL, parameters and data version."""
+        """What identical requests share: canonical SQL (without its LIMIT and OFFSET, a
+        cut made in post-processing), parameters and data version."""
         material = json.dumps(
             [
-                plan.canonical_sql,
+                plan.uncut_sql or plan.canonical_sql,
                 repr(float(request.epsilon)),
                 repr(float(request.delta)),
                 request.mechanism,

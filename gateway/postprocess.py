@@ -1,23 +1,40 @@
-"""Stage: post-processing on noisy values — HAVING, ORDER BY, LIMIT and OFFSET, hidden
-outputs dropped, and the accuracy of what is released.
+"""Stage: post-processing on noisy values — what is publicly known imposed on the released
+values, HAVING, ORDER BY, LIMIT and OFFSET, hidden outputs dropped, and the accuracy of
+what is released.
 
 These run after noise is added and after the post-audit, on noisy values only, so they
-cost nothing more (differential privacy is closed under post-processing). HAVING refers
-to outputs as columns named ``__out<i>`` (see ``gateway.analyze.select``).
+cost nothing more (differential privacy is closed under post-processing: Dwork & Roth
+2014, Prop. 2.1). HAVING refers to outputs as columns named ``__out<i>`` (see
+``gateway.analyze.select``).
+
+Two steps, because one release serves many requests (the answer cache):
+
+- ``finish`` keeps the rows HAVING and ORDER BY select, with the noisy values as drawn
+  (unbiased: what the ledger records as the query's *uncut* answer);
+- ``present`` shapes that answer for one request: values (and 95% intervals) moved into
+  what is public — a count is never below 0, a SUM of a column bounded below by 0 is
+  never negative, an AVG and its interval lie within the column's declared bounds —
+  unless the request asks ``"raw": true``; then LIMIT and OFFSET. A ``LIMIT 1`` probe and
+  the full query are two cuts of one release, charged once.
+
+HAVING and ORDER BY read the clamped values whether or not ``raw`` is asked, so a raw
+answer has the same rows as the clamped one: only its values differ.
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlglot import exp
 
 from gateway.analyze.groups import is_literal, literal_value
-from gateway.noising import NoisyCells, released_accuracy
-from gateway.plan import QueryPlan
+from gateway.noising import NoisyCells, released_accuracy, selection_note
+from gateway.plan import OutputColumn, QueryPlan
+from gateway.planning import PlannedQuery
+from gateway.release import Release
 from mechanisms import QueryCalibration
 
 Row = tuple[Any, ...]
@@ -32,14 +49,108 @@ class Answer:
 
 
 def finish(plan: QueryPlan, calibration: QueryCalibration, noisy: NoisyCells) -> Answer:
-    """Filter, order and cut the noisy rows; keep the visible outputs; say how accurate
-    each released number is."""
+    """Filter and order the noisy rows (not cut: see ``present``); keep the visible
+    outputs, as drawn; say how accurate each number is."""
     kept = post_process(plan, noisy.rows)
     visible = [i for i, o in enumerate(plan.outputs) if not o.hidden]
     return Answer(
         rows=tuple(tuple(r[i] for i in visible) for r in kept),
         accuracy=released_accuracy(plan, calibration, [r[-1] for r in kept]),
     )
+
+
+Bounds = tuple[float | None, float | None]
+
+CLAMPED_NOTE = (
+    "post-processing (free): values are moved into what is publicly known — a count is "
+    "never below 0, a SUM of a column declared non-negative is never below 0, an AVG and "
+    'its interval lie within the column\'s declared bounds. Ask with "raw": true for '
+    "the noisy values as drawn (unbiased, so they can be summed; a count may then be "
+    "negative)"
+)
+
+
+def public_bounds(plan: QueryPlan, o: OutputColumn) -> Bounds | None:
+    """What is publicly known about an output's value, whatever the data: (lower, upper),
+    either None when unknown; None when nothing is known."""
+    if o.kind == "count":
+        return (0, None)
+    if o.kind in ("sum", "avg"):
+        m = plan.measures[o.measures[0]]
+        if m.lower is None or m.upper is None:
+            return None
+        if o.kind == "avg":
+            return (m.lower, m.upper)
+        return (0 if m.lower >= 0 else None, 0 if m.upper <= 0 else None)
+    return None
+
+
+def present(plan: QueryPlan, answer: Answer, *, raw: bool) -> tuple[Answer, dict[str, Any] | None]:
+    """One request's view of a finished answer: clamped into public bounds unless ``raw``,
+    then cut by OFFSET and LIMIT. Returns the answer and, when a value or an interval was
+    moved, the note that says so (with the columns concerned)."""
+    rows = list(answer.rows)
+    accuracy = {name: dict(entry) for name, entry in answer.accuracy.items()}
+    moved: list[str] = []
+    if not raw:
+        for i, o in enumerate(plan.visible_outputs):
+            bounds = public_bounds(plan, o)
+            if bounds is None:
+                continue
+            changed = False
+            for r, row in enumerate(rows):
+                value = _clamp(row[i], bounds)
+                if value != row[i] or type(value) is not type(row[i]):
+                    rows[r] = (*row[:i], value, *row[i + 1 :])
+                    changed = True
+            intervals = accuracy.get(o.name, {}).get("ci95_intervals")
+            if intervals is not None:
+                fixed = [_clamp_interval(iv, bounds, rows[r][i]) for r, iv in enumerate(intervals)]
+                changed = changed or fixed != intervals
+                accuracy[o.name]["ci95_intervals"] = fixed
+            if changed:
+                moved.append(o.name)
+    start = plan.offset
+    stop = None if plan.limit is None else start + plan.limit
+    for entry in accuracy.values():
+        if isinstance(entry.get("ci95_intervals"), list):
+            entry["ci95_intervals"] = entry["ci95_intervals"][start:stop]
+    note = {"columns": moved, "note": CLAMPED_NOTE} if moved else None
+    return Answer(rows=tuple(rows[start:stop]), accuracy=accuracy), note
+
+
+def shown(planned: PlannedQuery, release: Release, uncut: Answer) -> Release:
+    """``release`` as this request sees it: ``uncut`` presented (``present``), with the
+    notes that depend on what is shown (clamping; partition selection's empty answer)."""
+    plan = planned.plan
+    answer, note = present(plan, uncut, raw=planned.request.raw)
+    extra = {k: v for k, v in release.extra.items() if k not in ("clamped", "partition_selection")}
+    if plan.needs_partition_selection:
+        extra["partition_selection"] = selection_note(plan, planned.calibration, len(answer.rows))
+    if note is not None:
+        extra["clamped"] = note
+    return replace(release, rows=answer.rows, accuracy=answer.accuracy, extra=extra)
+
+
+def _clamp(value: Any, bounds: Bounds) -> Any:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return value
+    lower, upper = bounds
+    if lower is not None and value < lower:
+        return type(value)(lower)
+    if upper is not None and value > upper:
+        return type(value)(upper)
+    return value
+
+
+def _clamp_interval(interval: Any, bounds: Bounds, value: Any) -> Any:
+    """An interval moved into the bounds, still holding the (clamped) released value."""
+    if not isinstance(interval, list) or len(interval) != 2:
+        return interval
+    lo, hi = (float(_clamp(float(x), bounds)) for x in interval)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        lo, hi = min(lo, float(value)), max(hi, float(value))
+    return [lo, hi]
 
 
 _COMPARISONS: dict[type[exp.Expr], Callable[[Any, Any], bool]] = {
@@ -60,19 +171,20 @@ _ARITHMETIC: dict[type[exp.Expr], Callable[[Any, Any], Any]] = {
 
 
 def post_process(plan: QueryPlan, rows: Sequence[Row]) -> list[Row]:
-    """Filter, order and cut the noisy rows (all outputs, hidden ones included)."""
-    out = list(rows)
+    """Filter and order the noisy rows (all outputs, hidden ones included), by their
+    values clamped into public bounds (``present``)."""
+    bounds = [public_bounds(plan, o) for o in plan.outputs]
+    views = [
+        (tuple(v if b is None else _clamp(v, b) for v, b in zip(r, bounds, strict=False)), r)
+        for r in rows
+    ]
     if plan.having is not None:
         having = plan.having
-        out = [r for r in out if _truthy(_evaluate(having, r))]
+        views = [(v, r) for v, r in views if _truthy(_evaluate(having, v))]
     for key in reversed(plan.order_by):
         index = key.output
-        out.sort(key=lambda r: _sort_key(r[index]), reverse=key.descending)
-    if plan.offset:
-        out = out[plan.offset :]
-    if plan.limit is not None:
-        out = out[: plan.limit]
-    return out
+        views.sort(key=lambda vr: _sort_key(vr[0][index]), reverse=key.descending)
+    return [r for _, r in views]
 
 
 def _sort_key(value: Any) -> tuple[int, Any]:

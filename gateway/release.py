@@ -14,6 +14,9 @@ from gateway.planning import PlannedQuery
 
 # Parts of a response that belong to the request, never to the answer it shares.
 _PER_REQUEST = frozenset({"ok", "cached", "budget", "charge"})
+# Parts of a ledger record never released as such: the auditor's cells and flags, and
+# the uncut answer (every row HAVING kept, values as drawn) later requests are cut from.
+RECORD_ONLY = ("audit_cells", "audit_flags", "uncut")
 
 
 @dataclass(frozen=True)
@@ -33,12 +36,13 @@ class PrivacySpent:
     selection_delta: float
 
     def to_json(self) -> dict[str, Any]:
+        # 12 significant digits, as the budget's figures (budget.records.JSON_DIGITS)
         return {
             "mechanism": self.mechanism,
-            "epsilon": self.epsilon,
-            "delta": self.delta,
-            "rho": self.rho,
-            "selection_delta": self.selection_delta,
+            "epsilon": float(f"{self.epsilon:.12g}"),
+            "delta": float(f"{self.delta:.12g}"),
+            "rho": float(f"{self.rho:.12g}"),
+            "selection_delta": float(f"{self.selection_delta:.12g}"),
         }
 
     @staticmethod

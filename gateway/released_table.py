@@ -15,6 +15,7 @@ differential privacy is closed under post-processing (Dwork & Roth 2014, Prop. 2
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import decimal
 import math
@@ -66,7 +67,18 @@ def _connection() -> duckdb.DuckDBPyConnection:
             for setting in _SETTINGS:
                 base.execute(setting)
             _base = base
+            atexit.register(_close_base)
         return _base.cursor()
+
+
+def _close_base() -> None:
+    """Close the base connection before the interpreter exits: a DuckDB connection still
+    open at exit is reported by its bindings (nanobind) as a leak, on stderr."""
+    global _base
+    with _base_lock:
+        if _base is not None:
+            _base.close()
+            _base = None
 
 
 def evaluate(

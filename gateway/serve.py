@@ -240,6 +240,8 @@ def _run_gunicorn(
         "accesslog": None,  # dpgate writes its own JSON line per request
         "errorlog": "-",
         "loglevel": "info",
+        # gunicorn's own lines (start, workers, signals) as JSON lines like dpgate's
+        "logger_class": _json_gunicorn_logger(),
         "child_exit": child_exit,
         "pre_fork": pre_fork,
         "post_fork": post_fork,
@@ -259,6 +261,23 @@ def _run_gunicorn(
             return factory()
 
     GatewayServer().run()
+
+
+def _json_gunicorn_logger() -> type:
+    """gunicorn's logger, its error log (start, workers, signals) written as JSON lines
+    like dpgate's own. (A ``logconfig_dict`` would do it too, but turns gunicorn's access
+    log on: a second line per request, on stdout.)"""
+    from gunicorn.glogging import Logger
+
+    from gateway.logs import JsonFormatter
+
+    class JsonLogger(Logger):
+        def setup(self, cfg: Any) -> None:
+            super().setup(cfg)
+            for handler in self.error_log.handlers:
+                handler.setFormatter(JsonFormatter())
+
+    return JsonLogger
 
 
 def _run_waitress(factory: Callable[[], Flask], *, host: str, port: int, workers: int) -> None:

@@ -27,23 +27,77 @@ with one client sending the 22 PUMS queries to two ``dpgate serve --workers 1``
 alternately (paired, 1,870–1,914 pairs per run): the lingering server answered 0.26 and
 0.34 ms sooner at the median (5.0 against 5.3 ms, 5.1 against 5.4 ms); a ``/healthz``
 round trip took 0.61–0.68 ms against 0.70–0.88 ms.
+
+And slow or idle clients cannot exhaust it (issue 36). In plain gthread a pool thread
+reads the request: it waits up to 5 s for a new connection's first byte, then reads the
+rest of the head and the body with no deadline, so 50 clients sending half a request
+held every thread. Here the worker's main thread reads each request (head and body, up
+to ``PREREAD_BODY_BYTES``) from the poller, without blocking; only a complete request
+is handed to a pool thread, which then parses it from memory. A request not complete
+within ``REQUEST_READ_TIMEOUT_S`` of its connection's turn gets ``408`` and is closed,
+and one client address holds at most ``MAX_CONNECTIONS_PER_ADDRESS`` connections per
+worker (more are closed at once), so idle connections from one place cannot fill the
+worker's ``worker_connections`` either. A lingering thread serves a connection's next
+request only if it has arrived whole. TLS connections (read by the TLS layer) are
+served as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing
 import os
+import re
 import select
 import selectors
+import socket
+import time
+from functools import partial
 from typing import Any, ClassVar
 
-from gunicorn.workers.gthread import ThreadWorker
+from gunicorn.http2 import negotiation
+from gunicorn.workers.gthread import TConn, ThreadWorker
 
 _ABSENT = -1  # a slot no live worker holds
 # How long a pool thread that has just answered on a keep-alive connection waits there
 # for the next request before handing the connection back to the worker's poller.
 KEEPALIVE_LINGER_S = 0.005
+#: How long a connection may take to deliver a whole request (head and body) once it is
+#: the connection's turn (accepted, or idle after an answer); past it: 408, closed.
+REQUEST_READ_TIMEOUT_S = 10.0
+#: Most connections one client address holds open in one worker; more are closed at once.
+#: Behind a proxy every connection comes from its address: raise it there
+#: (``DPGATE_MAX_CONNECTIONS_PER_ADDRESS``), up to gunicorn's ``worker_connections``.
+MAX_CONNECTIONS_PER_ADDRESS = int(os.environ.get("DPGATE_MAX_CONNECTIONS_PER_ADDRESS", "64"))
+#: Bytes of a request the main thread reads before a pool thread takes it: the head
+#: (gunicorn refuses one past about 8 kB a line, 32 kB in all) and a body up to the
+#: app's own limit (1 MB); a longer one is handed over at once (the app refuses it).
+PREREAD_HEAD_BYTES = 64 * 1024
+PREREAD_BODY_BYTES = 1_000_000
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d{1,12})", re.IGNORECASE)
+_CHUNKED = re.compile(rb"\r\ntransfer-encoding:[^\r]*chunked", re.IGNORECASE)
+#: How long a connection accepted while the worker stops may take to send its request
+#: (then answered 503, ``Connection: close``).
+STOPPING_READ_TIMEOUT_S = 1.0
+_STOPPING_BODY = (
+    b'{"ok": false, "status": 503, "error": {"code": "shutting_down", '
+    b'"message": "this gateway is shutting down; send the request again", "detail": {}}}'
+)
+_STOPPING_RESPONSE = (
+    b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
+    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+    % (len(_STOPPING_BODY), _STOPPING_BODY)
+)
+_TIMEOUT_BODY = (
+    b'{"ok": false, "status": 408, "error": {"code": "invalid_request", '
+    b'"message": "the request did not arrive in time", "detail": {}}}'
+)
+_TIMEOUT_RESPONSE = (
+    b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n"
+    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+    % (len(_TIMEOUT_BODY), _TIMEOUT_BODY)
+)
 
 
 def pin_worker(slot: int | None, workers: int, setting: str = "auto") -> int | None:
@@ -144,6 +198,13 @@ class BalancedThreadWorker(ThreadWorker):
 
     table: ClassVar[ConnectionTable | None] = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._reading: dict[int, Any] = {}  # connections whose request is being read
+        self._refusing: dict[int, Any] = {}  # accepted while stopping: answered 503
+        self._drained = False  # stopping, and no request in flight is left
+        self._by_address: dict[str, set[Any]] = {}  # connections held per client address
+
     def _place(self) -> tuple[ConnectionTable, int] | None:
         """The shared table and this worker's slot in it (None: not balanced)."""
         slot = getattr(self, "dpgate_slot", None)
@@ -173,6 +234,12 @@ class BalancedThreadWorker(ThreadWorker):
         place = self._place()
         if place is not None and not enabled and not self.alive:
             place[0].leave(place[1])  # stopping: the others must take every new connection
+        if not enabled and not self.alive and not self._drained:
+            # Stopping: connections the kernel queued meanwhile would be reset when the
+            # listener closes; accepted, each gets a 503 until the requests in flight
+            # are answered (``murder_keepalived``).
+            super().set_accept_enabled(True)
+            return
         super().set_accept_enabled(enabled and self._balanced())
         if place is not None and self.alive:
             place[0].listening(place[1], self._accepting)
@@ -182,13 +249,126 @@ class BalancedThreadWorker(ThreadWorker):
             self.set_accept_enabled(False)
         super().wait_for_and_dispatch_events(timeout)
 
+    # -- the front door: whole requests only reach the pool --------------------------
+
+    def accept(self, listener: Any) -> None:
+        """Accept a connection, unless its address holds its share already."""
+        try:
+            sock, client = listener.accept()
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+                raise
+            return
+        address = client[0] if isinstance(client, tuple) else str(client)
+        held = self._by_address.setdefault(address, set())
+        held.difference_update([c for c in held if c.sock.fileno() < 0])
+        if len(held) >= MAX_CONNECTIONS_PER_ADDRESS:
+            sock.close()
+            return
+        self.nr_conns += 1
+        sock.setblocking(True)
+        conn = TConn(self.cfg, sock, client, listener.getsockname())
+        held.add(conn)
+        if not self.alive:
+            self._refusing[id(conn)] = conn
+        self.enqueue_req(conn)
+
+    def enqueue_req(self, conn: Any) -> None:
+        """Hand ``conn`` to a pool thread once its next request has arrived whole."""
+        if getattr(conn, "dpgate_whole", False) or not self._prereads(conn):
+            conn.dpgate_whole = False
+            super().enqueue_req(conn)
+            return
+        held = conn.parser.unreader.take_buffered() if conn.parser is not None else b""
+        conn.dpgate_buffer = bytearray(held)
+        wait = STOPPING_READ_TIMEOUT_S if id(conn) in self._refusing else REQUEST_READ_TIMEOUT_S
+        conn.dpgate_deadline = time.monotonic() + wait
+        if _whole_request(conn.dpgate_buffer):
+            self._hand_over(conn)
+            return
+        conn.sock.setblocking(False)
+        self._reading[id(conn)] = conn
+        self.poller.register(conn.sock, selectors.EVENT_READ, partial(self._read_request, conn))
+
+    def _prereads(self, conn: Any) -> bool:
+        """Whether the main thread reads ``conn``'s requests (plain HTTP/1.x only)."""
+        return not (
+            self.cfg.is_ssl
+            or conn.is_http2
+            or negotiation.prior_knowledge_allowed(self.cfg, conn.client)
+        )
+
+    def _read_request(self, conn: Any, sock: Any) -> None:
+        """Poller callback (main thread): read what has arrived, without blocking."""
+        try:
+            data = sock.recv(PREREAD_HEAD_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the client left
+            self._stop_reading(conn)
+            self.nr_conns -= 1
+            conn.close()
+            return
+        conn.dpgate_buffer += data
+        if _whole_request(conn.dpgate_buffer):
+            self._stop_reading(conn)
+            self._hand_over(conn)
+
+    def _hand_over(self, conn: Any) -> None:
+        if self._refusing.pop(id(conn), None) is not None:
+            with contextlib.suppress(OSError):  # read whole, so closing resets nothing
+                conn.sock.send(_STOPPING_RESPONSE)
+            self.nr_conns -= 1
+            conn.close()
+            return
+        conn.dpgate_prefetched = bytes(conn.dpgate_buffer)
+        conn.dpgate_buffer = bytearray()
+        conn.data_ready = True
+        conn.dpgate_whole = True
+        self.enqueue_req(conn)
+
+    def _stop_reading(self, conn: Any) -> None:
+        self._reading.pop(id(conn), None)
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            self.poller.unregister(conn.sock)
+
+    def murder_keepalived(self, force: bool = False) -> None:
+        """gunicorn's reaping of idle connections, and of requests past their deadline
+        (408, closed)."""
+        super().murder_keepalived(force)
+        now = time.monotonic()
+        for conn in list(self._reading.values()):
+            if not force and conn.dpgate_deadline > now:
+                continue
+            self._stop_reading(conn)
+            self._refusing.pop(id(conn), None)
+            if conn.dpgate_buffer:  # a request had begun: say why it ends
+                with contextlib.suppress(OSError):
+                    conn.sock.send(_TIMEOUT_RESPONSE)
+            self.nr_conns -= 1
+            conn.close()
+        if not self.alive and not self._drained and self.nr_conns <= len(self._refusing):
+            self._drained = True  # every request in flight is answered: stop accepting
+            super().set_accept_enabled(False)
+
     def handle(self, conn: Any) -> Any:
-        """Serve a request, then the connection's next ones while they come within
+        """Serve a request, then the connection's next ones while they come whole within
         ``KEEPALIVE_LINGER_S`` (see the module's docstring); runs in a pool thread."""
-        result = super().handle(conn)
-        while result is True and self._may_linger(conn) and _readable_within(conn):
-            result = super().handle(conn)
+        result = self._handle_whole(conn)
+        while result is True and self._may_linger(conn) and _whole_within(conn):
+            result = self._handle_whole(conn)
         return result
+
+    def _handle_whole(self, conn: Any) -> Any:
+        prefetched = getattr(conn, "dpgate_prefetched", None)
+        if prefetched:
+            conn.dpgate_prefetched = None
+            conn.sock.setblocking(True)
+            conn.init()
+            conn.parser.unreader.unread(prefetched)
+        return super().handle(conn)
 
     def _may_linger(self, conn: Any) -> bool:
         """Whether this thread may wait on ``conn`` for its next request: only while the
@@ -202,14 +382,39 @@ class BalancedThreadWorker(ThreadWorker):
         )
 
 
-def _readable_within(conn: Any) -> bool:
-    """Whether ``conn``'s next request is read ahead or arrives within the linger (a
-    closed connection counts: serving it ends the turn)."""
-    if conn.parser.unreader.buf.getvalue():  # a body drain read into the next request
-        return True
+def _whole_within(conn: Any) -> bool:
+    """Whether ``conn``'s next request is read ahead or arrives, whole, within the linger
+    (a closed connection counts: serving it ends the turn). A partial one goes back to
+    the worker's poller, which reads the rest without holding a thread."""
+    held = conn.parser.unreader.buf.getvalue()  # a body drain read into the next request
+    if held:
+        return _whole_request(held)
     poller = select.poll()
     poller.register(conn.sock.fileno(), select.POLLIN)
-    return bool(poller.poll(KEEPALIVE_LINGER_S * 1000.0))
+    if not poller.poll(KEEPALIVE_LINGER_S * 1000.0):
+        return False
+    try:
+        waiting = conn.sock.recv(PREREAD_HEAD_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+    return not waiting or _whole_request(waiting)
+
+
+def _whole_request(data: bytes | bytearray) -> bool:
+    """Whether ``data`` holds a whole HTTP/1.x request: its head, and its body as far as
+    ``PREREAD_BODY_BYTES`` (a chunked body: its last chunk). An overlong head counts as
+    whole: the parser refuses it."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return len(data) > PREREAD_HEAD_BYTES
+    head = bytes(data[:end])
+    body = len(data) - end - 4
+    if _CHUNKED.search(head):
+        return data.find(b"0\r\n\r\n", end + 4) >= 0 or body > PREREAD_BODY_BYTES
+    length = _CONTENT_LENGTH.search(head)
+    return body >= min(int(length.group(1)) if length else 0, PREREAD_BODY_BYTES)
 
 
 def balanced_worker_class(slots: int) -> tuple[type[ThreadWorker], ConnectionTable]:

@@ -1,18 +1,26 @@
-"""The distributed engines under test, on their real engines in this process: ClickHouse
-embedded (chDB) and Spark SQL in ``local[2]`` mode. Test modules load their fixture rows
-with ``load`` and open the engine as the gateway does, from ``url``.
+"""The distributed engines under test, on their real engines: ClickHouse embedded (chDB)
+and Spark SQL in ``local[2]`` mode in this process, and a Spark Connect server started
+from pyspark's own ``sbin/start-connect-server.sh`` (``spark-connect``). Test modules
+load their fixture rows with ``load`` and open the engine as the gateway does, from
+``url``.
 
-Both engines are process-wide singletons (chDB holds one data directory per process, a
+The engines are process-wide singletons (chDB holds one data directory per process, a
 JVM one SparkSession), so each test process starts each at most once (``chdb_root``,
-``spark_warehouse`` are session-scoped) and every test module loads its tables into a
-database of its own. Spark's tests share one pytest-xdist worker (``SPARK_GROUP``), so a
-``make test`` run starts one JVM.
+``spark_warehouse``, ``connect_server`` are session-scoped) and every test module loads
+its tables into a database of its own. Spark's tests share one pytest-xdist worker
+(``SPARK_GROUP``), so a ``make test`` run starts one local JVM and one Connect server.
 """
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import json
+import os
+import signal
+import socket
+import subprocess
+import time
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -20,7 +28,7 @@ from typing import Any, Literal
 
 import pytest
 
-Engine = Literal["clickhouse", "spark"]
+Engine = Literal["clickhouse", "spark", "spark-connect"]
 #: Column kinds as the tests declare them, and their storage type on each engine.
 STORAGE: dict[str, dict[str, str]] = {
     "clickhouse": {
@@ -48,12 +56,16 @@ STORAGE: dict[str, dict[str, str]] = {
         "double": "DOUBLE",
     },
 }
+STORAGE["spark-connect"] = STORAGE["spark"]
 SLOW = pytest.mark.slow
 SPARK_GROUP = pytest.mark.xdist_group("spark")
 ENGINES = [
     pytest.param("clickhouse", marks=SLOW),
     pytest.param("spark", marks=[SLOW, SPARK_GROUP]),
+    pytest.param("spark-connect", marks=[SLOW, SPARK_GROUP]),
 ]
+#: How long a Spark Connect server may take to listen (~8 s on an idle machine).
+CONNECT_START_S = 180
 
 
 def chdb_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -74,6 +86,87 @@ def spark_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return spark
 
 
+_CONNECT: dict[str, str] = {}
+
+
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """This process's Spark Connect server (started once, stopped at exit): pyspark's
+    ``sbin/start-connect-server.sh`` in the foreground, on a free port; its URL."""
+    pytest.importorskip("pyspark")
+    pytest.importorskip("grpc")
+    if "url" in _CONNECT:
+        return _CONNECT["url"]
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    script = home / "sbin" / "start-connect-server.sh"
+    if not script.exists():
+        pytest.skip("this pyspark ships no Spark Connect server")
+    root = tmp_path_factory.getbasetemp() / "spark-connect"
+    root.mkdir(exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(home),
+        "SPARK_NO_DAEMONIZE": "1",  # in the foreground: its process is ours to stop
+        "SPARK_LOG_DIR": str(root),
+        "SPARK_PID_DIR": str(root),
+        "SPARK_IDENT_STRING": f"dpgate-{os.getpid()}",
+    }
+    settings = {
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.sql.warehouse.dir": str(root / "warehouse"),
+        "spark.sql.shuffle.partitions": "2",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+    }
+    command = [
+        "bash", str(script), "--master", "local[2]", "--driver-memory", "768m",
+        *[a for k, v in settings.items() for a in ("--conf", f"{k}={v}")],
+    ]  # fmt: skip
+    log = (root / "server.out").open("wb")
+    server = subprocess.Popen(
+        command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    atexit.register(_stop, server)
+    deadline = time.monotonic() + CONNECT_START_S
+    while not _listening(port):
+        if server.poll() is not None or time.monotonic() > deadline:
+            _stop(server)
+            tail = (root / "server.out").read_text(errors="replace")[-2000:]
+            pytest.fail(f"the Spark Connect server did not start:\n{tail}")
+        time.sleep(0.5)
+    _CONNECT["url"] = f"spark+connect://127.0.0.1:{port}"
+    return _CONNECT["url"]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _stop(server: subprocess.Popen[bytes]) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def connect_session(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A Spark Connect session on this process's server, as the gateway's driver opens it."""
+    from gateway.engines import spark_dbapi
+
+    remote = connect_server(tmp_path_factory).replace("spark+connect://", "sc://")
+    return spark_dbapi.session(remote=remote + "/")
+
+
 def new_database(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
@@ -82,6 +175,8 @@ def url(engine: Engine, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The URL the gateway opens the engine with."""
     if engine == "clickhouse":
         return f"chdb:///{chdb_root(tmp_path_factory)}"
+    if engine == "spark-connect":
+        return connect_server(tmp_path_factory)
     warehouse = tmp_path_factory.getbasetemp() / "spark-warehouse"
     spark_warehouse(tmp_path_factory)
     return f"spark+local:///{warehouse}?master=local[2]"
@@ -103,6 +198,8 @@ def load(
     required = set(not_null)
     if engine == "clickhouse":
         _load_clickhouse(chdb_root(tmp_path_factory), database, table, columns, rows, required)
+    elif engine == "spark-connect":
+        _load_spark(connect_session(tmp_path_factory), database, table, columns, rows, required)
     else:
         _load_spark(spark_warehouse(tmp_path_factory), database, table, columns, rows, required)
 
@@ -164,14 +261,17 @@ def _load_spark(
     rows: list[Mapping[str, Any]],
     required: set[str],
 ) -> None:
-    from pyspark.sql.types import StructField, StructType, _parse_datatype_string
+    from pyspark.sql import types as T
 
+    # built here, not parsed: parsing a type needs a local JVM, which Connect's client has not
+    spark_types = {
+        "BIGINT": T.LongType, "DOUBLE": T.DoubleType, "STRING": T.StringType,
+        "BOOLEAN": T.BooleanType, "DATE": T.DateType, "SMALLINT": T.ShortType,
+        "INT": T.IntegerType, "FLOAT": T.FloatType,
+    }  # fmt: skip
     types = STORAGE["spark"]
-    schema = StructType(
-        [
-            StructField(n, _parse_datatype_string(types[k]), n not in required)
-            for n, k in columns.items()
-        ]
+    schema = T.StructType(
+        [T.StructField(n, spark_types[types[k]](), n not in required) for n, k in columns.items()]
     )
     spark.sql(f"CREATE DATABASE IF NOT EXISTS `{database}`")
     convert = {"date": _date, "real": _float, "float": _float, "double": _float}
@@ -192,6 +292,11 @@ def raw_error(engine: Engine, engine_url: str, sql: str) -> str:
             conn = chdb.connect("file:" + engine_url.removeprefix("chdb:///"))
             conn.cursor().execute(sql)
             conn.close()
+        elif engine == "spark-connect":
+            from gateway.engines import spark_dbapi
+
+            remote = engine_url.replace("spark+connect://", "sc://") + "/"
+            spark_dbapi.session(remote=remote).sql(sql).collect()
         else:
             from pyspark.sql import SparkSession
 
@@ -213,5 +318,7 @@ def drop_table(
         conn = chdb.connect(f"file:{chdb_root(tmp_path_factory)}")
         conn.cursor().execute(f'DROP TABLE "{database}"."{table}"')
         conn.close()
+    elif engine == "spark-connect":
+        connect_session(tmp_path_factory).sql(f"DROP TABLE `{database}`.`{table}`")
     else:
         spark_warehouse(tmp_path_factory).sql(f"DROP TABLE `{database}`.`{table}`")

@@ -247,7 +247,7 @@ def backend(
         _load(writer, None)
         writer.dispose()
         yield f"duckdb:///{path}", None
-    elif request.param in ("clickhouse", "spark"):
+    elif request.param in ("clickhouse", "spark", "spark-connect"):
         database = engines.new_database("bound")
         columns = {"pid": "integer", "dept": "text", "stay": "integer", "year": "integer"}
         engines.load(request.param, tmp_path_factory, database, "stays", columns, ROWS)

@@ -123,12 +123,15 @@ def test_the_four_surfaces_agree(served: tuple[str, str, str]) -> None:
     )
     assert parsed.period == "month" and parsed.period_ends_at is not None
     assert parsed.period_ends_at.isoformat() == budget_json["period_ends_at"]
-    assert metric(metrics, "dpgate_budget_epsilon_spent", "alice") == spent
+    # /metrics keeps every digit (machines read it); JSON carries 12 (budget.records)
+    same = {"rel": 1e-11, "abs": 1e-300}
+    assert metric(metrics, "dpgate_budget_epsilon_spent", "alice") == pytest.approx(spent, **same)
     assert metric(metrics, "dpgate_budget_epsilon", "alice") == budget_json["epsilon"]
-    assert (
-        metric(metrics, "dpgate_budget_epsilon_remaining", "alice")
-        == (budget_json["epsilon_remaining"])
+    assert metric(metrics, "dpgate_budget_epsilon_remaining", "alice") == pytest.approx(
+        budget_json["epsilon_remaining"], **same
     )
-    assert metric(metrics, "dpgate_budget_delta_spent", "alice") == budget_json["delta_spent"]
+    assert metric(metrics, "dpgate_budget_delta_spent", "alice") == pytest.approx(
+        budget_json["delta_spent"], **same
+    )
     assert metric(metrics, "dpgate_budget_queries", "alice") == 5
     assert f"ε {number(spent)} spent of {number(6.0)}" in printed.output

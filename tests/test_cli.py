@@ -115,8 +115,8 @@ def test_config_check_reports_a_bad_number_once(tmp_path: Path) -> None:
     assert result.exit_code == 2
     problems = [line for line in result.output.splitlines() if line.startswith("  - ")]
     assert problems == [
-        "  - privacy.max_epsilon_per_query: must be > 0",
-        "  - tables.t.columns.age.lower: must be a number, got str",
+        "  - line 6: privacy.max_epsilon_per_query: must be > 0",
+        "  - line 11: tables.t.columns.age.lower: must be a number, got str",
     ]
 
 
@@ -239,3 +239,71 @@ def test_query_says_why_an_answer_is_empty(served: str, analyst_key: str) -> Non
         served, analyst_key, "SELECT zip, COUNT(*) FROM patients WHERE age = 100 GROUP BY zip"
     )
     assert "No group reached the threshold." in out
+
+
+def test_delta_line_says_what_the_halves_of_delta_are_for() -> None:
+    from gateway.cli.render import delta_line
+
+    line = delta_line(
+        {"delta": 1e-6, "selection_delta_budget": 5e-7, "delta_spent": 0, "delta_remaining": 5e-7}
+    )
+    assert line == (
+        "δ: 1e-06 in all; 5e-07 for partition selection (0 spent, 5e-07 remaining), "
+        "the rest converts the zCDP total to (ε, δ)"
+    )
+
+
+def test_budget_figures_in_json_carry_twelve_digits() -> None:
+    """0.7 + 0.7 is 1.4000000000000001 in floats: the JSON says 1.4 (a stated precision)."""
+    from budget import Charge
+
+    assert Charge(0.7 + 0.7, 0.1 + 0.2).to_json() == {"epsilon": 1.4, "delta": 0.3}
+    assert Charge(1 / 3, 1e-7 / 3).to_json() == {
+        "epsilon": 0.333333333333,
+        "delta": 3.33333333333e-08,
+    }
+
+
+def test_a_second_demo_keeps_the_admin_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second ``dpgate demo`` must not silently invalidate the admin key in use: it is
+    kept in the demo folder (owner-only) and reused; ``--fresh`` makes a new one."""
+    monkeypatch.delenv("DPGATE_ADMIN_KEY", raising=False)
+    where = str(tmp_path / "d")
+
+    def admin_key(*flags: str) -> tuple[str, str]:
+        # the command exports the key for the server it starts: forget it between runs
+        monkeypatch.delenv("DPGATE_ADMIN_KEY", raising=False)
+        result = CliRunner().invoke(main, ["demo", "--dir", where, "--no-serve", *flags])
+        assert result.exit_code == 0, result.output
+        line = next(x for x in result.output.splitlines() if "admin key:" in x)
+        return line.split()[2], line
+
+    first, first_line = admin_key()
+    assert "new; kept in" in first_line
+    assert (tmp_path / "d" / "admin.key").stat().st_mode & 0o777 == 0o600
+    again, again_line = admin_key()
+    assert again == first and "the earlier demo's" in again_line
+    fresh, _ = admin_key("--fresh")
+    assert fresh != first
+
+
+def test_config_check_gives_lines_and_names_a_typo_first(demo_db: Path, tmp_path: Path) -> None:
+    """A misspelt setting is reported on its line with the setting it resembles, and the
+    problems it causes are said to perhaps follow from it (not presented as new ones)."""
+    text = config_yaml(str(demo_db), str(tmp_path / "ledger.db"))
+    lines = text.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.strip() == "privacy_unit: patient_id") + 1
+    path = tmp_path / "typo.yaml"
+    path.write_text(text.replace("    privacy_unit: patient_id", "    privacy_unti: patient_id", 1))
+    result = CliRunner().invoke(main, ["config", "check", str(path)])
+    assert result.exit_code == 2
+    problems = [x.removeprefix("  - ") for x in result.output.splitlines()[1:]]
+    assert problems[0] == (
+        f"line {at}: tables.patients.privacy_unti: unknown setting — did you mean 'privacy_unit'?"
+    )
+    assert len(problems) > 1  # the reference from visits to patients, now unit-less
+    assert all(
+        re.match(r"line \d+: ", p)
+        and p.endswith(f"(perhaps only because of the typo at line {at})")
+        for p in problems[1:]
+    ), problems

@@ -120,6 +120,7 @@ def test_the_statement_settings_are_dpgates_own(visits: tuple[str, str, str]) ->
 SLOW_STATEMENT = {
     "clickhouse": "SELECT sum(number % 7) FROM numbers(1000000000000)",
     "spark": "SELECT sum(id % 7) FROM range(0, 1000000000000)",
+    "spark-connect": "SELECT sum(id % 7) FROM range(0, 1000000000000)",
 }
 
 

@@ -82,7 +82,8 @@ def exact(engine: sa.Engine, config: Config, sql: str, unique: set[str]) -> list
         sqlglot_dialect(engine),
         unit_unique=plan.table in unique,
     )
-    rows = run_aggregate(engine, compiled.sql, timeout_ms=30_000)
+    # not a timing test: a loaded machine has taken 29 s for one Spark Connect statement
+    rows = run_aggregate(engine, compiled.sql, timeout_ms=120_000)
     return sorted((tuple(_normal(v) for v in r) for r in rows), key=repr)
 
 
@@ -387,6 +388,9 @@ def engine_copy(
     url = engines.url(request.param, tmp_path_factory)
     config = demo_config(url, schema=database)
     engine = open_protected_engine(url, statement_timeout_ms=30_000)
+    # warm the engine: a cold Spark (Connect's server above all) plans its first statements
+    # slowly, and a loaded machine can push one past the 30 s a test statement gets
+    run_aggregate(engine, f"SELECT COUNT(*) FROM {database}.patients", timeout_ms=300_000)
     yield engine, as_the_gateway_reads(engine, config)
     engine.dispose()
 

@@ -85,8 +85,33 @@ def test_the_lock_pins_every_dependency() -> None:
     wanted = {_name(r) for r in project["dependencies"]}
     for extra in project["optional-dependencies"].values():
         wanted |= {_name(r) for r in extra}
-    lines = (ROOT / "constraints.txt").read_text().splitlines()
-    pinned = {_name(line): line for line in lines if line and not line.startswith("#")}
+    wanted.discard(project["name"])  # an extra made of other extras (``engines``)
+    pinned = _pinned()
     assert all("==" in line for line in pinned.values()), pinned
     assert wanted <= set(pinned), sorted(wanted - set(pinned))
-    assert "make lock" in lines[1]
+    assert "make lock" in (ROOT / "constraints.txt").read_text().splitlines()[1]
+
+
+def _pinned() -> dict[str, str]:
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    return {_name(line): line for line in lines if line and not line.startswith("#")}
+
+
+def test_the_spark_connect_extra_brings_and_pins_what_the_client_needs() -> None:
+    """``pip install 'dpgate[spark-connect]'`` alone once left the worker unable to boot
+    (``grpcio >= 1.48.1 must be installed``): the extra is pyspark's own ``connect``
+    extra, and the lock pins each package that extra asks for."""
+    from importlib import metadata
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    assert "pyspark[connect]>=4.0" in extras["spark-connect"]
+    assert "dpgate[clickhouse,chdb,spark,spark-connect]" in extras["engines"]
+    needs = {
+        _name(r)
+        for r in metadata.requires("pyspark") or []
+        if re.search(r"""extra\s*==\s*["']connect["']""", r)
+    }
+    assert {"grpcio", "grpcio-status", "googleapis-common-protos"} <= needs
+    assert needs <= set(_pinned()), sorted(needs - set(_pinned()))

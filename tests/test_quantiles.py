@@ -56,6 +56,7 @@ def test_a_released_median_is_close_in_rank_to_the_true_one(make_gateway: Any) -
     ages = _ages(gw)
     release = gw.query("ann", QueryRequest("SELECT MEDIAN(age) FROM patients", 10.0, 0, "laplace"))
     ((m,),) = release.rows
+    assert release.columns[0].name == "MEDIAN(age)"  # as written, not PERCENTILE_CONT(…)
     t = (len(ages) - 1) / 2
     below, at_most = sum(a < m for a in ages), sum(a <= m for a in ages)
     assert below - 2 <= t <= at_most - 1 + 2, (m, below, at_most, t)

@@ -153,7 +153,7 @@ def table_configs(url: str, schema: str | None) -> dict[str, TableConfig]:
     return dict(parse_config(raw).tables)
 
 
-Backend = Literal["sqlite", "postgres", "duckdb", "clickhouse", "spark"]
+Backend = Literal["sqlite", "postgres", "duckdb", "clickhouse", "spark", "spark-connect"]
 
 LONG = "x" * 10_000
 SPECIAL_TEXTS = [
@@ -489,11 +489,12 @@ ENGINE_KINDS = {
 }
 
 
-def engine_target(backend: Literal["clickhouse", "spark"], factory: Any) -> Target:
+def engine_target(backend: engines.Engine, factory: Any) -> Target:
     """The adversarial rows (and the ``many`` table, doubled) on ClickHouse or Spark."""
     database = engines.new_database("tot")
     kinds = {c.name: ENGINE_KINDS[c.storage] for c in COLUMNS}
-    engines.load(backend, factory, database, PHYSICAL, kinds, adversarial_rows(backend))
+    rows = adversarial_rows("spark" if backend == "spark-connect" else backend)
+    engines.load(backend, factory, database, PHYSICAL, kinds, rows)
     many = many_rows()
     for i in range(MANY_DOUBLINGS):
         many += [{**r, "pid": r["pid"] + (2 << i)} for r in many]
@@ -516,6 +517,13 @@ def clickhouse_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Targ
 @pytest.fixture(scope="module")
 def spark_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     target = engine_target("spark", tmp_path_factory)
+    yield target
+    target.engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def spark_connect_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+    target = engine_target("spark-connect", tmp_path_factory)
     yield target
     target.engine.dispose()
 
@@ -832,7 +840,7 @@ class Outcome:
 
 def diagnose(target: Target, sql: str) -> str:
     """The backend's own error for ``sql`` (``run_aggregate`` hides it, rightly)."""
-    if target.backend in ("clickhouse", "spark"):
+    if target.backend in ("clickhouse", "spark", "spark-connect"):
         return engines.raw_error(target.backend, target.url, sql)
     try:
         with target.engine.connect() as conn:
@@ -1035,7 +1043,7 @@ BACKENDS = [
 def test_known_hazards_are_refused_or_run(
     backend: str, sql: str, request: pytest.FixtureRequest
 ) -> None:
-    target: Target = request.getfixturevalue(f"{backend}_target")
+    target: Target = request.getfixturevalue(f"{backend.replace('-', '_')}_target")
     outcome = run_query(target, sql)
     assert outcome.error is None, (
         f"an accepted query raised on {backend}\n"
@@ -1049,7 +1057,7 @@ def test_known_hazards_are_refused_or_run(
 def test_sum_and_avg_over_many_extreme_rows_do_not_overflow(
     backend: str, request: pytest.FixtureRequest
 ) -> None:
-    target: Target = request.getfixturevalue(f"{backend}_target")
+    target: Target = request.getfixturevalue(f"{backend.replace('-', '_')}_target")
     failures = []
     for column in BOUNDED:
         for sql in (

@@ -22,19 +22,38 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+from sqlglot import exp
+
 from gateway.analyze.nested import bind_post_query, split_nested
-from gateway.analyze.parse import parse_select
-from gateway.analyze.select import build_plan, canonical_sql, public_values_plan
+from gateway.analyze.parse import READ_DIALECT, parse_select
+from gateway.analyze.select import build_plan, canonical_sql, public_values_plan, uncut_sql
 from gateway.analyze.wrapper import probe_plan, unwrap
 from gateway.config import TableConfig
+from gateway.dialects import dialect
+from gateway.errors import UnsupportedQuery
 from gateway.plan import ProbePlan, QueryPlan
 
 __all__ = ["analyze"]
 
 
+def _refuse_windows(select: exp.Expr) -> None:
+    """A window function anywhere is refused by name, before any other check could
+    refuse it for a reason the analyst did not write (``COUNT(*) OVER ()`` is not a
+    column "neither aggregated nor in GROUP BY")."""
+    window = select.find(exp.Window)
+    if window is not None:
+        raise UnsupportedQuery(
+            f"window functions are not supported: {window.sql(dialect=dialect(READ_DIALECT))}."
+            " dpgate releases one noisy aggregate per group: ask for the aggregates with "
+            "GROUP BY, then rank, total or compare the released rows yourself (free)",
+            construct="window function",
+        )
+
+
 def analyze(sql: str, tables: Mapping[str, TableConfig]) -> QueryPlan | ProbePlan:
     """Analyse ``sql`` against the declared ``tables``; raise a ``GatewayError`` if refused."""
     select = parse_select(sql)
+    _refuse_windows(select)
     probe = probe_plan(select)
     if probe is not None:
         return probe
@@ -44,9 +63,10 @@ def analyze(sql: str, tables: Mapping[str, TableConfig]) -> QueryPlan | ProbePla
     nested = split_nested(select)
     if nested is not None:  # the inner query is the plan; the outer, its post-processing
         plan = build_plan(nested.inner, tables)
-        return replace(plan, post_query=bind_post_query(nested, plan))
+        post_query = bind_post_query(nested, plan)
+        return replace(plan, post_query=post_query, uncut_sql=uncut_sql(nested.inner))
     inner, outer = unwrap(select)
     plan = build_plan(inner, tables, outer=outer)
     if outer is not None:
         plan = replace(plan, canonical_sql=canonical_sql(select))
-    return plan
+    return replace(plan, uncut_sql=uncut_sql(select))

@@ -116,8 +116,9 @@ def bounded_column(arg: exp.Expr, table: TableConfig, alias: str, name: str) -> 
     col = table.columns[column.name]
     if not col.numeric or not col.bounded:
         raise UnsupportedQuery(
-            f"{name}({col.name}) needs a numeric column with declared lower and upper bounds "
-            f"(declare them in the config: columns.{col.name}.lower/upper)",
+            f"{name}({col.name}) needs a numeric column with declared lower and upper bounds, "
+            f"and {col.name} has none (GET /v1/schema lists each column's bounds; only the "
+            "administrator can declare them)",
             construct=f"{name} of an unbounded column",
         )
     return column

@@ -200,6 +200,23 @@ def canonical_sql(select: exp.Expr) -> str:
     return _canonical(select)
 
 
+def _aggregate_name(node: exp.Expr) -> str:
+    """An unaliased aggregate's column name: its normalised text, but MEDIAN as the
+    analyst wrote it (the dialect spells it PERCENTILE_CONT(0.5) WITHIN GROUP (…))."""
+    if isinstance(node, exp.Median):
+        return f"MEDIAN({node.this.sql(dialect=dialect(READ_DIALECT))})"
+    return node.sql(dialect=dialect(READ_DIALECT))
+
+
+def uncut_sql(select: exp.Expr) -> str:
+    """``canonical_sql`` of the statement without its own LIMIT and OFFSET (a cut of the
+    release, done in post-processing: ``gateway.postprocess.present``)."""
+    uncut = select.copy()
+    uncut.set("limit", None)
+    uncut.set("offset", None)
+    return _canonical(uncut)
+
+
 def _contains_aggregate(node: exp.Expr) -> bool:
     return any(isinstance(n, AGGREGATES) for n in node.walk())
 
@@ -374,7 +391,7 @@ def _add_select_item(b: _Builder, item: exp.Expr) -> None:
     ):
         raise UnsupportedQuery(f"SELECT * returns rows. {ROWS_HINT}", construct="SELECT *")
     if isinstance(node, AGGREGATES):
-        b.aggregate_output(node, alias or node.sql(dialect=dialect(READ_DIALECT)), hidden=False)
+        b.aggregate_output(node, alias or _aggregate_name(node), hidden=False)
         return
     if _contains_aggregate(node):
         raise UnsupportedQuery(

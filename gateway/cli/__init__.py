@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import sys
 from pathlib import Path
 
 import click
 
 from gateway.cli.render import print_answer, print_dry_run
+from gateway.cli.schema_report import SchemaReport, schema_report
 from gateway.config import ConfigError, load_config
 
 
@@ -90,10 +90,13 @@ def demo(
     if pg_port is None:
         pg_port = port + 7352 if port + 7352 <= 65535 else port - 7352
     demo_run = prepare(Path(directory), fresh=fresh, postgres_port=pg_port)
-    admin_key = os.environ.get("DPGATE_ADMIN_KEY")
-    if not admin_key:
-        admin_key = secrets.token_urlsafe(24)
-        os.environ["DPGATE_ADMIN_KEY"] = admin_key
+    admin_key = demo_run.admin_key
+    os.environ["DPGATE_ADMIN_KEY"] = admin_key  # what the served gateway reads
+    admin_note = {
+        "environment": "(from DPGATE_ADMIN_KEY)",
+        "kept": f"(the earlier demo's, kept in {_shown(demo_run.config.parent / 'admin.key')})",
+        "new": f"(new; kept in {_shown(demo_run.config.parent / 'admin.key')} for the next demo)",
+    }[demo_run.admin_key_source]
     url = f"http://{host}:{port}"
     dpgate = self_command()
     config = _shown(demo_run.config)
@@ -111,7 +114,7 @@ dpgate demo
   ledger:  {_shown(demo_run.ledger)}
 
   demo analyst key: {key}
-  admin key:        {admin_key}
+  admin key:        {admin_key}  {admin_note}
   web console:      {url}/ui/  (sign in with either key)
 """
     )
@@ -287,14 +290,16 @@ def config_check(path: str | None, config_option: str | None) -> None:
         for problem in e.problems:
             click.echo(f"  - {problem}", err=True)
         sys.exit(2)
-    problems = _check_against_database(cfg)
-    if problems:
+    report = _check_against_database(cfg)
+    if report.problems:
         click.echo(f"{target}: the config is valid, but:", err=True)
-        for problem in problems:
+        for problem in report.problems:
             click.echo(f"  - {problem}", err=True)
         sys.exit(2)
     tables = ", ".join(t.name for t in cfg.tables.values())
     click.echo(f"{target}: OK ({len(cfg.tables)} table(s): {tables})")
+    for note in report.notes:
+        click.echo(note)
     notes = _nullability_report(cfg)
     if notes:
         click.echo("Nullable only by the catalogue (declare `nullable:` to decide):")
@@ -317,40 +322,42 @@ def _nullability_report(cfg: object) -> list[str]:
         engine.dispose()
 
 
-def _check_against_database(cfg: object) -> list[str]:
-    """Declared tables and columns exist in the protected database, and the declared
-    join keys are stored as declared (``gateway/join_keys.py``, ``key_type_problems``)."""
+def _check_against_database(cfg: object) -> SchemaReport:
+    """Declared tables and columns exist in the protected database, what its catalogue
+    says of them (``gateway/cli/schema_report.py``), and the declared join keys are
+    stored as declared (``gateway/join_keys.py``, ``key_type_problems``)."""
     import sqlalchemy as sa
 
     from gateway.config import Config
+    from gateway.engines.catalogue import read_schema
     from gateway.execute import open_protected_engine
     from gateway.join_keys import key_type_problems
 
     assert isinstance(cfg, Config)
     try:
         engine = open_protected_engine(cfg.database.url, statement_timeout_ms=5000)
-        inspector = sa.inspect(engine)
-    except Exception as e:  # the database itself is unreachable
-        return [f"database.url: cannot open the protected database ({type(e).__name__})"]
-    problems = []
+    except Exception as e:  # the database itself is unreachable, or its driver missing
+        return SchemaReport(
+            (f"database.url: cannot open the protected database ({_reason(e)})",), ()
+        )
     try:
-        for t in cfg.tables.values():
-            if not inspector.has_table(t.sql_name, schema=t.schema):
-                problems.append(f"tables.{t.name}: no such table in the protected database")
-                continue
-            present = {
-                c["name"].lower() for c in inspector.get_columns(t.sql_name, schema=t.schema)
-            }
-            for c in t.columns.values():
-                if c.name.lower() not in present:
-                    problems.append(f"tables.{t.name}.columns.{c.name}: no such column")
-        if not problems:
-            problems += key_type_problems(engine, cfg.tables)
-    except sa.exc.SQLAlchemyError as e:
-        problems.append(f"database.url: cannot read the schema ({type(e).__name__})")
+        report = schema_report(cfg, read_schema(engine, cfg.tables))
+        if report.problems:
+            return report
+        try:
+            keys = key_type_problems(engine, cfg.tables)
+        except (sa.exc.SQLAlchemyError, NotImplementedError) as e:
+            keys = [f"database.url: cannot read the join keys' storage ({type(e).__name__})"]
+        return SchemaReport(tuple(keys), report.notes)
     finally:
         engine.dispose()
-    return problems
+
+
+def _reason(e: BaseException) -> str:
+    """An exception's class, and for a missing driver the module to install."""
+    if isinstance(e, ImportError) and e.name:
+        return f"{type(e).__name__}: {e.name} is not installed; see docs/operations.md"
+    return type(e).__name__
 
 
 def _register() -> None:

@@ -39,7 +39,7 @@ from typing import Any
 import click
 
 import budget
-from gateway.cli.render import number, period_line
+from gateway.cli.render import delta_line, number, period_line
 from gateway.config import ConfigError, load_config
 
 CONFIG_OPTION = click.option(
@@ -116,10 +116,7 @@ def _print_status(status: budget.BudgetStatus) -> None:
         f"{number(status.epsilon_remaining)} remaining "
         f"({_basis(status)})"
     )
-    click.echo(
-        f"  δ: {number(status.delta_spent)} spent of {number(status.delta)}, "
-        f"{number(status.delta_remaining)} remaining"
-    )
+    click.echo("  " + delta_line(status.to_json()))
     click.echo(
         f"  ρ: {number(status.rho_spent)} spent of {number(status.rho_budget)}; largest next "
         f"Laplace query: ε = {number(status.max_next_laplace_epsilon)}"
@@ -134,7 +131,7 @@ def _basis(status: budget.BudgetStatus) -> str:
     if status.composition == "zcdp":
         return "zCDP"
     chosen = "basic composition" if status.basis == "basic" else "zCDP"
-    return f"{chosen}; basic composition: {basic}, zCDP: {zcdp}"
+    return f"by {chosen}, the smaller of two totals: basic composition {basic}, zCDP {zcdp}"
 
 
 def _print_statuses(statuses: list[budget.BudgetStatus], as_json: bool) -> None:

@@ -3,11 +3,15 @@
 A second ``dpgate demo`` in the same folder resumes the first: the ledger keeps what was
 spent and who was added, which the command must say (a fresh key on a spent budget is
 confusing otherwise); ``--fresh`` starts a new ledger. The data is deterministic, so it
-is built once and kept.
+is built once and kept. The admin key is kept too (``admin.key``, readable by its owner
+only), so a second demo does not silently invalidate the key an admin already uses;
+``DPGATE_ADMIN_KEY`` overrides it, ``--fresh`` replaces it.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +37,9 @@ class DemoFiles:
     ledger: Path
     key: str
     resumed: str | None
+    admin_key: str = ""
+    # where the admin key came from: "environment", "kept" (an earlier demo's) or "new"
+    admin_key_source: str = "new"
 
 
 def prepare(directory: Path, *, fresh: bool = False, postgres_port: int | None = None) -> DemoFiles:
@@ -45,6 +52,8 @@ def prepare(directory: Path, *, fresh: bool = False, postgres_port: int | None =
     if fresh:
         for suffix in ("", "-wal", "-shm", "-journal"):
             Path(f"{ledger_path}{suffix}").unlink(missing_ok=True)
+        (root / ADMIN_KEY_FILE).unlink(missing_ok=True)
+    admin_key, admin_source = _admin_key(root / ADMIN_KEY_FILE)
     existed = ledger_path.exists()
     if not db.exists():
         build(db)
@@ -71,4 +80,31 @@ def prepare(directory: Path, *, fresh: bool = False, postgres_port: int | None =
             key = ledger.rotate_key(DEMO_ANALYST)
     finally:
         ledger.close()
-    return DemoFiles(database=db, config=config_path, ledger=ledger_path, key=key, resumed=resumed)
+    return DemoFiles(
+        database=db,
+        config=config_path,
+        ledger=ledger_path,
+        key=key,
+        resumed=resumed,
+        admin_key=admin_key,
+        admin_key_source=admin_source,
+    )
+
+
+ADMIN_KEY_FILE = "admin.key"
+
+
+def _admin_key(path: Path) -> tuple[str, str]:
+    """The demo's admin key: ``DPGATE_ADMIN_KEY`` if set, else the one an earlier demo
+    kept in ``path``, else a new one written there (mode 0600)."""
+    if os.environ.get("DPGATE_ADMIN_KEY"):
+        return os.environ["DPGATE_ADMIN_KEY"], "environment"
+    if path.exists():
+        kept = path.read_text().strip()
+        if kept:
+            return kept, "kept"
+    key = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key, "new"

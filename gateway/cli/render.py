@@ -35,6 +35,21 @@ def budget_line(budget: Mapping[str, Any]) -> str:
     return line
 
 
+def delta_line(budget: Mapping[str, Any]) -> str:
+    """``δ: 1e-06 in all; 5e-07 for partition selection (0 spent, 5e-07 remaining), the
+    rest converts the zCDP total to (ε, δ)`` from a budget JSON object."""
+    delta, selection = budget.get("delta"), budget.get("selection_delta_budget")
+    line = f"δ: {number(delta)} in all"
+    if isinstance(delta, int | float) and isinstance(selection, int | float):
+        line += (
+            f"; {number(selection)} for partition selection ({number(budget.get('delta_spent'))}"
+            f" spent, {number(budget.get('delta_remaining'))} remaining)"
+        )
+        if selection < delta:
+            line += ", the rest converts the zCDP total to (ε, δ)"
+    return line
+
+
 def period_line(budget: Mapping[str, Any]) -> str:
     """``period: month, renews 2026-02-01T00:00:00+00:00`` or ``period: none (…)``."""
     period = budget.get("period") or "none"
@@ -108,6 +123,10 @@ def print_answer(answer: Mapping[str, Any]) -> None:
     selection = answer.get("partition_selection")
     if selection:
         click.echo(f"note: {selection.get('note')}")
+    clamped = answer.get("clamped")
+    if isinstance(clamped, Mapping):
+        names = ", ".join(str(c) for c in clamped.get("columns") or [])
+        click.echo(f"clamped ({names}): {clamped.get('note')}")
     if answer.get("cached"):
         click.echo("cached: the identical earlier answer, at no charge")
     else:

@@ -173,9 +173,13 @@ def _release_spec(
             "title": key_title,
             "scale": {"zero": False},
         }
+        if key_type == "integer":
+            # a year or an age is a label: 2019, not 2,019.0 (and no ticks between them)
+            x["axis"] = {"format": "d", "tickMinStep": 1}
     y = {"field": "value", "type": "quantitative", "title": measure}
     tooltip = [
-        {"field": "key", "type": x["type"], "title": key_title},
+        {"field": "key", "type": x["type"], "title": key_title}
+        | ({"format": "d"} if key_type == "integer" and kind != "bars" else {}),
         {"field": "value", "type": "quantitative", "title": measure, "format": ",.4~f"},
         {"field": "low", "type": "quantitative", "title": "95% low", "format": ",.4~f"},
         {"field": "high", "type": "quantitative", "title": "95% high", "format": ",.4~f"},
@@ -252,7 +256,9 @@ def spend_chart(
                     # UTC, as the ledger records it; padded so that one charge is not
                     # drawn on a zero-width axis.
                     "scale": {"type": "utc", "padding": 24},
-                    "axis": {"labelAngle": 0},
+                    # one format for every tick (Vega's default mixes "07:48" and "08 PM"),
+                    # in UTC as the scale is (a "formatType" would make Vega ignore it)
+                    "axis": {"labelAngle": 0, "format": "%m-%d %H:%M"},
                 },
                 "y": {"field": "epsilon_spent", "type": "quantitative", "title": "ε spent"},
                 "tooltip": [

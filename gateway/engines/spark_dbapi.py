@@ -5,7 +5,12 @@ No SQLAlchemy dialect reaches an in-process Spark, so dpgate brings this one:
 - ``spark+local:///WAREHOUSE?master=local[2]``: a SparkSession in the gateway's process
   (a JVM, Java 17), whose tables live in the warehouse directory (Spark's default
   ``spark-warehouse`` when none is given). The tests run on it. One SparkSession per
-  process: connections share it.
+  process: connections share it. With ``&metastore=DIR`` the session's catalogue is a
+  persistent one (Hive's metastore, embedded Derby, in ``DIR``): tables saved to the
+  warehouse by another process that used the same two directories are found. Without
+  it the catalogue lives in memory and knows only the session's own tables and views.
+  Derby admits one process at a time: load the tables, stop, then serve
+  (docs/operations.md, "Loading data").
 - ``spark+connect://host:15002``: a Spark Connect server (Spark 3.4+), the way to a
   real cluster without a JVM in the gateway (``sc://host:15002``; pyspark's connect
   extra: grpcio, pyarrow, pandas).
@@ -29,12 +34,21 @@ What this driver guarantees on every statement:
 
 A failure is raised as ``OperationalError`` whose text is only Spark's error class
 (``DIVIDE_BY_ZERO``, ``CANCELLED``…): Spark's message can quote a value of the rows.
+
+The JVM's own output never reaches dpgate's JSON log lines (stderr): a local session is
+started with log4j writing to stdout, or to the file named by ``&engine_log=PATH``, and
+without the console progress bar.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import tempfile
 import threading
 import uuid
+import warnings
+from pathlib import Path
 from typing import Any
 
 import sqlglot
@@ -79,32 +93,129 @@ threadsafety = 1
 paramstyle = "qmark"  # declared for SQLAlchemy; no parameter is ever bound
 
 _SESSION_LOCK = threading.Lock()
+_LOCAL: list[Any] = []  # the process's local SparkSession, once started
+# pyspark warns on import when pandas is 3.x; dpgate hands pyspark no pandas frame (it
+# collects Rows), so the warning is expected here and would only be noise in the log.
+warnings.filterwarnings(
+    "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
+)
+_LOG4J_FILES: dict[str | None, str] = {}  # written once per process and log target
 _ENGINE = "Spark"
 
 
 def session(
-    master: str | None = None, remote: str | None = None, warehouse: str | None = None
+    master: str | None = None,
+    remote: str | None = None,
+    warehouse: str | None = None,
+    metastore: str | None = None,
+    engine_log: str | None = None,
 ) -> Any:
-    """The process's SparkSession (created on first use), with ANSI errors off."""
+    """The process's SparkSession (created on first use), with ANSI errors off. A local
+    one keeps its catalogue in ``metastore`` when given, and its JVM's log out of
+    stderr (see the module doc); these take effect when the JVM starts."""
     from pyspark.sql import SparkSession
 
     with _SESSION_LOCK:
-        builder = SparkSession.builder.appName("dpgate")
         if remote:
-            builder = builder.remote(remote)
-        else:
-            builder = builder.master(master or "local[2]").config("spark.ui.enabled", "false")
-            if warehouse:
-                builder = builder.config("spark.sql.warehouse.dir", warehouse)
+            # Spark Connect's own builder: the generic one refuses a remote session in a
+            # process that also holds a local one (and then makes every later one remote).
+            from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+            remote_spark = ConnectSession.builder.remote(remote).getOrCreate()
+            remote_spark.conf.set("spark.sql.ansi.enabled", "false")
+            return remote_spark
+        if _LOCAL and _LOCAL[0].sparkContext._jsc is not None:
+            return _LOCAL[0]  # asking the builder again would only log that it exists
+        settings = local_settings(warehouse, metastore, engine_log)
+        _start_jvm(master or "local[2]", settings, engine_log)
+        builder = SparkSession.builder.appName("dpgate").master(master or "local[2]")
+        for key, value in settings.items():
+            builder = builder.config(key, value)
         spark = builder.getOrCreate()
         spark.conf.set("spark.sql.ansi.enabled", "false")
+        _LOCAL[:] = [spark]
         return spark
 
 
+def _start_jvm(master: str, settings: dict[str, str], engine_log: str | None) -> None:
+    """Start the process's JVM (unless running) with its stdout and stderr sent to
+    ``engine_log`` or to this process's stdout: the JVM writes there without log4j too
+    (``WARNING: Using incubator modules``, a crash's report)."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._active_spark_context is not None:
+        return
+    conf = SparkConf().setAppName("dpgate").setMaster(master).setAll(list(settings.items()))
+    out = open(engine_log, "ab") if engine_log else None  # noqa: SIM115 (the JVM's, for life)
+    gateway = launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": subprocess.STDOUT})
+    SparkContext(conf=conf, gateway=gateway)
+
+
+def local_settings(
+    warehouse: str | None, metastore: str | None, engine_log: str | None
+) -> dict[str, str]:
+    """The Spark settings of a local session (module doc): no UI or progress bar, the
+    JVM's log4j to stdout or ``engine_log``, and the warehouse and metastore."""
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={_log4j_file(engine_log)}",
+    }
+    if warehouse:
+        settings["spark.sql.warehouse.dir"] = str(Path(warehouse).resolve())
+    if metastore:
+        root = Path(metastore).resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        settings["spark.sql.catalogImplementation"] = "hive"
+        settings["spark.hadoop.javax.jdo.option.ConnectionURL"] = (
+            f"jdbc:derby:;databaseName={root / 'metastore_db'};create=true"
+        )
+        settings["spark.driver.extraJavaOptions"] += (
+            f" -Dderby.stream.error.file={root / 'derby.log'}"
+        )
+    return settings
+
+
+def _log4j_file(engine_log: str | None) -> str:
+    """A log4j2 configuration that writes the JVM's log (WARN and above) to stdout or to
+    ``engine_log``: never to stderr, where dpgate's JSON lines go."""
+    known = _LOG4J_FILES.get(engine_log)
+    if known is not None:
+        return known
+    if engine_log:
+        appender = (
+            "appender.engine.type = File\n"
+            f"appender.engine.fileName = {Path(engine_log).resolve()}\n"
+        )
+    else:
+        appender = "appender.engine.type = Console\nappender.engine.target = SYSTEM_OUT\n"
+    text = (
+        "rootLogger.level = warn\n"
+        "rootLogger.appenderRef.engine.ref = engine\n"
+        f"{appender}"
+        "appender.engine.name = engine\n"
+        "appender.engine.layout.type = PatternLayout\n"
+        "appender.engine.layout.pattern = %d{yyyy-MM-dd'T'HH:mm:ss.SSS} %p %c: %m%n\n"
+        # expected at every start, and nothing an operator acts on
+        "logger.hadoop.name = org.apache.hadoop.util.NativeCodeLoader\n"
+        "logger.hadoop.level = error\n"
+    )
+    handle, path = tempfile.mkstemp(prefix="dpgate-log4j2-", suffix=".properties")
+    with os.fdopen(handle, "w") as f:
+        f.write(text)
+    _LOG4J_FILES[engine_log] = path
+    return path
+
+
 def connect(
-    master: str | None = None, remote: str | None = None, warehouse: str | None = None
+    master: str | None = None,
+    remote: str | None = None,
+    warehouse: str | None = None,
+    metastore: str | None = None,
+    engine_log: str | None = None,
 ) -> Connection:
-    return Connection(session(master, remote, warehouse), remote is not None)
+    return Connection(session(master, remote, warehouse, metastore, engine_log), remote is not None)
 
 
 class Connection:
@@ -211,8 +322,14 @@ class SparkDialect(NoTransactionDialect):
             port = url.port or 15002
             params = "".join(f";{k}={v}" for k, v in sorted(url.query.items()))
             return [], {"remote": f"sc://{url.host}:{port}/{params}"}
-        master = url.query.get("master")
+
+        def one(name: str) -> str | None:
+            value = url.query.get(name)
+            return value if isinstance(value, str) else None
+
         return [], {
-            "master": master if isinstance(master, str) else None,
+            "master": one("master"),
             "warehouse": url.database or None,
+            "metastore": one("metastore"),
+            "engine_log": one("engine_log"),
         }

@@ -65,6 +65,11 @@ register_schema(
             "delta": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
             "mechanism": {"type": "string", "enum": ["laplace", "gaussian"]},
             "dry_run": {"type": "boolean"},
+            "raw": {
+                "type": "boolean",
+                "description": "the noisy values as drawn (unbiased; a count may be "
+                "negative), not moved into what is public; the same release, free once paid",
+            },
         },
     },
 )
@@ -172,6 +177,17 @@ register_schema(
                     "inner_sql": {"type": "string"},
                     "note": {"type": "string"},
                     "inner_accuracy": {"type": "object"},
+                },
+            },
+            "clamped": {
+                "type": "object",
+                "description": "present when a value or an interval was moved into what "
+                "is public (counts ≥ 0, AVG within the column's bounds…); ask `raw` for "
+                "the values as drawn",
+                "required": ["columns", "note"],
+                "properties": {
+                    "columns": {"type": "array", "items": {"type": "string"}},
+                    "note": {"type": "string"},
                 },
             },
             "partition_selection": {

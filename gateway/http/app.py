@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 from flask import Flask, Response, g, jsonify
+from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import HTTPException
 
 from gateway.config import Config, load_config
@@ -23,6 +25,7 @@ from gateway.errors import (
     NotFound,
 )
 from gateway.pipeline import Gateway
+from gateway.request import load_json
 
 log = logging.getLogger("dpgate.http")
 
@@ -31,7 +34,8 @@ def create_app(config: Config, *, gateway: Gateway | None = None) -> Flask:
     """A WSGI app serving ``config`` (or an already built ``gateway``)."""
     # No static folder of its own: the console installs its files (and only those).
     app = Flask("dpgate", static_folder=None)
-    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.json = _BoundedJSON(app)
+    app.json.sort_keys = False
     app.config["MAX_CONTENT_LENGTH"] = 1_000_000
     app.extensions["dpgate"] = gateway or Gateway(config)
 
@@ -49,6 +53,14 @@ def create_app(config: Config, *, gateway: Gateway | None = None) -> Flask:
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected)
     return app
+
+
+class _BoundedJSON(DefaultJSONProvider):
+    """Flask's JSON, reading request bodies within ``gateway.request``'s limits (depth,
+    digits): a body past them is an ``invalid_request``, not a parser's RecursionError."""
+
+    def loads(self, s: str | bytes, **kwargs: Any) -> Any:
+        return load_json(s)
 
 
 def create_app_from_env() -> Flask:

@@ -159,6 +159,7 @@ def _after_request(response: Response) -> Response:
     try:
         error = _error_of(response)
         rec.error_code = str(error.get("code")) if error else None
+        rec.charged_failure = bool(error and (error.get("detail") or {}).get("charged"))
         if rec.error_code == "rate_limited" and error is not None:
             retry_after = (error.get("detail") or {}).get("retry_after")
             if isinstance(retry_after, int):

@@ -87,13 +87,15 @@ def classify(sql: str) -> tuple[Route, exp.Expr | None]:
         return "session", None
     try:
         tree = sqlglot.parse_one(sql, read="postgres")
-    except SqlglotError:
-        quoted = _quote_keyword_aliases(sql)
+    except (SqlglotError, TypeError, ValueError, RecursionError) as e:
+        # sqlglot's own failures too (``WHERE #> 1`` is a TypeError): the gateway's
+        # parser, behind its input limits, says what is wrong with the query
+        quoted = _quote_keyword_aliases(sql) if isinstance(e, SqlglotError) else None
         if quoted is None:
             return "query", None
         try:  # `… AS select` (Metabase's privileges query): PostgreSQL takes a keyword
             tree = sqlglot.parse_one(quoted, read="postgres")  # after AS as a name
-        except SqlglotError:
+        except (SqlglotError, TypeError, ValueError, RecursionError):
             return "query", None
     if not isinstance(tree, exp.Query):
         return "query", None

@@ -376,3 +376,46 @@ def test_the_admin_sets_a_budget_period_and_the_analyst_sees_it(
     assert "week" in page.locator("#gauge-period").inner_text()
     sign_out(watched)
     watched.assert_clean(served.analyst_key, served.admin_key)
+
+
+def test_what_the_pages_say_is_tidy(served: Served, watched: Watched) -> None:
+    """Issue 38's findings, looked at in the page: a year reads 2019 (table and axis), a
+    public table is not described in rows per person, the spend axis uses one time
+    format, and a refusal's "Refused." does not follow the analyst to History."""
+    w, page, key = watched, watched.page, served.analyst_key
+    sign_in(w, served, key)
+    tree = page.locator("#schema-tree")
+    tree.locator("details").first.wait_for()
+    regions = tree.locator("details", has_text="zip_regions").first
+    assert "per person" not in regions.inner_text() and "public rows" in regions.inner_text()
+
+    page.get_by_label("SQL").fill("SELECT year, COUNT(*) AS n FROM visits GROUP BY year")
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.locator("#chart svg").wait_for()
+    cells = page.locator("#result-table tbody tr td:first-child").all_inner_texts()
+    assert "2019" in cells and not any("," in c for c in cells), cells
+    ticks = page.locator("#chart svg").text_content() or ""
+    assert "2,019" not in ticks and "2019.0" not in ticks
+    w.shot("20-years")
+
+    page.get_by_label("SQL").fill("SELECT name FROM patients")
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.get_by_role("alert").filter(has_text="unknown_column").wait_for()
+    assert page.locator("#status").inner_text() == "Refused."
+    page.get_by_role("link", name="History").click()
+    page.locator("#history-table tbody tr").first.wait_for()
+    assert "Refused" not in page.locator("#status").inner_text()
+    w.shot("21-history-after-refusal")
+    sign_out(w)
+
+    sign_in(w, served, served.admin_key)
+    page.get_by_role("link", name="Spend").click()
+    page.locator("#spend-form").get_by_label("Analyst").select_option("alice")
+    page.get_by_role("button", name="Show").click()
+    page.locator("#spend-chart svg").wait_for()
+    labels = page.locator("#spend-chart svg").text_content() or ""
+    assert " AM" not in labels and " PM" not in labels, labels
+    assert re.search(r"\d\d-\d\d \d\d:\d\d", labels), labels  # month-day hour:minute
+    w.shot("22-spend-axis")
+    sign_out(w)
+    w.assert_clean(key, served.admin_key)

@@ -25,6 +25,7 @@ const state = {
   lastCost: null, // the privacy block of the latest dry run or answer
   lastQueriesRemaining: null, // a dry run's own count, when the gateway sends one
   analysts: [],
+  view: null, // the page shown (its status message does not follow the analyst)
 };
 
 // ---------------------------------------------------------------- the API
@@ -233,6 +234,10 @@ function route() {
   let name = location.hash.replace(/^#/, "") || "";
   if (!state.key) name = "signin";
   else if (!VIEWS[name] || VIEWS[name].role !== state.role) name = state.role === "admin" ? "analysts" : "query";
+  // A message belongs to the page it was said on ("Refused." must not follow the analyst
+  // to History); the sign-in page's greeting carries over to the first page.
+  if (state.view && state.view !== "signin" && state.view !== name) say("");
+  state.view = name;
   for (const view of Object.keys(VIEWS)) show($(`view-${view}`), view === name);
   const signedIn = Boolean(state.key);
   show($("nav"), signedIn);
@@ -275,9 +280,12 @@ async function loadSchema() {
   tree.replaceChildren(
     ...data.tables.map((t) => {
       const meta = [];
+      if (t.public) meta.push(`public rows${t.key ? `, one per ${t.key}` : ""}: no person's data`);
       if (t.privacy_unit) meta.push(`one person = one ${t.privacy_unit}`);
-      if (t.max_rows_per_unit) meta.push(`≤ ${t.max_rows_per_unit} rows per person`);
-      if (t.max_groups_per_unit) meta.push(`≤ ${t.max_groups_per_unit} groups per person`);
+      // contribution bounds mean something only where rows belong to people
+      const per = (n, what) => `≤ ${n} ${what}${n === 1 ? "" : "s"} per person`;
+      if (t.privacy_unit && t.max_rows_per_unit) meta.push(per(t.max_rows_per_unit, "row"));
+      if (t.privacy_unit && t.max_groups_per_unit) meta.push(per(t.max_groups_per_unit, "group"));
       const columns = el(
         "ul",
         { class: "columns" },
@@ -345,7 +353,7 @@ function renderGauge() {
     ["ε spent", b.epsilon_spent, "gauge-spent"],
     ["ε remaining", b.epsilon_remaining, "gauge-remaining"],
     ["ε budget", b.epsilon, "gauge-total"],
-    ["δ remaining", b.delta_remaining, "gauge-delta"],
+    ["δ left for partition selection", b.delta_remaining, "gauge-delta"],
     ["queries charged", b.queries, "gauge-queries"],
   ];
   const list = el(
@@ -356,7 +364,8 @@ function renderGauge() {
   const fit = state.lastQueriesRemaining ?? queriesThatFit(b, state.lastCost);
   const fits = el("p", { id: "gauge-fit" });
   if (state.lastCost && fit !== null) {
-    fits.textContent = `${fmt(fit)} more ${fit === 1 ? "query" : "queries"} like the last one (ε ${fmt(state.lastCost.epsilon)}) fit.`;
+    const used = state.lastCost.selection_delta > 0 ? `, partition-selection δ ${fmt(state.lastCost.selection_delta)}` : "";
+    fits.textContent = `${fmt(fit)} more ${fit === 1 ? "query" : "queries"} like the last one (ε ${fmt(state.lastCost.epsilon)}${used}) fit${used ? ", in ε and in the δ left" : ""}.`;
     fits.dataset.value = String(fit);
   } else {
     fits.textContent = "Dry-run a query to see how many like it still fit.";
@@ -364,7 +373,10 @@ function renderGauge() {
   const period = b.period && b.period !== "none"
     ? el("p", { id: "gauge-period", text: `Budget period: ${b.period}${b.period_ends_at ? `, renews ${when(b.period_ends_at)}` : ""}.` })
     : null;
-  fill(box, meter, list, fits, period, el("p", { class: "hint", text: `Accounting: ${b.composition}.` }));
+  const deltaUse = b.selection_delta_budget < b.delta
+    ? ` Of δ ${fmt(b.delta)}, ${fmt(b.selection_delta_budget)} is kept for partition selection (grouping by values that are not public); the rest converts the zCDP total to (ε, δ).`
+    : "";
+  fill(box, meter, list, fits, period, el("p", { class: "hint", text: `Accounting: ${b.composition}.${deltaUse}` }));
 }
 
 async function refreshBudget() {
@@ -467,7 +479,8 @@ async function renderAnswer(data) {
     ? "Answered from the cache: the same answer as before, free."
     : `Charged ε ${fmt(data.privacy.epsilon)} (${data.privacy.mechanism}).`;
   $("result-meta").dataset.cached = String(fromCache);
-  const note = data.partition_selection && data.partition_selection.note;
+  const notes = [data.partition_selection && data.partition_selection.note, data.clamped && data.clamped.note];
+  const note = notes.filter(Boolean).join(" ");
   $("result-note").textContent = note || "";
   show($("result-note"), Boolean(note));
   const accuracy = data.accuracy || {};
@@ -475,7 +488,8 @@ async function renderAnswer(data) {
   const rows = data.rows.map((row, i) =>
     row.map((value, j) => {
       const acc = accuracyText(accuracy[headers[j]], value, i);
-      if (!acc) return value === null ? "NULL" : value;
+      // a group key is a label, not an amount: 2019, not 2,019
+      if (!acc) return value === null ? "NULL" : String(value);
       return el("span", {}, el("span", { class: "value", text: fmt(value) }), " ", el("span", { class: "ci", text: acc }));
     }),
   );

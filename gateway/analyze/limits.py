@@ -1,0 +1,85 @@
+"""Pass 0b: limits on the token stream, checked before the parser recurses.
+
+sqlglot's parser descends once per nesting level (a parenthesis, a function call, a
+subquery, a CASE, a prefix NOT or minus): SQL nested some 500 deep exhausts Python's
+recursion before any later pass could refuse it, and a long flat chain (``age > 1 AND
+…`` over 96 kB) costs seconds of CPU to parse and walk. Both are measured here on the
+tokens, in one linear pass, and refused — free — at a depth and a length no accepted
+query comes near: the analyzer's own caps (``gateway.analyze.totality``: 32 levels and
+512 nodes per expression, IN lists of 1,000 values) are far inside them.
+
+A NUL character is refused too: no backend stores one in text (PostgreSQL rejects it,
+SQLite's C strings end at it), so a literal holding one would pass the analyzer and
+fail at the database, charged.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from sqlglot.tokens import Token, TokenType
+
+from gateway.errors import UnsupportedQuery
+
+#: Deepest nesting of parentheses, CASE … END and prefix operators in one statement.
+MAX_NESTING = 64
+#: Most tokens in one statement: an IN list of 1,000 values is 2,000 of them.
+MAX_TOKENS = 8_000
+#: Most words and symbols in the text, counted before tokenizing: a token is one or two
+#: of them, except a string literal or quoted name (``gateway.analyze.totality`` caps
+#: their characters at 1,024 in all), so past this many the tokens are past MAX_TOKENS.
+MAX_PIECES = 2 * MAX_TOKENS + 1_024
+_PIECE = re.compile(r"\w+|[^\w\s]")
+
+_OPEN = frozenset({TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE, TokenType.CASE})
+_CLOSE = frozenset({TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE, TokenType.END})
+#: Operators that nest what follows them without a parenthesis.
+_PREFIX = frozenset({TokenType.NOT, TokenType.DASH, TokenType.PLUS, TokenType.TILDE})
+
+
+def check_text(sql: str) -> None:
+    """Refuse a NUL character anywhere in the text (no backend can hold it), and text of
+    more than ``MAX_PIECES`` words and symbols: counted by one regular expression (in
+    C), before the tokenizer's Python loop spends 200 ms on 100,000 of them."""
+    if "\x00" in sql:
+        raise UnsupportedQuery(
+            "the query holds a NUL character (U+0000), which no database accepts in text",
+            construct="NUL character",
+        )
+    if len(_PIECE.findall(sql)) > MAX_PIECES:
+        raise _limit(
+            f"the query has more than {MAX_PIECES:,} words and symbols", "max_tokens", MAX_TOKENS
+        )
+
+
+def check_nesting(tokens: Sequence[Token]) -> None:
+    """Raise ``UnsupportedQuery`` (``detail.limit``) if the statement has more than
+    ``MAX_TOKENS`` tokens or nests deeper than ``MAX_NESTING``."""
+    if len(tokens) > MAX_TOKENS:
+        raise _limit(f"the query has more than {MAX_TOKENS:,} tokens", "max_tokens", MAX_TOKENS)
+    outer: list[int] = []  # the nesting outside each open bracket
+    depth = run = 0  # nesting of the open brackets; prefix operators just read
+    for token in tokens:
+        kind = token.token_type
+        if kind in _OPEN:
+            outer.append(depth)
+            depth += run + 1
+            run = 0
+        elif kind in _CLOSE:
+            depth = outer.pop() if outer else 0
+            run = 0
+        elif kind in _PREFIX:
+            run += 1
+        else:
+            run = 0
+        if depth + run > MAX_NESTING:
+            raise _limit(
+                f"the query nests deeper than {MAX_NESTING} levels", "max_nesting", MAX_NESTING
+            )
+
+
+def _limit(message: str, limit: str, value: int) -> UnsupportedQuery:
+    return UnsupportedQuery(
+        f"{message} (limit: {limit} = {value})", construct=f"limit {limit}", limit=limit
+    )

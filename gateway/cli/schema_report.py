@@ -1,0 +1,147 @@
+"""The part of ``dpgate config check`` that compares the config with the protected
+database's catalogue (``gateway/engines/catalogue.py``) and says what the catalogue means
+for analysts: which declared tables and columns are missing (problems), and, per table,
+which columns may hold NULL, whether the privacy unit is kept unique, which keys and
+constraints were found, and what the engine could not tell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gateway.config import Config, TableConfig
+
+if TYPE_CHECKING:  # the catalogue reader imports SQLAlchemy: only when a check runs
+    from gateway.engines.catalogue import SchemaReading, TableFacts
+
+#: Engines by the name ``read_schema`` gives them, as an operator would write them.
+ENGINE_NAMES = {
+    "sqlite": "SQLite",
+    "postgresql": "PostgreSQL",
+    "duckdb": "DuckDB",
+    "clickhouse": "ClickHouse",
+    "spark": "Spark SQL",
+}
+
+
+@dataclass(frozen=True)
+class SchemaReport:
+    """What config check prints after the config's own checks: ``problems`` make it
+    fail (exit 2); ``notes`` are the readable report of a schema that matches."""
+
+    problems: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+#: What a note means for analysts, said once after the tables that have it.
+MEANINGS = {
+    "nullable": (
+        "may hold NULL: `nullable` is not declared, so dpgate takes the catalogue's word and "
+        "the auditor keeps a NULL cell for each (what declaring it would change: below); a "
+        "table made by CREATE TABLE AS, or written by Spark, has every column nullable"
+    ),
+    "unknown": "nullability unknown: taken as nullable (as above); declare `nullable:`",
+    "unique": (
+        "kept unique: one row per unit holds by the database's own enforcement, so the "
+        "compiled SQL needs no per-unit bound (faster; answers are the same)"
+    ),
+    "bounded": (
+        "bounded in SQL: the compiled statement keeps at most max_rows_per_unit rows per "
+        "unit (a window), which costs the engine a sort; a primary key or unique NOT NULL "
+        "unit column with max_rows_per_unit 1 spares it"
+    ),
+    "checks": (
+        "CHECK constraints: a column they keep inside its declared values or bounds needs "
+        "no domain filter or clamp in the compiled SQL"
+    ),
+    "sorting": "sorting key (ClickHouse): orders rows, keeps nothing unique",
+}
+
+
+def schema_report(cfg: Config, reading: SchemaReading) -> SchemaReport:
+    """Compare the declared tables with what ``reading`` found (see the module doc)."""
+    engine = ENGINE_NAMES.get(reading.engine, reading.engine)
+    if reading.failure is not None:
+        return SchemaReport(
+            (f"database.url: cannot read the schema of the {engine} database ({reading.failure})",),
+            (),
+        )
+    problems: list[str] = []
+    notes = [f"database: {engine}; schema read from its catalogue (metadata only, no rows)"]
+    seen: set[str] = set()
+    for key, t in cfg.tables.items():
+        facts = reading.tables.get(key)
+        if facts is None or not facts.found:
+            problems.append(f"tables.{t.name}: no such table in the protected database")
+            continue
+        missing = [c.name for c in t.columns.values() if facts.column(c.name) is None]
+        problems += [f"tables.{t.name}.columns.{name}: no such column" for name in missing]
+        notes += _table_notes(t, facts, seen)
+    if seen:
+        notes.append("what this means for analysts:")
+        notes += [f"  - {MEANINGS[k]}" for k in MEANINGS if k in seen]
+    return SchemaReport(tuple(problems), tuple(notes))
+
+
+def _table_notes(t: TableConfig, facts: TableFacts, seen: set[str]) -> list[str]:
+    where = f"{t.schema}.{t.sql_name}" if t.schema else t.sql_name
+    lines = [f"tables.{t.name} ({where}): {len(facts.columns)} column(s) in the database"]
+    for kind, line in (
+        *_nullability_notes(t, facts),
+        *_unit_notes(t, facts),
+        *_constraint_notes(facts),
+    ):
+        seen.add(kind)
+        lines.append(f"    {line}")
+    lines += [f"    not read: {what}" for what in facts.unread]
+    return lines
+
+
+def _nullability_notes(t: TableConfig, facts: TableFacts) -> list[tuple[str, str]]:
+    """Columns left to the catalogue's nullability that it lets hold NULL."""
+    nullable, unknown = [], []
+    for c in t.columns.values():
+        found = facts.column(c.name)
+        if c.nullable is not None or found is None:
+            continue
+        if found.nullable is None:
+            unknown.append(c.name)
+        elif found.nullable:
+            nullable.append(c.name)
+    lines = []
+    if nullable:
+        lines.append(("nullable", f"may hold NULL: {', '.join(nullable)}"))
+    if unknown:
+        lines.append(("unknown", f"nullability unknown: {', '.join(unknown)}"))
+    return lines
+
+
+def _unit_notes(t: TableConfig, facts: TableFacts) -> list[tuple[str, str]]:
+    """Whether the database keeps the privacy unit unique, and so how the bound is kept."""
+    if t.public or t.privacy_unit is None:
+        return []
+    unit = t.privacy_unit.lower()
+    unique = any([c.lower() for c in cols] == [unit] for cols in facts.unique)
+    declared = t.columns[t.privacy_unit]
+    found = facts.column(t.privacy_unit)
+    not_null = declared.nullable is False or (
+        declared.nullable is None and found is not None and found.nullable is False
+    )
+    name = f"privacy unit {t.privacy_unit}"
+    if unique and not_null and t.max_rows_per_unit == 1:
+        return [("unique", f"{name}: kept unique and NOT NULL by the database")]
+    why = "unique but may hold NULL" if unique else "not kept unique by the database"
+    return [("bounded", f"{name}: {why}; bounded in SQL to {t.max_rows_per_unit} row(s)")]
+
+
+def _constraint_notes(facts: TableFacts) -> list[tuple[str, str]]:
+    lines = []
+    if facts.unique:
+        keys = "; ".join(f"({', '.join(cols)})" for cols in facts.unique)
+        lines.append(("", f"unique keys: {keys}"))
+    if facts.sorting_key:
+        lines.append(("sorting", f"sorting key: ({', '.join(facts.sorting_key)})"))
+    if facts.checks:
+        lines.append(("checks", f"CHECK constraints: {len(facts.checks)}"))
+    return lines

@@ -1,0 +1,250 @@
+"""What the protected database's catalogue says of the declared tables, on every engine:
+their columns (type, whether they may hold NULL), keys and constraints.
+
+``read_schema`` is what ``dpgate config check`` reports from; the gateway's start-up
+reads its guarantees through ``gateway/execute.py``. Each engine is read the way it can
+be: SQLAlchemy's reflection (SQLite, PostgreSQL and other dialects), DuckDB's
+``duckdb_columns()``/``duckdb_constraints()`` (its SQLAlchemy reflection goes through
+``pg_catalog`` views that DuckDB 2 no longer has), ClickHouse's ``system.columns``
+(chDB and clickhouse-connect reflect nothing), and Spark's catalogue through the
+session (``spark+local://`` and ``spark+connect://``). What an engine cannot tell is
+named in ``TableFacts.unread`` with the reason, never guessed.
+
+Only schema metadata is read, never a row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+from sqlglot import exp
+
+from gateway.config import TableConfig
+from gateway.engines import SQLGLOT_DIALECTS
+
+
+@dataclass(frozen=True)
+class ColumnFacts:
+    """One column as the catalogue describes it (``nullable`` None: not known)."""
+
+    name: str
+    type: str
+    nullable: bool | None
+
+
+@dataclass(frozen=True)
+class TableFacts:
+    """One declared table as found in the catalogue.
+
+    ``unique``: column lists the database keeps unique (primary key, unique constraints
+    and indexes); ``sorting_key``: ClickHouse's primary/sorting key, which orders rows
+    but keeps nothing unique; ``checks``: CHECK constraint texts; ``unread``: what the
+    engine could not tell, each with its reason.
+    """
+
+    found: bool
+    columns: tuple[ColumnFacts, ...] = ()
+    unique: tuple[tuple[str, ...], ...] = ()
+    sorting_key: tuple[str, ...] = ()
+    checks: tuple[str, ...] = ()
+    unread: tuple[str, ...] = ()
+
+    def column(self, name: str) -> ColumnFacts | None:
+        wanted = name.lower()
+        return next((c for c in self.columns if c.name.lower() == wanted), None)
+
+
+@dataclass(frozen=True)
+class SchemaReading:
+    """The catalogue's facts per declared table key, or why none could be read."""
+
+    engine: str
+    tables: Mapping[str, TableFacts] = field(default_factory=dict)
+    failure: str | None = None
+
+
+def engine_kind(engine: sa.Engine) -> str:
+    """The engine's name as an operator knows it (``chdb`` and ``clickhousedb`` are both
+    ClickHouse; ``spark`` is local or Connect)."""
+    name = engine.dialect.name
+    if SQLGLOT_DIALECTS.get(name) == "clickhouse":
+        return "clickhouse"
+    return name
+
+
+def read_schema(engine: sa.Engine, tables: Mapping[str, TableConfig]) -> SchemaReading:
+    """The catalogue's facts about every declared table (see the module doc). A failure
+    to read the catalogue at all is returned as ``failure`` (its exception's class and,
+    where the driver gives one, the engine's error code), never raised."""
+    kind = engine_kind(engine)
+    reader = _READERS.get(kind, _read_reflected)
+    try:
+        return SchemaReading(kind, {key: reader(engine, t) for key, t in tables.items()})
+    except (sa.exc.SQLAlchemyError, NotImplementedError, OSError, RuntimeError) as e:
+        return SchemaReading(kind, failure=_why(e))
+    except Exception as e:  # a driver's own error (Py4J, gRPC): named, not raised
+        return SchemaReading(kind, failure=_why(e))
+
+
+def _why(e: BaseException) -> str:
+    orig = getattr(e, "orig", None)
+    code = getattr(orig, "sqlstate", None) or getattr(e, "sqlstate", None)
+    name = type(orig).__name__ if orig is not None else type(e).__name__
+    return f"{name} {code}" if code else name
+
+
+# -- SQLAlchemy's reflection: SQLite, PostgreSQL, any other dialect ----------------------
+
+
+def _read_reflected(engine: sa.Engine, t: TableConfig) -> TableFacts:
+    inspector = sa.inspect(engine)
+    if not inspector.has_table(t.sql_name, schema=t.schema):
+        return TableFacts(found=False)
+    sqlite = engine.dialect.name == "sqlite"
+    unread: list[str] = []
+
+    def optional(what: str, read: Callable[[], list[Any]]) -> list[Any]:
+        try:
+            return read()
+        except NotImplementedError:
+            unread.append(f"{what}: the {engine.dialect.name} dialect does not reflect them")
+            return []
+
+    pk = inspector.get_pk_constraint(t.sql_name, schema=t.schema)
+    keys = tuple(str(c) for c in pk.get("constrained_columns") or [])
+    columns = tuple(
+        ColumnFacts(
+            str(c["name"]),
+            str(c["type"]),
+            # SQLite reports an INTEGER PRIMARY KEY as nullable, yet it never holds NULL
+            bool(c.get("nullable", True)) and not (not sqlite and str(c["name"]) in keys),
+        )
+        for c in inspector.get_columns(t.sql_name, schema=t.schema)
+    )
+    unique = [keys] if keys else []
+    unique += [
+        tuple(str(c) for c in u.get("column_names") or [])
+        for u in optional(
+            "unique constraints",
+            lambda: inspector.get_unique_constraints(t.sql_name, schema=t.schema),
+        )
+    ]
+    unique += [
+        tuple(str(c) for c in i.get("column_names") or [])
+        for i in optional("indexes", lambda: inspector.get_indexes(t.sql_name, schema=t.schema))
+        if i.get("unique")
+    ]
+    checks = [
+        str(c["sqltext"])
+        for c in optional(
+            "CHECK constraints",
+            lambda: inspector.get_check_constraints(t.sql_name, schema=t.schema),
+        )
+        if not (c.get("dialect_options") or {}).get("not_valid")
+    ]
+    return TableFacts(
+        found=True,
+        columns=columns,
+        unique=tuple(dict.fromkeys(u for u in unique if u)),
+        checks=tuple(checks),
+        unread=tuple(unread),
+    )
+
+
+# -- DuckDB: its own catalogue functions ----------------------------------------------
+
+
+def _read_duckdb(engine: sa.Engine, t: TableConfig) -> TableFacts:
+    params = {"t": t.sql_name, "s": t.schema or "main"}
+    with engine.connect() as conn:
+        columns = conn.execute(
+            sa.text(
+                "SELECT column_name, data_type, is_nullable FROM duckdb_columns() "
+                "WHERE table_name = :t AND schema_name = :s ORDER BY column_index"
+            ),
+            params,
+        ).fetchall()
+        if not columns:
+            return TableFacts(found=False)
+        constraints = conn.execute(
+            sa.text(
+                "SELECT constraint_type, constraint_column_names, expression "
+                "FROM duckdb_constraints() WHERE table_name = :t AND schema_name = :s "
+                "AND constraint_type IN ('PRIMARY KEY', 'UNIQUE', 'CHECK')"
+            ),
+            params,
+        ).fetchall()
+    unique = tuple(
+        tuple(str(c) for c in names) for kind, names, _ in constraints if kind != "CHECK"
+    )
+    checks = tuple(str(e) for kind, _, e in constraints if kind == "CHECK" and e)
+    return TableFacts(
+        found=True,
+        columns=tuple(ColumnFacts(str(n), str(d), bool(nl)) for n, d, nl in columns),
+        unique=tuple(dict.fromkeys(unique)),
+        checks=checks,
+    )
+
+
+# -- ClickHouse (a server or chDB): system.columns ------------------------------------
+
+
+def _read_clickhouse(engine: sa.Engine, t: TableConfig) -> TableFacts:
+    database: exp.Expr = exp.Literal.string(t.schema) if t.schema else exp.func("currentDatabase")
+    query = (
+        exp.select("name", "type", "is_in_sorting_key")
+        .from_(exp.table_("columns", db="system"))
+        .where(exp.column("database").eq(database))
+        .where(exp.column("table").eq(exp.Literal.string(t.sql_name)))
+        .order_by("position")
+    )
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(query.sql(dialect="clickhouse")).fetchall()
+    if not rows:
+        return TableFacts(found=False)
+    return TableFacts(
+        found=True,
+        # a column holds NULL only if its type is Nullable(…) (or LowCardinality(Nullable(…)))
+        columns=tuple(ColumnFacts(str(n), str(ct), "Nullable(" in str(ct)) for n, ct, _ in rows),
+        sorting_key=tuple(str(n) for n, _, in_key in rows if in_key),
+        unread=(
+            "CHECK constraints: not read (ClickHouse checks them on insert only, and "
+            "dpgate keeps every domain filter on ClickHouse)",
+        ),
+    )
+
+
+# -- Spark SQL (local or Connect): the session's catalogue ------------------------------
+
+
+def _read_spark(engine: sa.Engine, t: TableConfig) -> TableFacts:
+    name = ".".join(exp.to_identifier(p, quoted=True).sql(dialect="spark") for p in _parts(t))
+    with engine.connect() as conn:
+        spark = conn.connection.dbapi_connection.spark  # type: ignore[union-attr]
+        if not spark.catalog.tableExists(name):
+            return TableFacts(found=False)
+        schema = spark.table(name).schema
+    return TableFacts(
+        found=True,
+        columns=tuple(
+            ColumnFacts(f.name, f.dataType.simpleString(), bool(f.nullable)) for f in schema.fields
+        ),
+        unread=(
+            "keys and CHECK constraints: Spark enforces no key, and dpgate reads no "
+            "table format's constraints (Delta's CHECKs): every bound is kept in SQL",
+        ),
+    )
+
+
+def _parts(t: TableConfig) -> list[str]:
+    return [t.schema, t.sql_name] if t.schema else [t.sql_name]
+
+
+_READERS: dict[str, Callable[[sa.Engine, TableConfig], TableFacts]] = {
+    "duckdb": _read_duckdb,
+    "clickhouse": _read_clickhouse,
+    "spark": _read_spark,
+}
