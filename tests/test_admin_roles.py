@@ -114,6 +114,8 @@ def test_admin_names_and_roles_are_checked(app: Flask) -> None:
         {"name": "admin", "role": "admin"},
         {"name": "x", "role": "root"},
         {"name": "x"},
+        {"name": "", "role": None},
+        {"name": "x", "role": None},
         {"name": "-x", "role": "admin"},
     ):
         r = client.post("/v1/admin/admins", json=body, headers=bearer(ADMIN_KEY))

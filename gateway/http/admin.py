@@ -489,7 +489,8 @@ def create_admin() -> tuple[Response, int]:
     name, role = body["name"], _role(body)
     if not isinstance(name, str):
         raise InvalidRequest("name must be a string", field="name")
-    assert role is not None
+    if role is None:
+        raise InvalidRequest(f"role must be one of {', '.join(budget.ADMIN_ROLES)}", field="role")
     caller = _caller("admin.create", {"name": name, "role": role}, 201)
     with _ledger_errors():
         key = _ledger().create_admin(name, role, caller=caller)
