@@ -33,6 +33,10 @@ from budget.errors import (
 from budget.ledger import GLOBAL_NAME, Ledger
 from budget.periods import PERIODS, Period
 from budget.records import (
+    ADMIN_ROLES,
+    AdminCaller,
+    AdminPrincipal,
+    AdminRole,
     Analyst,
     AuditEntry,
     BudgetStatus,
@@ -50,6 +54,7 @@ from budget.records import (
 from budget.schema import SCHEMA_VERSION, SchemaTooNew
 
 __all__ = [
+    "ADMIN_ROLES",
     "COMPOSITIONS",
     "DEFAULT_SELECTION_SHARE",
     "GLOBAL_NAME",
@@ -58,6 +63,9 @@ __all__ = [
     "SLACK",
     "Accountant",
     "Accounting",
+    "AdminCaller",
+    "AdminPrincipal",
+    "AdminRole",
     "Analyst",
     "AnalystDisabled",
     "AnalystExists",

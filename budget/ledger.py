@@ -31,7 +31,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
@@ -42,7 +42,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
-from budget import reads, schema
+from budget import audit_chain, reads, schema
 from budget import statements as st
 from budget.accountants import (
     DEFAULT_SELECTION_SHARE,
@@ -68,6 +68,10 @@ from budget.locks import ScopeLocks
 from budget.periods import ALL_TIME, Period, check_period, period_end, period_start
 from budget.pool import ping_when_idle
 from budget.records import (
+    ADMIN_ROLES,
+    AdminCaller,
+    AdminPrincipal,
+    AdminRole,
     Analyst,
     AuditEntry,
     BudgetStatus,
@@ -157,6 +161,9 @@ class Ledger:
         # A server ledger's un-awaited writes (request-log rows), committed together
         # (see ``write``); a SQLite file's ride in ``_writes``.
         self._deferred: WriteQueue | None = None
+        # A server ledger's request-log rows: their own transactions, which take only the
+        # audit chain's lock (budget/audit_chain.py: lock order).
+        self._audit_rows: WriteQueue | None = None
         self._held: HeldConnections | None = None
         self._synchronous = sqlite_synchronous
         # Query keys whose answered outcome this process has queued, not yet committed
@@ -184,6 +191,7 @@ class Ledger:
                 self._writes = WriteQueue(write_transaction)
         else:
             self._deferred = WriteQueue(write_transaction)
+            self._audit_rows = WriteQueue(write_transaction)
         self._locks = ScopeLocks(engine)
         # Observes how long each transaction waited for a pooled connection (the
         # gateway's metrics; seconds): ``None`` observes nothing.
@@ -221,7 +229,7 @@ class Ledger:
 
     def close(self) -> None:
         """Write what is queued, then release the ledger's connections."""
-        for queue in (self._writes, self._deferred):
+        for queue in (self._writes, self._deferred, self._audit_rows):
             if queue is not None:
                 queue.close()
         if self._held is not None:
@@ -308,7 +316,7 @@ class Ledger:
 
     def flush(self) -> None:
         """Wait until every write queued by this process so far is committed."""
-        for queue in (self._writes, self._deferred):
+        for queue in (self._writes, self._deferred, self._audit_rows):
             if queue is not None:
                 queue.flush()
 
@@ -525,10 +533,17 @@ class Ledger:
     # -- analysts -----------------------------------------------------------------------
 
     def create_analyst(
-        self, name: str, epsilon: float, delta: float, period: Period = "none"
+        self,
+        name: str,
+        epsilon: float,
+        delta: float,
+        period: Period = "none",
+        *,
+        caller: AdminCaller | None = None,
     ) -> str:
         """Create an analyst with budget (ε, δ), renewed every ``period`` (``none``:
-        never); returns their API key (shown only once)."""
+        never); returns their API key (shown only once). ``caller``: the admin change is
+        audit-logged (``analyst.create``) in the same transaction."""
         if not _NAME.match(name):
             raise ValueError(
                 "an analyst name is 1-64 letters, digits, '_', '.', '@' or '-', "
@@ -559,6 +574,12 @@ class Ledger:
                 ).inserted_primary_key
                 assert inserted is not None
                 _store_verifier(conn, int(inserted[0]), scram_verifier(key))
+                self._record_admin(
+                    conn,
+                    caller,
+                    "analyst.create",
+                    {"name": name, "epsilon": epsilon, "delta": delta, "period": period},
+                )
         except sa.exc.IntegrityError as exc:  # a concurrent create won the race
             raise AnalystExists(f"an analyst named {name!r} already exists") from exc
         return key
@@ -608,8 +629,9 @@ class Ledger:
                 return Lookup(analyst)
             return Lookup(analyst, release, self._row_status(conn, row, now))
 
-    def rotate_key(self, name: str) -> str:
-        """Replace the analyst's API key; returns the new key (the old one stops working)."""
+    def rotate_key(self, name: str, *, caller: AdminCaller | None = None) -> str:
+        """Replace the analyst's API key; returns the new key (the old one stops working).
+        ``caller``: audit-logged (``key.rotate``; the key is not) in the same transaction."""
         key = new_api_key()
         verifier = scram_verifier(key)
         with self._transaction(write=True) as conn:
@@ -625,7 +647,87 @@ class Ledger:
                 )
             )
             _store_verifier(conn, row.id, verifier)
+            self._record_admin(conn, caller, "key.rotate", {"name": name})
         return key
+
+    # -- admin principals ------------------------------------------------------------
+
+    def create_admin(self, name: str, role: AdminRole, *, caller: AdminCaller | None = None) -> str:
+        """Create a named admin with ``role`` (``admin`` or ``auditor``); returns their key
+        (shown once; only its hash is kept). ``admin`` is the bootstrap admin's name
+        (``DPGATE_ADMIN_KEY``) and cannot be taken. Audit-logged as ``admin.create``."""
+        if not _NAME.match(name) or name == "admin":
+            raise ValueError(
+                "an admin name is 1-64 letters, digits, '_', '.', '@' or '-', starting "
+                "with a letter or digit, and not 'admin' (the bootstrap admin)"
+            )
+        if role not in ADMIN_ROLES:
+            raise ValueError(f"role must be one of {', '.join(ADMIN_ROLES)}")
+        key = new_api_key()
+        now = self._now()
+        t = schema.admins
+        try:
+            with self._transaction(write=True) as conn:
+                if conn.execute(sa.select(t.c.id).where(t.c.name == name)).first():
+                    raise AnalystExists(f"an admin named {name!r} already exists")
+                conn.execute(
+                    sa.insert(t).values(
+                        name=name,
+                        role=role,
+                        key_hash=key_hash(key),
+                        disabled=False,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                )
+                self._record_admin(conn, caller, "admin.create", {"name": name, "role": role})
+        except sa.exc.IntegrityError as exc:
+            raise AnalystExists(f"an admin named {name!r} already exists") from exc
+        return key
+
+    def update_admin(
+        self,
+        name: str,
+        *,
+        role: AdminRole | None = None,
+        disabled: bool | None = None,
+        caller: AdminCaller | None = None,
+    ) -> AdminPrincipal:
+        """Change a named admin's role or disable / enable them (``admin.update``)."""
+        if role is not None and role not in ADMIN_ROLES:
+            raise ValueError(f"role must be one of {', '.join(ADMIN_ROLES)}")
+        t = schema.admins
+        with self._transaction(write=True) as conn:
+            row = conn.execute(sa.select(t).where(t.c.name == name)).first()
+            if row is None:
+                raise UnknownAnalyst(f"no admin named {name!r}")
+            new_role = row.role if role is None else role
+            new_disabled = bool(row.disabled) if disabled is None else bool(disabled)
+            conn.execute(
+                sa.update(t)
+                .where(t.c.id == row.id)
+                .values(role=new_role, disabled=new_disabled, updated_at=self._now())
+            )
+            given = {"role": role, "disabled": disabled}
+            changed = {k: v for k, v in given.items() if v is not None}
+            self._record_admin(conn, caller, "admin.update", {"name": name, **changed})
+        return AdminPrincipal(name, new_role, new_disabled)
+
+    def admin_by_key(self, key: str) -> AdminPrincipal | None:
+        """The named admin holding this key (possibly disabled), or ``None``."""
+        if not key or len(key) > 256:
+            return None
+        t = schema.admins
+        with self._transaction(write=False) as conn:
+            row = conn.execute(sa.select(t).where(t.c.key_hash == key_hash(key))).first()
+        return None if row is None else AdminPrincipal(row.name, row.role, bool(row.disabled))
+
+    def list_admins(self) -> list[AdminPrincipal]:
+        """Every named admin, by name."""
+        t = schema.admins
+        with self._transaction(write=False) as conn:
+            rows = conn.execute(sa.select(t).order_by(t.c.name)).all()
+        return [AdminPrincipal(r.name, r.role, bool(r.disabled)) for r in rows]
 
     def scram_login(self, name: str) -> tuple[Analyst, ScramVerifier] | None:
         """The analyst named ``name`` and their key's SCRAM-SHA-256 verifier, or ``None``
@@ -657,8 +759,11 @@ class Ledger:
         delta: float | None = None,
         disabled: bool | None = None,
         period: Period | None = None,
+        caller: AdminCaller | None = None,
     ) -> BudgetStatus:
         """Change an analyst's budget totals, period or disabled flag; the new status.
+        ``caller``: audit-logged in the same transaction (``analyst.disable``,
+        ``analyst.enable``, ``budget.set``, or ``analyst.update`` for several at once).
 
         Lowering a budget below what is spent is allowed: nothing more is admitted. A new
         period counts the charges made since the start of the current one.
@@ -683,6 +788,17 @@ class Ledger:
                 )
             )
             spent, n = self._spent(conn, row.id, since=period_start(new_period, now))
+            given = {"epsilon": epsilon, "delta": delta, "period": period}
+            changed: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+            if disabled is None:
+                action = "budget.set"
+            elif changed:
+                action = "analyst.update"
+            else:
+                action = "analyst.disable" if disabled else "analyst.enable"
+            if disabled is not None:
+                changed["disabled"] = disabled
+            self._record_admin(conn, caller, action, {"name": name, **changed})
         return self._status(name, new_disabled, new_eps, new_delta, new_period, spent, n, now)
 
     def budget_status(self, name: str) -> BudgetStatus:
@@ -708,8 +824,10 @@ class Ledger:
         epsilon: float | None = None,
         delta: float | None = None,
         period: Period | None = None,
+        caller: AdminCaller | None = None,
     ) -> BudgetStatus:
         """Set the dataset-wide budget in the ledger (it then wins over the config's).
+        ``caller``: audit-logged (``budget.set_global``) in the same transaction.
 
         Fields left ``None`` keep their current value; without a global budget yet,
         ``epsilon`` and ``delta`` are required. Returns the new status.
@@ -730,6 +848,13 @@ class Ledger:
                 .values(epsilon=new_eps, delta=new_delta, period=new_period, updated_at=now)
             )
             spent, n = self._spent(conn, None, since=period_start(new_period, now), locked=True)
+            given = {"epsilon": epsilon, "delta": delta, "period": period}
+            self._record_admin(
+                conn,
+                caller,
+                "budget.set_global",
+                {k: v for k, v in given.items() if v is not None},
+            )
         return self._status(GLOBAL_NAME, False, new_eps, new_delta, new_period, spent, n, now)
 
     def list_analysts(self) -> list[BudgetStatus]:
@@ -1080,25 +1205,57 @@ class Ledger:
         outcome: str,
         error_code: str | None,
         status: int,
+        actor: str | None = None,
+        action: str | None = None,
+        params: dict[str, Any] | None = None,
     ) -> None:
-        """Append one request, answered or not, to the audit log (on a SQLite ledger the
-        row is written in the writer's next batch, after this returns)."""
-        row = {
-            "request_id": request_id[:64],
-            "analyst": None if analyst is None else analyst[:64],
-            "endpoint": endpoint[:200],
-            "sql": sql,
-            "outcome": outcome[:32],
-            "error_code": None if error_code is None else error_code[:64],
-            "status": int(status),
-            "created_at": self._now(),
-        }
-        self.write(
-            lambda conn: st.INSERT_REQUEST.run(conn, row),
-            durable=False,
-            wait=False,
-            savepoint=False,
+        """Append one request, answered or not, to the audit log's hash chain (written
+        after this returns: on a SQLite ledger in the writer's next batch, on a server in
+        a transaction of request-log rows only). ``actor``: who called (default: the
+        analyst); ``action``/``params``: an admin request's (never a key)."""
+        row = _audit_row(
+            request_id=request_id,
+            actor=actor if actor is not None else analyst,
+            analyst=analyst,
+            endpoint=endpoint,
+            action=action,
+            params=params,
+            sql=sql,
+            outcome=outcome,
+            error_code=error_code,
+            status=status,
+            created_at=self._now(),
         )
+
+        def append(conn: Connection) -> None:
+            audit_chain.append(conn, row, st.INSERT_REQUEST.run)
+
+        if self._audit_rows is not None:
+            self._audit_rows.submit(append, durable=False, savepoint=True)
+            return
+        self.write(append, durable=False, wait=False, savepoint=False)
+
+    def _record_admin(
+        self, conn: Connection, caller: AdminCaller | None, action: str, params: dict[str, Any]
+    ) -> None:
+        """Append an admin change's audit row in the change's transaction (durable with
+        it). The chain's lock is the last this transaction takes (budget/audit_chain)."""
+        if caller is None:
+            return
+        row = _audit_row(
+            request_id=caller.request_id,
+            actor=caller.actor,
+            analyst=None,
+            endpoint=caller.endpoint,
+            action=action,
+            params=params,
+            sql=None,
+            outcome="admin",
+            error_code=None,
+            status=caller.status,
+            created_at=self._now(),
+        )
+        audit_chain.append(conn, row, st.INSERT_REQUEST.run)
 
     def audit_log(
         self,
@@ -1106,14 +1263,67 @@ class Ledger:
         since: datetime | None = None,
         until: datetime | None = None,
         limit: int = 1000,
+        actor: str | None = None,
     ) -> list[AuditEntry]:
-        """Logged requests, newest first, optionally of one analyst, in [since, until).
+        """Logged requests, newest first, optionally of one analyst or one actor, in
+        [since, until).
 
         Rows another process queued in its last ``budget.writer.LINGER_S`` may not be
         written yet; this process's are (``flush_all``)."""
         flush_all()
         with self._transaction(write=False) as conn:
-            return reads.audit_log(conn, analyst, since, until, limit)
+            return reads.audit_log(conn, analyst, since, until, limit, actor)
+
+    def verify_audit_log(
+        self,
+        *,
+        anchor: tuple[int, str] | None = None,
+        kept: Sequence[Mapping[str, Any]] = (),
+    ) -> audit_chain.Verdict:
+        """Check the audit log's hash chain (``budget.audit_chain.verify``): the first
+        row altered or removed; with ``anchor`` or ``kept``, also against a head or an
+        export kept outside."""
+        flush_all()
+        with self._transaction(write=False) as conn:
+            return audit_chain.verify(conn, anchor=anchor, kept=kept)
+
+    def export_audit_log(self, after: int = 0) -> Iterator[dict[str, Any]]:
+        """The audit log's rows after chain position ``after``, in chain order, each with
+        its hashes (``budget.audit_chain.export_row``): JSON lines for an outside copy."""
+        flush_all()
+        with self._transaction(write=False) as conn:
+            yield from audit_chain.export(conn, after)
+
+
+def _audit_row(
+    *,
+    request_id: str,
+    actor: str | None,
+    analyst: str | None,
+    endpoint: str,
+    action: str | None,
+    params: dict[str, Any] | None,
+    sql: str | None,
+    outcome: str,
+    error_code: str | None,
+    status: int,
+    created_at: datetime,
+) -> dict[str, Any]:
+    """An audit-log row's fields, cut to their columns' sizes (what is hashed is what is
+    stored)."""
+    return {
+        "request_id": request_id[:64],
+        "actor": None if actor is None else actor[:64],
+        "analyst": None if analyst is None else analyst[:64],
+        "endpoint": endpoint[:200],
+        "action": None if action is None else action[:64],
+        "params": audit_chain.params_text(params),
+        "sql": sql,
+        "outcome": outcome[:32],
+        "error_code": None if error_code is None else error_code[:64],
+        "status": int(status),
+        "created_at": created_at.replace(tzinfo=None),
+    }
 
 
 def _store_verifier(conn: Connection, analyst_id: int, verifier: ScramVerifier) -> None:

@@ -228,12 +228,15 @@ def audit_log(
     since: datetime | None,
     until: datetime | None,
     limit: int,
+    actor: str | None = None,
 ) -> list[AuditEntry]:
-    """Logged requests, newest first, optionally of one analyst, in [since, until)."""
+    """Logged requests, newest first, optionally of one analyst or actor, in [since, until)."""
     c = t_audit.c
     query = sa.select(t_audit).order_by(c.id.desc()).limit(max(0, int(limit)))
     if analyst is not None:
         query = query.where(c.analyst == analyst)
+    if actor is not None:
+        query = query.where(c.actor == actor)
     if since is not None:
         query = query.where(c.created_at >= _naive_utc(since))
     if until is not None:
@@ -249,6 +252,11 @@ def audit_log(
             error_code=r.error_code,
             status=r.status,
             created_at=schema.as_utc(r.created_at),
+            actor=r.actor,
+            action=r.action,
+            params=None if r.params is None else json.loads(r.params),
+            seq=r.seq,
+            hash=r.hash,
         )
         for r in conn.execute(query).all()
     ]

@@ -185,6 +185,36 @@ class ReleaseEntry:
     seq: int = 0
 
 
+AdminRole = Literal["admin", "auditor"]
+ADMIN_ROLES: tuple[AdminRole, ...] = ("admin", "auditor")
+
+
+@dataclass(frozen=True)
+class AdminPrincipal:
+    """A named admin: ``admin`` may do everything, ``auditor`` only read."""
+
+    name: str
+    role: AdminRole
+    disabled: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class AdminCaller:
+    """Who makes an admin change, for its audit-log row (written by the ledger in the
+    change's own transaction, with the action and its parameters — never a key): an
+    admin principal's name, or the CLI's OS user / ``--actor``; the request it came with
+    (an HTTP request id and ``METHOD path``, or ``cli …``); the status to record."""
+
+    actor: str
+    request_id: str
+    endpoint: str
+    status: int = 200
+
+
 @dataclass(frozen=True)
 class AuditEntry:
     """One request as the audit log recorded it, answered or not."""
@@ -198,6 +228,13 @@ class AuditEntry:
     error_code: str | None
     status: int
     created_at: datetime
+    # Who acted (admin principal, CLI user, analyst), the admin action and its parameters
+    # (never a key), and the row's place in the hash chain (budget/audit_chain.py).
+    actor: str | None = None
+    action: str | None = None
+    params: dict[str, Any] | None = None
+    seq: int | None = None
+    hash: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""

@@ -143,8 +143,18 @@ audit_log = sa.Table(
     sa.Column("error_code", sa.String(64), nullable=True),
     sa.Column("status", sa.Integer, nullable=False),
     sa.Column("created_at", sa.DateTime, nullable=False),
+    # schema v8: who acted (an admin principal, the CLI's OS user or --actor, the analyst),
+    # the admin action and its parameters (JSON; never a key), and the hash chain
+    # (budget/audit_chain.py): position, previous row's hash, this row's hash.
+    sa.Column("actor", sa.String(64), nullable=True),
+    sa.Column("action", sa.String(64), nullable=True),
+    sa.Column("params", sa.Text, nullable=True),
+    sa.Column("seq", sa.BigInteger, nullable=True),
+    sa.Column("prev_hash", sa.String(64), nullable=True),
+    sa.Column("hash", sa.String(64), nullable=True),
     sa.Index("dpgate_audit_log_time", "created_at"),
     sa.Index("dpgate_audit_log_analyst", "analyst", "created_at"),
+    sa.Index("dpgate_audit_log_seq", "seq", unique=True),
 )
 
 
@@ -236,6 +246,23 @@ scram_verifiers = sa.Table(
 )
 
 
+# Named admin principals (schema v9), each with its own key (stored as its hash, as an
+# analyst's) and a role: ``admin`` (everything) or ``auditor`` (read the audit log,
+# budgets and spend; change nothing). DPGATE_ADMIN_KEY stays the bootstrap admin.
+admins = sa.Table(
+    "dpgate_admins",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("name", sa.String(64), nullable=False, unique=True),
+    sa.Column("role", sa.String(16), nullable=False),
+    sa.Column("key_hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("disabled", sa.Boolean, nullable=False, default=False),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Column("updated_at", sa.DateTime, nullable=False),
+    sa.CheckConstraint("role IN ('admin', 'auditor')", name="dpgate_admins_role"),
+)
+
+
 def utcnow() -> datetime:
     """Now, as the naive UTC datetime every table stores."""
     return datetime.now(UTC).replace(tzinfo=None)
@@ -323,6 +350,22 @@ def _v7_global_checkpoints(conn: Connection) -> None:
     global_checkpoints.create(conn, checkfirst=True)
 
 
+def _v8_audit_chain(conn: Connection) -> None:
+    # Actor, action and parameters on every audit row, and the hash chain over them: the
+    # rows written before it are chained here, in id order (budget/audit_chain.py).
+    from budget import audit_chain
+
+    _add_missing_columns(conn, audit_log, ("actor", "action", "params", "seq", "prev_hash", "hash"))
+    for index in audit_log.indexes:
+        if index.name == "dpgate_audit_log_seq":
+            index.create(conn, checkfirst=True)
+    audit_chain.chain_existing(conn)
+
+
+def _v9_admins(conn: Connection) -> None:
+    admins.create(conn, checkfirst=True)
+
+
 # Append new migrations here; never edit an applied one.
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _v1_initial,
@@ -332,6 +375,8 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _v5_scram_verifiers,
     _v6_release_index,
     _v7_global_checkpoints,
+    _v8_audit_chain,
+    _v9_admins,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

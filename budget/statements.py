@@ -208,6 +208,12 @@ _REQUEST_COLUMNS = (
     "error_code",
     "status",
     "created_at",
+    "actor",
+    "action",
+    "params",
+    "seq",
+    "prev_hash",
+    "hash",
 )
 INSERT_REQUEST = Prepared(
     sa.insert(schema.audit_log).values({name: sa.bindparam(name) for name in _REQUEST_COLUMNS})

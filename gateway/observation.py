@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import budget
 from gateway import metrics
@@ -42,6 +42,11 @@ class RequestRecord:
     error_code: str | None = None
     # A query request on a front end other than ``POST /v1/query`` (the wire protocol).
     is_query: bool = False
+    # An admin request's action and parameters (never a key) for its audit-log row; an
+    # admin change writes that row itself, in its own transaction (``audit_written``).
+    action: str | None = None
+    params: dict[str, Any] | None = None
+    audit_written: bool = False
     # The error came after the statement reached the protected database (charged): a
     # statement's failure, not the database being down (``gateway.metrics``).
     charged_failure: bool = False
@@ -49,6 +54,13 @@ class RequestRecord:
     @property
     def analyst(self) -> str | None:
         if self.principal is not None and not self.principal.is_admin:
+            return self.principal.name
+        return self.caller
+
+    @property
+    def actor(self) -> str | None:
+        """Who called: the admin principal or analyst authenticated, else who tried."""
+        if self.principal is not None:
             return self.principal.name
         return self.caller
 
@@ -89,7 +101,7 @@ def observe(record: RequestRecord, ledger: budget.Ledger | None) -> None:
             sql=record.sql,
         )
     )
-    if record.audited is None or ledger is None:
+    if record.audited is None or record.audit_written or ledger is None:
         return
     if record.audited == "admin":
         audit_outcome = "admin" if record.status < 400 else "refused"
@@ -104,6 +116,9 @@ def observe(record: RequestRecord, ledger: budget.Ledger | None) -> None:
             outcome=audit_outcome,
             error_code=code,
             status=record.status,
+            actor=record.actor,
+            action=record.action,
+            params=record.params,
         )
     except Exception:  # the audit log must never turn an answer into an error
         log.warning("could not append to the audit log (request %s)", record.request_id)

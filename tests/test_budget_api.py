@@ -21,6 +21,10 @@ def test_public_names_are_pinned() -> None:
             "Analyst",
             "AnalystDisabled",
             "AnalystExists",
+            "ADMIN_ROLES",
+            "AdminCaller",
+            "AdminPrincipal",
+            "AdminRole",
             "AuditEntry",
             "BudgetExhausted",
             "BudgetStatus",
@@ -67,16 +71,20 @@ def test_ledger_signatures_match_the_architecture_contract() -> None:
     assert params(L.commit) == ["self", "reservation", "release", "outcome", "reason", "wait"]
     assert params(L.refund) == ["self", "reservation", "reason"]
     assert params(L.find_release) == ["self", "query_key", "analyst", "data_version"]
-    assert params(L.create_analyst) == ["self", "name", "epsilon", "delta", "period"]
+    assert params(L.create_analyst) == ["self", "name", "epsilon", "delta", "period", "caller"]
     assert params(L.update_analyst) == [
-        "self", "name", "epsilon", "delta", "disabled", "period"
+        "self", "name", "epsilon", "delta", "disabled", "period", "caller"
     ]  # fmt: skip
+    assert params(L.rotate_key) == ["self", "name", "caller"]
     assert params(L.quote) == ["self", "analyst", "cost", "mechanism"]
-    assert params(L.set_global_budget) == ["self", "epsilon", "delta", "period"]
-    assert params(L.audit_log) == ["self", "analyst", "since", "until", "limit"]
+    assert params(L.set_global_budget) == ["self", "epsilon", "delta", "period", "caller"]
+    assert params(L.audit_log) == ["self", "analyst", "since", "until", "limit", "actor"]
     assert params(L.log_request)[1:] == [
-        "request_id", "analyst", "endpoint", "sql", "outcome", "error_code", "status"
+        "request_id", "analyst", "endpoint", "sql", "outcome", "error_code", "status",
+        "actor", "action", "params",
     ]  # fmt: skip
+    assert params(L.verify_audit_log) == ["self", "anchor", "kept"]
+    assert params(L.export_audit_log) == ["self", "after"]
 
 
 def test_budget_knows_nothing_of_http_or_the_gateway() -> None:

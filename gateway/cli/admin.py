@@ -7,7 +7,15 @@
     dpgate budget show [NAME] [--json]                one analyst, or all (+ the global budget)
     dpgate budget set NAME [--epsilon E] [--delta D] [--period P]
     dpgate budget set --global [--epsilon E] [--delta D] [--period P]
-    dpgate audit-log [--analyst A] [--since T] [--until T] [--limit N] [--json]
+    dpgate audit-log [--analyst A] [--actor W] [--since T] [--until T] [--limit N] [--json]
+    dpgate audit-log verify [--anchor SEQ:HASH] [--against EXPORT.jsonl]
+    dpgate audit-log export [--after SEQ] [--output FILE]
+    dpgate admin add NAME --role admin|auditor        prints the admin's key (once)
+    dpgate admin list [--json] / admin disable NAME / admin enable NAME
+
+Every change (``analyst add``/``disable``/``enable``, ``key rotate``, ``budget set``,
+``budget set --global``) writes one audit-log row in its own transaction, naming who
+(``--actor``, default the OS user), the action and its parameters (never the key).
 
 ``--period`` is ``day``, ``week``, ``month`` or ``none`` (the default): the budget renews
 at the end of each period (UTC).
@@ -19,7 +27,10 @@ serializes its writers.
 
 from __future__ import annotations
 
+import getpass
 import json
+import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -40,6 +51,27 @@ CONFIG_OPTION = click.option(
     help="The dpgate YAML config (or env DPGATE_CONFIG).",
 )
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+ACTOR_OPTION = click.option(
+    "--actor",
+    default=None,
+    help="Who makes the change, for the audit log (default: the OS user).",
+)
+
+
+def _caller(actor: str | None, command: str) -> budget.AdminCaller:
+    """The audit log's who and where for a CLI change."""
+    if actor is None:
+        try:
+            actor = getpass.getuser()
+        except (KeyError, OSError):  # no name for this uid (a container)
+            actor = "unknown"
+    if not actor.strip():
+        raise click.BadParameter("must not be empty", param_hint="--actor")
+    return budget.AdminCaller(
+        actor=f"cli:{actor.strip()}"[:64],
+        request_id=uuid.uuid4().hex,
+        endpoint=f"cli {command}",
+    )
 
 
 def _period_option(default: str | None) -> Any:
@@ -123,11 +155,21 @@ def analyst_group() -> None:
 @click.option("--delta", type=float, required=True, help="Total δ budget.")
 @_period_option("none")
 @CONFIG_OPTION
-def analyst_add(name: str, epsilon: float, delta: float, period: str, config_path: str) -> None:
+@ACTOR_OPTION
+def analyst_add(
+    name: str, epsilon: float, delta: float, period: str, config_path: str, actor: str | None
+) -> None:
     """Create analyst NAME with budget (ε, δ); prints their API key (shown only once)."""
+    caller = _caller(actor, "analyst add")
     ledger = open_ledger(config_path)
     with _ledger_errors():
-        key = ledger.create_analyst(name, epsilon, delta, period)  # type: ignore[arg-type]
+        key = ledger.create_analyst(
+            name,
+            epsilon,
+            delta,
+            period,  # type: ignore[arg-type]
+            caller=caller,
+        )
     click.echo(f"created analyst {name}; API key (shown once, store it now):", err=True)
     click.echo(key)
 
@@ -141,26 +183,29 @@ def analyst_list(config_path: str, as_json: bool) -> None:
         _print_statuses(open_ledger(config_path).list_analysts(), as_json)
 
 
-def _set_disabled(name: str, config_path: str, disabled: bool) -> None:
+def _set_disabled(name: str, config_path: str, disabled: bool, actor: str | None) -> None:
+    caller = _caller(actor, "analyst disable" if disabled else "analyst enable")
     with _ledger_errors():
-        open_ledger(config_path).update_analyst(name, disabled=disabled)
+        open_ledger(config_path).update_analyst(name, disabled=disabled, caller=caller)
     click.echo(f"analyst {name} {'disabled' if disabled else 'enabled'}")
 
 
 @analyst_group.command("disable")
 @click.argument("name")
 @CONFIG_OPTION
-def analyst_disable(name: str, config_path: str) -> None:
+@ACTOR_OPTION
+def analyst_disable(name: str, config_path: str, actor: str | None) -> None:
     """Disable analyst NAME: their key is refused; their ledger entries stay."""
-    _set_disabled(name, config_path, True)
+    _set_disabled(name, config_path, True, actor)
 
 
 @analyst_group.command("enable")
 @click.argument("name")
 @CONFIG_OPTION
-def analyst_enable(name: str, config_path: str) -> None:
+@ACTOR_OPTION
+def analyst_enable(name: str, config_path: str, actor: str | None) -> None:
     """Enable a disabled analyst again."""
-    _set_disabled(name, config_path, False)
+    _set_disabled(name, config_path, False, actor)
 
 
 @click.group("key")
@@ -171,10 +216,12 @@ def key_group() -> None:
 @key_group.command("rotate")
 @click.argument("name")
 @CONFIG_OPTION
-def key_rotate(name: str, config_path: str) -> None:
+@ACTOR_OPTION
+def key_rotate(name: str, config_path: str, actor: str | None) -> None:
     """Give analyst NAME a new API key (printed once); the old key stops working."""
+    caller = _caller(actor, "key rotate")
     with _ledger_errors():
-        key = open_ledger(config_path).rotate_key(name)
+        key = open_ledger(config_path).rotate_key(name, caller=caller)
     click.echo(f"new API key for {name} (shown once; the old key no longer works):", err=True)
     click.echo(key)
 
@@ -212,6 +259,7 @@ def budget_show(name: str | None, config_path: str, as_json: bool) -> None:
 @click.option("--delta", type=float, default=None, help="New total δ budget.")
 @_period_option(None)
 @CONFIG_OPTION
+@ACTOR_OPTION
 def budget_set(
     name: str | None,
     is_global: bool,
@@ -219,12 +267,14 @@ def budget_set(
     delta: float | None,
     period: str | None,
     config_path: str,
+    actor: str | None,
 ) -> None:
     """Set analyst NAME's budget or period, or the global one (what is spent stays spent)."""
     if is_global == (name is not None):
         raise click.UsageError("give an analyst NAME or --global (not both)")
     if epsilon is None and delta is None and period is None:
         raise click.UsageError("give --epsilon, --delta and/or --period")
+    caller = _caller(actor, "budget set --global" if name is None else "budget set")
     ledger = open_ledger(config_path)
     with _ledger_errors():
         if name is None:
@@ -232,6 +282,7 @@ def budget_set(
                 epsilon=epsilon,
                 delta=delta,
                 period=period,  # type: ignore[arg-type]
+                caller=caller,
             )
         else:
             status = ledger.update_analyst(
@@ -239,6 +290,7 @@ def budget_set(
                 epsilon=epsilon,
                 delta=delta,
                 period=period,  # type: ignore[arg-type]
+                caller=caller,
             )
     _print_status(status)
 
@@ -253,45 +305,225 @@ def _parse_time(_ctx: Any, _param: Any, value: str | None) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-@click.command("audit-log")
+@click.group("audit-log", invoke_without_command=True)
 @click.option("--analyst", default=None, help="Only this analyst's requests.")
+@click.option("--actor", default=None, help="Only what this actor did (an admin, cli:USER).")
 @click.option("--since", default=None, callback=_parse_time, help="ISO 8601 (UTC if no zone).")
 @click.option("--until", default=None, callback=_parse_time, help="ISO 8601 (UTC if no zone).")
 @click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True)
-@CONFIG_OPTION
+@click.option(
+    "--config",
+    "config_path",
+    envvar="DPGATE_CONFIG",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The dpgate YAML config (or env DPGATE_CONFIG).",
+)
 @JSON_OPTION
+@click.pass_context
 def audit_log(
+    ctx: click.Context,
     analyst: str | None,
+    actor: str | None,
     since: datetime | None,
     until: datetime | None,
     limit: int,
-    config_path: str,
+    config_path: str | None,
     as_json: bool,
 ) -> None:
-    """The request audit log, newest first."""
+    """The request audit log, newest first; ``verify`` checks its hash chain, ``export``
+    writes it as JSON lines."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if config_path is None:
+        raise click.UsageError("give --config FILE (or set DPGATE_CONFIG)")
     with _ledger_errors():
         entries = open_ledger(config_path).audit_log(
-            analyst=analyst, since=since, until=until, limit=limit
+            analyst=analyst, since=since, until=until, limit=limit, actor=actor
         )
     if as_json:
         click.echo(json.dumps([e.to_json() for e in entries], indent=2))
         return
     for e in entries:
-        who = e.analyst or "-"
+        who = e.actor or e.analyst or "-"
         # A refused request's outcome is its error code: print it once.
         code = f" {e.error_code}" if e.error_code and e.error_code != e.outcome else ""
+        what = f" {e.action}" if e.action else ""
+        params = f" {json.dumps(e.params, sort_keys=True)}" if e.params else ""
         sql = f"  {e.sql}" if e.sql else ""
         click.echo(
             f"{e.created_at.isoformat(timespec='seconds')} {e.status} {e.outcome}{code} "
-            f"{who} {e.endpoint}{sql}"
+            f"{who} {e.endpoint}{what}{params}{sql}"
         )
 
 
-ADMIN_COMMANDS: tuple[click.Command, ...] = (analyst_group, key_group, budget_group, audit_log)
+def _parse_anchor(_ctx: Any, _param: Any, value: str | None) -> tuple[int, str] | None:
+    if value is None:
+        return None
+    seq, _, digest = value.partition(":")
+    if not seq.isdigit() or len(digest) != 64:
+        raise click.BadParameter("expected SEQ:HASH, as `verify` prints the head")
+    return int(seq), digest.lower()
+
+
+def _read_export(path: str) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number_, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                raise click.ClickException(f"{path}:{number_}: not a JSON line") from None
+            if not isinstance(row, dict) or not {"seq", "hash", "prev_hash"} <= set(row):
+                raise click.ClickException(f"{path}:{number_}: not an audit-log export row")
+            rows.append(row)
+    return rows
+
+
+@audit_log.command("verify")
+@click.option(
+    "--anchor",
+    default=None,
+    callback=_parse_anchor,
+    help="A head kept outside (SEQ:HASH, as printed here before): it must still be there.",
+)
+@click.option(
+    "--against",
+    "against",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="An export kept outside: every row of it must still be in the chain unchanged.",
+)
+@CONFIG_OPTION
+@JSON_OPTION
+def audit_log_verify(
+    anchor: tuple[int, str] | None, against: str | None, config_path: str, as_json: bool
+) -> None:
+    """Check the audit log's hash chain; name the first row altered or removed.
+
+    Exits 1 when the chain is broken. Rows removed from the end, or a log rewritten
+    whole, are found only against a head (--anchor) or an export (--against) kept
+    outside the database."""
+    kept = _read_export(against) if against else []
+    with _ledger_errors():
+        verdict = open_ledger(config_path).verify_audit_log(anchor=anchor, kept=kept)
+    brk = verdict.first_break
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "ok": verdict.ok,
+                    "rows": verdict.rows,
+                    "head": {"seq": verdict.head_seq, "hash": verdict.head_hash},
+                    "first_break": None
+                    if brk is None
+                    else {"seq": brk.seq, "id": brk.row_id, "kind": brk.kind, "detail": brk.detail},
+                },
+                indent=2,
+            )
+        )
+    elif brk is None:
+        click.echo(f"ok: {verdict.rows} rows; head {verdict.head_seq}:{verdict.head_hash}")
+    else:
+        click.echo(f"BROKEN at row {brk.seq} ({brk.kind}): {brk.detail}")
+    if brk is not None:
+        sys.exit(1)
+
+
+@audit_log.command("export")
+@click.option("--after", type=click.IntRange(0), default=0, help="Only rows after this seq.")
+@click.option(
+    "--output",
+    "-o",
+    default="-",
+    type=click.File("w", encoding="utf-8", lazy=True),
+    help="The file to write (default: standard output).",
+)
+@CONFIG_OPTION
+def audit_log_export(after: int, output: Any, config_path: str) -> None:
+    """Write the audit log, in chain order, as JSON lines with each row's hashes: a copy
+    an outside system can keep (and give back to `verify --against`)."""
+    with _ledger_errors():
+        for row in open_ledger(config_path).export_audit_log(after):
+            output.write(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n")
+
+
+@click.group("admin")
+def admin_group() -> None:
+    """Named admins with their own keys: role admin (everything) or auditor (read only)."""
+
+
+@admin_group.command("add")
+@click.argument("name")
+@click.option("--role", type=click.Choice(budget.ADMIN_ROLES), required=True)
+@CONFIG_OPTION
+@ACTOR_OPTION
+def admin_add(name: str, role: str, config_path: str, actor: str | None) -> None:
+    """Create admin NAME with ROLE; prints their key (shown only once)."""
+    caller = _caller(actor, "admin add")
+    with _ledger_errors():
+        key = open_ledger(config_path).create_admin(
+            name,
+            role,  # type: ignore[arg-type]
+            caller=caller,
+        )
+    click.echo(f"created admin {name} ({role}); key (shown once, store it now):", err=True)
+    click.echo(key)
+
+
+@admin_group.command("list")
+@CONFIG_OPTION
+@JSON_OPTION
+def admin_list(config_path: str, as_json: bool) -> None:
+    """Every named admin and their role."""
+    with _ledger_errors():
+        admins = open_ledger(config_path).list_admins()
+    if as_json:
+        click.echo(json.dumps([a.to_json() for a in admins], indent=2))
+        return
+    for a in admins:
+        click.echo(f"{a.name}  {a.role}{'  (disabled)' if a.disabled else ''}")
+
+
+def _admin_disabled(name: str, config_path: str, disabled: bool, actor: str | None) -> None:
+    caller = _caller(actor, "admin disable" if disabled else "admin enable")
+    with _ledger_errors():
+        open_ledger(config_path).update_admin(name, disabled=disabled, caller=caller)
+    click.echo(f"admin {name} {'disabled' if disabled else 'enabled'}")
+
+
+@admin_group.command("disable")
+@click.argument("name")
+@CONFIG_OPTION
+@ACTOR_OPTION
+def admin_disable(name: str, config_path: str, actor: str | None) -> None:
+    """Disable admin NAME: their key is refused."""
+    _admin_disabled(name, config_path, True, actor)
+
+
+@admin_group.command("enable")
+@click.argument("name")
+@CONFIG_OPTION
+@ACTOR_OPTION
+def admin_enable(name: str, config_path: str, actor: str | None) -> None:
+    """Enable a disabled admin again."""
+    _admin_disabled(name, config_path, False, actor)
+
+
+ADMIN_COMMANDS: tuple[click.Command, ...] = (
+    analyst_group,
+    key_group,
+    budget_group,
+    audit_log,
+    admin_group,
+)
 
 
 def register_admin_commands(group: click.Group) -> None:
-    """Add ``analyst``, ``key``, ``budget`` and ``audit-log`` to the ``dpgate`` group."""
+    """Add ``analyst``, ``key``, ``budget``, ``audit-log`` and ``admin`` to the ``dpgate``
+    group."""
     for command in ADMIN_COMMANDS:
         group.add_command(command)
 

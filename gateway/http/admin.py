@@ -12,12 +12,22 @@ the environment (compared in constant time): no key or a wrong key is ``unauthen
     POST  /v1/admin/analysts/<name>/keys      rotate: a new API key, the old one stops working
     GET   /v1/admin/budget                    the dataset-wide budget (null if none)
     PATCH /v1/admin/budget                    {epsilon?, delta?, period?}
-    GET   /v1/admin/audit-log                 ?analyst=&since=&until=&limit=
+    GET   /v1/admin/audit-log                 ?analyst=&actor=&since=&until=&limit=
+    POST  /v1/admin/admins                    {name, role} → the new admin's key (201)
+    GET   /v1/admin/admins                    every named admin and role
+    PATCH /v1/admin/admins/<name>             {role?, disabled?}
+
+Admins: ``DPGATE_ADMIN_KEY`` is the bootstrap admin (named ``admin``); named admins, each
+with its own key, have the role ``admin`` (everything) or ``auditor`` (every GET; any
+other method is ``forbidden``, 403).
 
 ``period`` is ``day``, ``week``, ``month`` or ``none`` (the default): the budget renews at
 the end of each period (UTC; ``budget/periods.py``).
 
-Each admin request is itself appended to the ledger's audit log (``gateway.observation``).
+Each admin request appends exactly one row to the ledger's audit log, naming the admin,
+the action and its parameters (never a key): a change writes it in the change's own
+transaction (``budget.AdminCaller``); a read, or a refused request, writes it after the
+response (``gateway.observation``).
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ log = logging.getLogger("dpgate.admin")
 admin_bp = Blueprint("admin", __name__)
 
 MAX_AUDIT_LIMIT = 10_000
+_AUDIT_ARGS = ("analyst", "actor", "since", "until", "limit")
 
 _BUDGET_STATUS = register_schema(
     "BudgetStatus",
@@ -116,6 +127,32 @@ _BUDGET_FIELDS = {
 def _ledger() -> budget.Ledger:
     ledger: budget.Ledger = current_app.extensions["dpgate"].ledger
     return ledger
+
+
+def _caller(action: str, params: dict[str, Any], status: int = 200) -> budget.AdminCaller:
+    """The calling admin, for the audit row the ledger writes with the change (in its
+    transaction); this request then writes no other row. ``action``/``params`` are also
+    what the row of a refused attempt says."""
+    rec = record()
+    rec.action, rec.params = action, params
+    principal = rec.principal
+    assert principal is not None  # require_admin let the request in
+    return budget.AdminCaller(
+        actor=principal.name,
+        request_id=rec.request_id,
+        endpoint=f"{request.method} {request.path}",
+        status=status,
+    )
+
+
+def _written() -> None:
+    record().audit_written = True
+
+
+def _reading(action: str, params: dict[str, Any] | None = None) -> None:
+    """A read: its audit row is the request's own, written after the response."""
+    rec = record()
+    rec.action, rec.params = action, params
 
 
 def _ledger_errors() -> AbstractContextManager[None]:
@@ -189,8 +226,11 @@ def create_analyst() -> tuple[Response, int]:
         raise InvalidRequest("epsilon and delta must be numbers", fields=["epsilon", "delta"])
     period = _period(body) or "none"
     ledger = _ledger()
+    params = {"name": name, "epsilon": epsilon, "delta": delta, "period": period}
+    caller = _caller("analyst.create", params, 201)
     with _ledger_errors():
-        key = ledger.create_analyst(name, epsilon, delta, period)
+        key = ledger.create_analyst(name, epsilon, delta, period, caller=caller)
+        _written()
         status = ledger.budget_status(name)
     return jsonify({"ok": True, "name": name, "api_key": key, "budget": _status_json(status)}), 201
 
@@ -214,6 +254,7 @@ def create_analyst() -> tuple[Response, int]:
     tags=["admin"],
 )
 def list_analysts() -> Response:
+    _reading("analyst.list")
     ledger = _ledger()
     with _ledger_errors():
         statuses = ledger.list_analysts()
@@ -243,6 +284,7 @@ _ONE_ANALYST = {
     tags=["admin"],
 )
 def get_analyst(name: str) -> Response:
+    _reading("budget.show", {"name": name})
     with _ledger_errors():
         status = _ledger().budget_status(name)
     return jsonify({"ok": True, "analyst": _status_json(status)})
@@ -269,14 +311,15 @@ def update_analyst(name: str) -> Response:
     disabled = body.get("disabled")
     if disabled is not None and not isinstance(disabled, bool):
         raise InvalidRequest("disabled must be true or false", field="disabled")
+    epsilon, delta, period = _number(body, "epsilon"), _number(body, "delta"), _period(body)
+    given = {"epsilon": epsilon, "delta": delta, "period": period, "disabled": disabled}
+    params = {"name": name, **{k: v for k, v in given.items() if v is not None}}
+    caller = _caller("analyst.update", params)
     with _ledger_errors():
         status = _ledger().update_analyst(
-            name,
-            epsilon=_number(body, "epsilon"),
-            delta=_number(body, "delta"),
-            disabled=disabled,
-            period=_period(body),
+            name, epsilon=epsilon, delta=delta, disabled=disabled, period=period, caller=caller
         )
+        _written()
     return jsonify({"ok": True, "analyst": _status_json(status)})
 
 
@@ -299,6 +342,7 @@ _GLOBAL = {
     tags=["admin"],
 )
 def get_global_budget() -> Response:
+    _reading("budget.show_global")
     with _ledger_errors():
         status = _ledger().global_status()
     return jsonify({"ok": True, "budget": None if status is None else _status_json(status)})
@@ -317,10 +361,14 @@ def get_global_budget() -> Response:
 )
 def set_global_budget() -> Response:
     body = _json_body({"epsilon", "delta", "period"})
+    epsilon, delta, period = _number(body, "epsilon"), _number(body, "delta"), _period(body)
+    given = {"epsilon": epsilon, "delta": delta, "period": period}
+    caller = _caller("budget.set_global", {k: v for k, v in given.items() if v is not None})
     with _ledger_errors():
         status = _ledger().set_global_budget(
-            epsilon=_number(body, "epsilon"), delta=_number(body, "delta"), period=_period(body)
+            epsilon=epsilon, delta=delta, period=period, caller=caller
         )
+        _written()
     return jsonify({"ok": True, "budget": _status_json(status)})
 
 
@@ -333,8 +381,10 @@ def set_global_budget() -> Response:
     tags=["admin"],
 )
 def rotate_key(name: str) -> tuple[Response, int]:
+    caller = _caller("key.rotate", {"name": name}, 201)
     with _ledger_errors():
-        key = _ledger().rotate_key(name)
+        key = _ledger().rotate_key(name, caller=caller)
+        _written()
     return jsonify({"ok": True, "name": name, "api_key": key}), 201
 
 
@@ -355,6 +405,7 @@ def _time_arg(name: str) -> datetime | None:
     auth="admin",
     query={
         "analyst": {"type": "string"},
+        "actor": {"type": "string", "description": "who acted: an admin, a CLI user"},
         "since": {"type": "string", "format": "date-time"},
         "until": {"type": "string", "format": "date-time"},
         "limit": {"type": "integer", "minimum": 1, "maximum": MAX_AUDIT_LIMIT, "default": 1000},
@@ -377,14 +428,132 @@ def audit_log() -> Response:
         raise InvalidRequest("limit must be an integer", field="limit") from None
     if not 1 <= limit <= MAX_AUDIT_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {MAX_AUDIT_LIMIT}", field="limit")
+    _reading("audit_log.read", {k: v for k, v in request.args.items() if k in _AUDIT_ARGS})
     with _ledger_errors():
         entries = _ledger().audit_log(
             analyst=request.args.get("analyst") or None,
+            actor=request.args.get("actor") or None,
             since=_time_arg("since"),
             until=_time_arg("until"),
             limit=limit,
         )
     return jsonify({"ok": True, "entries": [e.to_json() for e in entries]})
+
+
+_ADMIN = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "role": {"enum": list(budget.ADMIN_ROLES)},
+        "disabled": {"type": "boolean"},
+    },
+}
+
+
+def _role(body: Mapping[str, Any]) -> budget.AdminRole | None:
+    value = body.get("role")
+    if value is None:
+        return None
+    if value not in budget.ADMIN_ROLES:
+        raise InvalidRequest(f"role must be one of {', '.join(budget.ADMIN_ROLES)}", field="role")
+    return value
+
+
+@admin_bp.post("/admins")
+@document(
+    summary="Create a named admin with a role; returns their key once",
+    auth="admin",
+    request={
+        "type": "object",
+        "required": ["name", "role"],
+        "additionalProperties": False,
+        "properties": {"name": {"type": "string"}, "role": {"enum": list(budget.ADMIN_ROLES)}},
+    },
+    responses={
+        201: {
+            "type": "object",
+            "required": ["ok", "name", "role", "api_key"],
+            "properties": {
+                "ok": {"const": True},
+                "name": {"type": "string"},
+                "role": {"enum": list(budget.ADMIN_ROLES)},
+                "api_key": {"type": "string", "description": "Shown once."},
+            },
+        }
+    },
+    errors=[Conflict, LedgerUnavailable],
+    tags=["admin"],
+)
+def create_admin() -> tuple[Response, int]:
+    body = _json_body({"name", "role"}, {"name", "role"})
+    name, role = body["name"], _role(body)
+    if not isinstance(name, str):
+        raise InvalidRequest("name must be a string", field="name")
+    if role is None:
+        raise InvalidRequest(f"role must be one of {', '.join(budget.ADMIN_ROLES)}", field="role")
+    caller = _caller("admin.create", {"name": name, "role": role}, 201)
+    with _ledger_errors():
+        key = _ledger().create_admin(name, role, caller=caller)
+        _written()
+    return jsonify({"ok": True, "name": name, "role": role, "api_key": key}), 201
+
+
+@admin_bp.get("/admins")
+@document(
+    summary="Every named admin and their role",
+    auth="admin",
+    responses={
+        200: {
+            "type": "object",
+            "required": ["ok", "admins"],
+            "properties": {"ok": {"const": True}, "admins": {"type": "array", "items": _ADMIN}},
+        }
+    },
+    errors=[LedgerUnavailable],
+    tags=["admin"],
+)
+def list_admins() -> Response:
+    _reading("admin.list")
+    with _ledger_errors():
+        admins = _ledger().list_admins()
+    return jsonify({"ok": True, "admins": [a.to_json() for a in admins]})
+
+
+@admin_bp.patch("/admins/<name>")
+@document(
+    summary="Change a named admin's role, or disable / enable them",
+    auth="admin",
+    request={
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "role": {"enum": list(budget.ADMIN_ROLES)},
+            "disabled": {"type": "boolean"},
+        },
+    },
+    responses={
+        200: {
+            "type": "object",
+            "required": ["ok", "admin"],
+            "properties": {"ok": {"const": True}, "admin": _ADMIN},
+        }
+    },
+    errors=[NotFound, LedgerUnavailable],
+    tags=["admin"],
+)
+def update_admin(name: str) -> Response:
+    body = _json_body({"role", "disabled"})
+    role, disabled = _role(body), body.get("disabled")
+    if disabled is not None and not isinstance(disabled, bool):
+        raise InvalidRequest("disabled must be true or false", field="disabled")
+    given = {"role": role, "disabled": disabled}
+    caller = _caller(
+        "admin.update", {"name": name, **{k: v for k, v in given.items() if v is not None}}
+    )
+    with _ledger_errors():
+        admin = _ledger().update_admin(name, role=role, disabled=disabled, caller=caller)
+        _written()
+    return jsonify({"ok": True, "admin": admin.to_json()})
 
 
 __all__ = ["admin_bp"]

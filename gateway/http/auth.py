@@ -57,13 +57,19 @@ def require_analyst() -> str:
     return principal.name
 
 
+READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
 def require_admin() -> None:
-    """Let only the admin key through, with errors that say what an admin must send."""
+    """Let only admin keys through, with errors that say what an admin must send; an
+    ``auditor`` only for reads (any other method is ``forbidden``)."""
     if bearer_key() is None:
         raise Unauthenticated("the admin endpoints need 'Authorization: Bearer <admin key>'")
     try:
         principal = gateway().authenticate(bearer_key())
-    except Forbidden:  # a disabled analyst's key
+    except Forbidden as exc:  # a disabled analyst's or admin's key
+        if str(exc).startswith("admin "):
+            raise
         raise Forbidden("an analyst key cannot use the admin endpoints") from None
     except Unauthenticated:
         if gateway().config.admin_key is None:
@@ -75,3 +81,7 @@ def require_admin() -> None:
         record().caller = principal.name
         raise Forbidden("an analyst key cannot use the admin endpoints")
     record().principal = principal
+    if request.method not in READ_METHODS and not principal.may_write:
+        raise Forbidden(
+            f"admin '{principal.name}' has the {principal.role} role: it reads, it changes nothing"
+        )

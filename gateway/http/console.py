@@ -198,7 +198,8 @@ def release_chart_of(query_id: str) -> Response:
     tags=["console"],
 )
 def spend_chart_of(name: str) -> Response:
-    record().audited = "admin"
+    rec = record()
+    rec.audited, rec.action, rec.params = "admin", "budget.spend_chart", {"name": name}
     require_admin()
     ledger = gateway().ledger
     try:
