@@ -204,8 +204,8 @@ class ExecutionConfig:
 
     timing: Literal["deadline", "off"] = "deadline"
     deadline_ms: int | None = None
-    deadline_margin: float = 3.0
-    min_deadline_ms: int = 10
+    deadline_margin: float = 5.0
+    min_deadline_ms: int = 100
     post_ms: int = 10
     load_aware: bool = False
     row_ns: float | None = None  # the cost model's per-row costs (None: the engine's)
@@ -395,14 +395,14 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
     if not isinstance(load_aware, bool):
         v.problem("execution.load_aware: must be true or false")
         load_aware = False
-    margin = v.number(ex, "execution.deadline_margin", 3.0, positive=True) or 3.0
+    margin = v.number(ex, "execution.deadline_margin", 5.0, positive=True) or 5.0
     if margin < 1:
         v.problem("execution.deadline_margin: must be ≥ 1")
     execution = ExecutionConfig(
         timing=v.choice(ex, "execution.timing", ("deadline", "off"), "deadline"),  # type: ignore[arg-type]
         deadline_ms=v.integer(ex, "execution.deadline_ms", None, low=1),
         deadline_margin=max(1.0, margin),
-        min_deadline_ms=v.integer(ex, "execution.min_deadline_ms", 10, low=1) or 10,
+        min_deadline_ms=v.integer(ex, "execution.min_deadline_ms", 100, low=1) or 100,
         post_ms=v.integer(ex, "execution.post_ms", 10, low=1) or 10,
         load_aware=load_aware,
         row_ns=v.number(ex, "execution.row_ns", None, positive=True),

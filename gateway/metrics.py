@@ -250,11 +250,18 @@ def watch_ledger_pool(engine: Engine) -> Callable[[float], None]:
     if isinstance(pool, QueuePool):
         LEDGER_POOL_CAPACITY.inc(pool.size() + max(0, pool._max_overflow))
 
+    # The pool's own count, read at each event (not +1/−1 per event: a connection out
+    # when the listeners were attached would leave a count that drifts for ever). At
+    # check-in the connection is not yet back in the pool, hence the −1.
+    counted = callable(getattr(pool, "checkedout", None))
+
     def checkout(*_: Any) -> None:
-        LEDGER_POOL_IN_USE.inc()
+        if counted:
+            LEDGER_POOL_IN_USE.set(pool.checkedout())  # type: ignore[attr-defined]
 
     def checkin(*_: Any) -> None:
-        LEDGER_POOL_IN_USE.dec()
+        if counted:
+            LEDGER_POOL_IN_USE.set(max(0, pool.checkedout() - 1))  # type: ignore[attr-defined]
 
     event.listen(engine, "checkout", checkout)
     event.listen(engine, "checkin", checkin)
