@@ -8,7 +8,8 @@ The engines are process-wide singletons (chDB holds one data directory per proce
 JVM one SparkSession), so each test process starts each at most once (``chdb_root``,
 ``spark_warehouse``, ``connect_server`` are session-scoped) and every test module loads
 its tables into a database of its own (``table_on`` loads one table on any backend,
-SQLite to Spark). Spark's tests share one pytest-xdist worker (``SPARK_GROUP``), so a
+SQLite to Spark). The local session's tests share one pytest-xdist worker
+(``SPARK_GROUP``) and Spark Connect's another or the same (``CONNECT_GROUP``), so a
 ``make test`` run starts one local JVM and one Connect server.
 """
 
@@ -61,11 +62,14 @@ STORAGE: dict[str, dict[str, str]] = {
 STORAGE["spark-connect"] = STORAGE["spark"]
 SLOW = pytest.mark.slow
 SPARK_GROUP = pytest.mark.xdist_group("spark")
+#: The Spark Connect tests' worker: the server is a JVM of its own whichever worker asks
+#: for it, so they need not wait behind the local session's tests on Spark's worker.
+CONNECT_GROUP = pytest.mark.xdist_group("spark-connect")
 #: Each engine's marks: all are slow, and Spark's share one worker.
 MARKS: dict[str, list[pytest.MarkDecorator]] = {
     "clickhouse": [SLOW],
     "spark": [SLOW, SPARK_GROUP],
-    "spark-connect": [SLOW, SPARK_GROUP],
+    "spark-connect": [SLOW, CONNECT_GROUP],
 }
 ENGINES = [pytest.param(name, marks=marks) for name, marks in MARKS.items()]
 #: The engines in this process: chDB and Spark's local session. Spark Connect runs the
