@@ -7,6 +7,7 @@ without a restart, each one an audit-logged admin action."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -269,3 +270,74 @@ def test_an_auditor_may_not_change_grants(client: FlaskClient, keys: dict[str, s
     assert client.get("/v1/admin/grants", headers=ivy).status_code == 200
     assert client.get("/v1/admin/groups", headers=ivy).status_code == 200
     assert _query(client, keys["bob"], COUNT)[0] == 400  # nothing changed
+
+
+DT = (
+    "SELECT n.nspname AS schema, c.relname AS name FROM pg_catalog.pg_class c "
+    "LEFT JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE c.relkind IN ('r','p','') AND n.nspname <> 'pg_catalog' "
+    "AND n.nspname <> 'information_schema' AND pg_catalog.pg_table_is_visible(c.oid) "
+    "ORDER BY 1, 2"
+)
+
+
+def test_the_wire_shows_and_answers_only_what_is_granted(
+    make_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    import threading
+
+    import psycopg
+
+    from gateway.pgwire.server import WireServer
+
+    raw = demo_config_dict(tmp_path / "unused.db", tmp_path / "unused-ledger.db")
+    tables = _tables_with_grants(patients=["oncology"])(raw["tables"])
+    gw = make_gateway(tables=tables, analysts=[], postgres_wire={"port": 0})
+    keys = {n: gw.ledger.create_analyst(n, 10.0, 1e-6) for n in ("alice", "bob")}
+    gw.ledger.add_member("oncology", "alice")
+    server = WireServer(gw.config, gw)
+    _, port = server.bind("127.0.0.1")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def connect(user: str) -> psycopg.Connection[Any]:
+        return psycopg.connect(
+            host="127.0.0.1", port=port, user=user, password=keys[user], dbname="dpgate",
+            sslmode="disable", connect_timeout=10, autocommit=True,
+        )  # fmt: skip
+
+    def listed(conn: psycopg.Connection[Any]) -> set[str]:
+        names = {r[1] for r in conn.execute(DT).fetchall()}
+        info = conn.execute("SELECT table_name FROM information_schema.tables").fetchall()
+        columns = conn.execute(
+            "SELECT DISTINCT table_name FROM information_schema.columns"
+        ).fetchall()
+        assert {r[0] for r in info} == {r[0] for r in columns} == names
+        return names
+
+    def refusal(conn: psycopg.Connection[Any], sql: str) -> tuple[str | None, str]:
+        with pytest.raises(psycopg.Error) as e:
+            conn.execute(sql)
+        text = re.sub(r'"request_id": "\w+"', "", str(e.value))
+        return e.value.sqlstate, text.replace("patientz", "patients")
+
+    try:
+        with connect("alice") as alice, connect("bob") as bob:
+            assert listed(alice) == {"patients", "visits", "zip_regions"}
+            assert listed(bob) == {"visits", "zip_regions"}
+            assert alice.execute(COUNT).fetchone() is not None
+            for sql in (COUNT, "SELECT COUNT(nosuch) AS n FROM patients"):
+                hidden = refusal(bob, sql)
+                assert hidden == refusal(bob, sql.replace("patients", "patientz"))
+                assert hidden[0] == "42P01"  # undefined_table
+            # describing it (the extended protocol's Parse/Describe) is refused too
+            with pytest.raises(psycopg.Error):
+                bob.cursor().execute(COUNT, prepare=True)
+            # a grant change applies to the open session, without reconnecting
+            gw.ledger.add_member("oncology", "bob")
+            assert "patients" in listed(bob)
+            assert bob.execute(COUNT).fetchone() is not None
+            gw.ledger.remove_member("oncology", "bob")
+            assert listed(bob) == {"visits", "zip_regions"}
+            assert refusal(bob, COUNT)[0] == "42P01"
+    finally:
+        server.shutdown()
