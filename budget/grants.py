@@ -45,12 +45,15 @@ def read_grants(conn: Connection) -> dict[str, frozenset[str]]:
     return {t: frozenset(g) for t, g in out.items()}
 
 
-def read_access(conn: Connection, analyst: str | None) -> StoredAccess:
-    """The stored grants and, when ``analyst`` is given, that analyst's groups."""
-    groups: frozenset[str] = frozenset()
-    if analyst is not None:
-        groups = frozenset(str(g) for (g,) in GROUPS_OF.rows(conn, {"analyst": analyst}))
-    return StoredAccess(read_grants(conn), groups)
+def read_access(conn: Connection, analyst: str | None, *, groups: bool = True) -> StoredAccess:
+    """The stored grants and, when ``analyst`` is given, that analyst's groups — unless
+    ``groups`` is false and no grant is stored (nothing they could be used for)."""
+    grants = read_grants(conn)
+    if analyst is None or not (groups or grants):
+        return StoredAccess(grants, frozenset())
+    return StoredAccess(
+        grants, frozenset(str(g) for (g,) in GROUPS_OF.rows(conn, {"analyst": analyst}))
+    )
 
 
 def members(conn: Connection) -> dict[str, list[str]]:

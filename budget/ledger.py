@@ -613,13 +613,14 @@ class Ledger:
         probe: CacheProbe | None = None,
         *,
         access: bool = False,
+        groups: bool = True,
         name: str | None = None,
     ) -> Lookup:
         """Authenticate ``key`` (or, for a caller already authenticated elsewhere — a
         verified token — find the analyst ``name``) and, for its analyst, find the release
         ``probe`` names and the analyst's budget; with ``access``, also the stored grants
-        and the analyst's groups (``budget.grants``) — in one read transaction (a
-        request's only read)."""
+        and the analyst's groups (``budget.grants``; without ``groups``, only when some
+        grant is stored) — in one read transaction (a request's only read)."""
         if name is None and (not key or len(key) > 256):
             return Lookup(None)
         if probe is not None:
@@ -633,7 +634,7 @@ class Ledger:
             if row is None:
                 return Lookup(None)
             analyst = Analyst(row.name, bool(row.disabled), row.epsilon, row.delta, _period_of(row))
-            stored = grants.read_access(conn, row.name) if access else None
+            stored = grants.read_access(conn, row.name, groups=groups) if access else None
             if probe is None or analyst.disabled:
                 return Lookup(analyst, access=stored)
             release = reads.find_release(

@@ -40,16 +40,17 @@ class Grants:
     default: str
 
     def readable(self, table: str, groups: frozenset[str]) -> bool:
-        """Whether members of ``groups`` may read ``table``."""
+        """Whether members of ``groups`` may read ``table`` (a table the config declares
+        ``grants: []`` for is read by nobody but through stored grants)."""
         granted = self.by_table.get(table)
-        if not granted:
+        if granted is None:
             return self.default == "open"
         return not granted.isdisjoint(groups)
 
     @property
     def restricts(self) -> bool:
         """Whether some table is closed to some analyst."""
-        return self.default != "open" or any(self.by_table.values())
+        return self.default != "open" or bool(self.by_table)
 
 
 class Access:
@@ -67,6 +68,8 @@ class Access:
             name: frozenset(t.grants) for name, t in tables.items() if t.grants is not None
         }
         self.all_tables = frozenset(tables)
+        # whether the config alone may close a table (else only stored grants can)
+        self.configured_restricts = config.default != "open" or bool(self.configured)
         self._make_view = make_view
         self._views: OrderedDict[frozenset[str], object] = OrderedDict()
         self._lock = threading.Lock()
@@ -110,15 +113,15 @@ class Access:
         for name in self.tables:
             config_groups = sorted(self.configured.get(name, ()))
             ledger_groups = sorted(stored.grants.get(name, ()))
-            groups = grants.by_table.get(name, frozenset())
-            if groups:
-                readers = "groups"
+            groups = grants.by_table.get(name)
+            if groups is not None:
+                readers = "groups" if groups else "nobody"
             else:
                 readers = "everyone" if self.config.default == "open" else "nobody"
             out.append(
                 {
                     "table": name,
-                    "groups": sorted(groups),
+                    "groups": sorted(groups or ()),
                     "config_groups": config_groups,
                     "ledger_groups": ledger_groups,
                     "readable_by": readers,
@@ -140,7 +143,7 @@ class Access:
                 "(tables.<t>.grants) to take it back"
             )
         remaining = (configured | stored_groups) - {group}
-        if not remaining and self.config.default == "open":
+        if not remaining and table not in self.configured and self.config.default == "open":
             raise Conflict(
                 f"{group!r} holds the last grant on {table!r}: without it every analyst "
                 "could read the table (access.default: open); grant it to another group "

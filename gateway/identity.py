@@ -54,10 +54,12 @@ def identify(
     probe: budget.CacheProbe | None = None,
     *,
     access: bool = False,
+    groups: bool = True,
     tokens: TokenVerifier | None = None,
 ) -> tuple[Principal, budget.Lookup | None]:
     """The caller behind a bearer key (or token), with what the ledger holds for
-    ``probe`` and, with ``access``, the stored grants and the analyst's groups.
+    ``probe`` and, with ``access``, the stored grants and the analyst's groups (without
+    ``groups``, only when some grant is stored: ``budget.Ledger.lookup``).
 
     Raises ``Unauthenticated`` (no key, unknown key, a token refused) or ``Forbidden``
     (a disabled analyst). The admin gets no lookup: it has no budget and no cache.
@@ -67,9 +69,9 @@ def identify(
     if is_admin_key(key, admin_key):
         return ADMIN, None
     if tokens is not None and looks_like_token(key):
-        return _token_caller(ledger, tokens, tokens.verify(key), probe, access)
+        return _token_caller(ledger, tokens, tokens.verify(key), probe, access, groups)
     with ledger_errors():
-        found = ledger.lookup(key, probe, access=access)
+        found = ledger.lookup(key, probe, access=access, groups=groups)
     if found.analyst is None:
         with ledger_errors():
             admin = ledger.admin_by_key(key)
@@ -89,15 +91,16 @@ def _token_caller(
     who: TokenIdentity,
     probe: budget.CacheProbe | None,
     access: bool,
+    groups: bool,
 ) -> tuple[Principal, budget.Lookup | None]:
     """The caller a verified token names: an admin of the role its groups give, or an
     analyst of the ledger (provisioned when the config says so)."""
     if who.role is not None:
         return Principal(name=who.name, is_admin=True, role=who.role, groups=who.groups), None
     with ledger_errors():
-        found = ledger.lookup(None, probe, access=access, name=who.name)
+        found = ledger.lookup(None, probe, access=access, groups=groups, name=who.name)
         if found.analyst is None and provision(ledger, tokens.config, who):
-            found = ledger.lookup(None, probe, access=access, name=who.name)
+            found = ledger.lookup(None, probe, access=access, groups=groups, name=who.name)
     if found.analyst is None:
         raise Unauthenticated(
             f"the token names analyst {who.name!r}, whom dpgate does not know: ask an "

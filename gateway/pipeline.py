@@ -264,7 +264,13 @@ class Gateway:
         if isinstance(planned, PlannedQuery) and not request.dry_run:
             probe = self.cache.probe(planned)
         principal, lookup = identify(
-            self.ledger, key, self.config.admin_key, probe, access=True, tokens=self.tokens
+            self.ledger,
+            key,
+            self.config.admin_key,
+            probe,
+            access=True,
+            groups=self.access.configured_restricts,
+            tokens=self.tokens,
         )
         if principal.is_admin:
             raise Forbidden("the admin key cannot run queries: use an analyst's key")

@@ -187,6 +187,26 @@ def test_access_default_granted_closes_tables_without_grants(
     assert _tables(client, key) == []
 
 
+def test_an_empty_grants_list_closes_a_table(
+    make_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    raw = demo_config_dict(tmp_path / "unused.db", tmp_path / "unused-ledger.db")
+    gw = make_gateway(tables=_tables_with_grants(visits=[])(raw["tables"]), analysts=[])
+    client = create_app(gw.config, gateway=gw).test_client()
+    key = gw.ledger.create_analyst("ann", 10.0, 1e-6)
+    visits = "SELECT COUNT(*) AS n FROM visits"
+    assert "visits" not in _tables(client, key)
+    assert _query(client, key, visits)[1]["error"]["code"] == "unknown_table"
+    client.post("/v1/admin/grants", json={"table": "visits", "group": "g"}, headers=ADMIN)
+    client.post("/v1/admin/groups/g/members", json={"analyst": "ann"}, headers=ADMIN)
+    assert _query(client, key, visits)[0] == 200
+    # its last stored grant may go: the config keeps the table closed
+    assert client.delete("/v1/admin/grants/visits/g", headers=ADMIN).status_code == 200
+    assert _query(client, key, visits)[1]["error"]["code"] == "unknown_table"
+    listing = client.get("/v1/admin/grants", headers=ADMIN).get_json()
+    assert {t["table"]: t["readable_by"] for t in listing["tables"]}["visits"] == "nobody"
+
+
 def test_the_admin_sees_every_table(client: FlaskClient, keys: dict[str, str]) -> None:
     assert set(_tables(client, ADMIN_KEY)) == {"patients", "visits", "zip_regions"}
 
