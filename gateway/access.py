@@ -93,6 +93,11 @@ class Access:
         groups = stored.groups | extra_groups
         return frozenset(t for t in self.tables if grants.readable(t, groups))
 
+    def open_tables(self, stored: StoredAccess | None) -> frozenset[str]:
+        """The tables an analyst in no group may read (``None``: by the config alone)."""
+        grants = {} if stored is None else stored.grants
+        return self.readable(StoredAccess(grants, frozenset()))
+
     def tables_of(self, readable: frozenset[str]) -> dict[str, TableConfig]:
         """The table configs a caller sees (in declaration order)."""
         return {n: t for n, t in self.tables.items() if n in readable}

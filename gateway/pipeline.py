@@ -135,6 +135,9 @@ class Gateway:
             lambda tables: Planner(tables, config.privacy, data_version),
         )
         self.tokens = TokenVerifier(config.sso) if config.sso is not None else None
+        # the tables every analyst may read, as the latest request's ledger read found
+        # them (what a request is planned against before its caller is known)
+        self._open_tables = self.access.open_tables(None)
         self.charges = Charges(self.ledger, data_version)
         self.cache = AnswerCache(self.ledger, config.cache.scope, data_version)
         self.audit = AuditPolicy(
@@ -253,13 +256,12 @@ class Gateway:
         ends): the caller and a release they may reuse come from one ledger read.
         ``admit`` runs once the caller is known (rate limits), before anything else
         they could observe. Who is asking is checked before what is asked."""
-        planned: PlannedQuery | ProbePlan | None = None
-        refusal: GatewayError | None = None
-        try:
-            check_request(request, self.config.privacy)
-            planned = self.planner.plan(request)
-        except GatewayError as e:  # reported once the caller is known to be allowed
-            refusal = e
+        # Planned before the caller is known against the tables every analyst may read
+        # (as the last request found them): a table closed to some analyst is unknown
+        # here, alike for one that is not declared, so what this costs cannot tell them
+        # apart (gateway.access).
+        seen_open = self._open_tables
+        planned, refusal = self._plan(self.planner_for(seen_open), request)
         probe = None
         if isinstance(planned, PlannedQuery) and not request.dry_run:
             probe = self.cache.probe(planned)
@@ -276,16 +278,17 @@ class Gateway:
             raise Forbidden("the admin key cannot run queries: use an analyst's key")
         admit(principal)
         assert lookup is not None
+        self._open_tables = self.access.open_tables(lookup.access)
         readable = self.access.readable(lookup.access, principal.groups)
-        if readable != self.access.all_tables:
-            # Planned again as if only the readable tables were declared: a table the
-            # caller may not read gets the refusal of an undeclared one (gateway.access).
-            # Identical plans have identical cache keys, so the lookup's release stands.
-            try:
-                check_request(request, self.config.privacy)
-                planned, refusal = self.planner_for(readable).plan(request), None
-            except GatewayError as e:
-                refusal = e
+        if readable != seen_open:
+            # Planned again as if only the tables the caller may read were declared. A
+            # plan both planners make is the same plan, with the same cache key: the
+            # lookup's release stands; otherwise nothing was probed yet.
+            planned, refusal = self._plan(self.planner_for(readable), request)
+            if isinstance(planned, PlannedQuery) and probe is None and not request.dry_run:
+                cached = self.cache.lookup(principal.name, planned)
+                if cached is not None:
+                    return principal, _post_process(planned, cached)
         if refusal is not None:
             raise refusal
         assert planned is not None
@@ -295,6 +298,17 @@ class Gateway:
             hit = self.cache.hit(planned, lookup.release, lookup.budget)
             return principal, _post_process(planned, hit)
         return principal, _post_process(planned, self._answer(principal.name, planned))
+
+    def _plan(
+        self, planner: Planner, request: QueryRequest
+    ) -> tuple[PlannedQuery | ProbePlan | None, GatewayError | None]:
+        """The request checked and planned, or the refusal (reported once the caller is
+        known to be allowed: who is asking is checked before what is asked)."""
+        try:
+            check_request(request, self.config.privacy)
+            return planner.plan(request), None
+        except GatewayError as e:
+            return None, e
 
     def _answer(self, analyst: str, planned: PlannedQuery) -> Release:
         """A planned request that is not in the cache: a dry run, or the data's turn."""

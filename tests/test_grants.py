@@ -113,6 +113,27 @@ def test_a_table_not_granted_is_as_if_undeclared(client: FlaskClient, keys: dict
     assert status == 200, body
 
 
+def test_a_granted_table_is_unknown_until_the_caller_is_known(
+    client: FlaskClient, keys: dict[str, str], granted: Gateway
+) -> None:
+    """A request is planned before its caller is identified against the tables every
+    analyst may read: for it, a table closed to some analyst and an undeclared one are
+    alike (the same refusal, the same work), so what a refused request costs cannot tell
+    bob that ``patients`` exists. alice's answers on it are still cached and reused."""
+    from gateway.errors import UnknownTable
+
+    status, first = _query(client, keys["alice"], COUNT)
+    assert status == 200 and not first["cached"]
+    status, again = _query(client, keys["alice"], COUNT)
+    assert status == 200 and again["cached"] and again["rows"] == first["rows"]
+    assert _spent(client, keys["alice"]) == 0.5  # the second one was free
+    before_identification = granted.planner_for(granted._open_tables)
+    assert granted._open_tables == {"visits", "zip_regions"}
+    for sql in (COUNT, COUNT.replace("patients", "patientz")):
+        with pytest.raises(UnknownTable):
+            before_identification.analyze(sql)
+
+
 def test_grant_changes_apply_to_the_next_request(
     client: FlaskClient, keys: dict[str, str], granted: Gateway
 ) -> None:
