@@ -283,7 +283,9 @@ class Gateway:
         if readable != seen_open:
             # Planned again as if only the tables the caller may read were declared. A
             # plan both planners make is the same plan, with the same cache key: the
-            # lookup's release stands; otherwise nothing was probed yet.
+            # lookup's release stands; otherwise nothing was probed yet. (Refusals are not
+            # kept by a planner: a closed table's name is parsed and refused afresh, as
+            # an undeclared one is, whoever asked about it before.)
             planned, refusal = self._plan(self.planner_for(readable), request)
             if isinstance(planned, PlannedQuery) and probe is None and not request.dry_run:
                 cached = self.cache.lookup(principal.name, planned)

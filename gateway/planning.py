@@ -12,13 +12,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from gateway.accuracy_target import request_for_target
 from gateway.analyze import analyze
 from gateway.analyze.aggregates import contribution_bounds
 from gateway.config import PrivacyConfig, TableConfig
-from gateway.errors import GatewayError, InvalidPrivacyParameters
+from gateway.errors import InvalidPrivacyParameters
 from gateway.plan import ProbePlan, QueryPlan, QueryRequest
 from mechanisms import QueryCalibration, calibrate_with_choices
 
@@ -46,35 +45,16 @@ class Planner:
         self.privacy = privacy
         self.data_version = data_version
         self._plans: OrderedDict[str, QueryPlan | ProbePlan] = OrderedDict()
-        # recent refusals, as (class, message, detail): analysis is a pure function of
-        # the text and the config, and a request planned before its caller is known may
-        # be refused here on every request (gateway.access)
-        self._refusals: OrderedDict[str, tuple[type[GatewayError], str, dict[str, Any]]] = (
-            OrderedDict()
-        )
         self._lock = threading.Lock()
 
     def analyze(self, sql: str) -> QueryPlan | ProbePlan:
-        """``gateway.analyze.analyze`` against this config; a plan or a refusal of an
-        earlier identical text is reused (a refusal raised afresh)."""
+        """``gateway.analyze.analyze`` against this config (refusals raise, not kept)."""
         with self._lock:
             plan = self._plans.get(sql)
             if plan is not None:
                 self._plans.move_to_end(sql)
                 return plan
-            refused = self._refusals.get(sql)
-        if refused is not None:
-            cls, message, detail = refused
-            raise cls(message, **dict(detail))
-        try:
-            plan = analyze(sql, self.tables)
-        except GatewayError as e:
-            if type(e).__init__ is GatewayError.__init__:
-                with self._lock:
-                    self._refusals[sql] = (type(e), e.message, dict(e.detail))
-                    if len(self._refusals) > PLAN_CACHE_SIZE:
-                        self._refusals.popitem(last=False)
-            raise
+        plan = analyze(sql, self.tables)
         with self._lock:
             self._plans[sql] = plan
             if len(self._plans) > PLAN_CACHE_SIZE:
