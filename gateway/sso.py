@@ -152,7 +152,7 @@ class TokenVerifier:
         try:
             header = jwt.get_unverified_header(token)
             unverified = jwt.decode(token, options={"verify_signature": False})
-        except jwt.PyJWTError:
+        except (jwt.PyJWTError, ValueError, TypeError):
             raise refused("malformed", "the bearer token is not a well-formed JWT") from None
         issuer = self.issuers.get(str(unverified.get("iss")))
         if issuer is None:
@@ -195,6 +195,10 @@ class TokenVerifier:
             raise refused("missing_claim", f"the token has no {e.claim!r} claim") from None
         except jwt.InvalidAlgorithmError:
             raise refused("algorithm_not_allowed", "the token's algorithm is not allowed") from None
+        except (jwt.InvalidKeyError, ValueError, TypeError):
+            # the token parsed above: its key is not one for its algorithm (an ES256
+            # token whose key id names an RSA key)
+            raise refused("bad_signature", "the token's signature does not verify") from None
         except jwt.PyJWTError:
             raise refused("malformed", "the bearer token is not a well-formed JWT") from None
         return self._identity(issuer, claims)

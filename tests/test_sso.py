@@ -183,6 +183,9 @@ def test_bad_tokens_get_401_with_a_reason_each(
     assert _reason(client, idp.token(exp=None)) == "missing_claim"
     assert _reason(client, idp.token(preferred_username=None)) == "missing_claim"
     assert _reason(client, idp.token(kid="rotated-away")) == "unknown_key"
+    # an allowed algorithm, but not the one of the key its kid names
+    ec_key = ec.generate_private_key(ec.SECP256R1())
+    assert _reason(client, idp.token(sign_with=ec_key, algorithm="ES256")) == "bad_signature"
     # the HS256-with-the-public-key confusion, and no signature at all
     pem = idp.key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
