@@ -288,9 +288,11 @@ class Gateway:
             # an undeclared one is, whoever asked about it before.)
             planned, refusal = self._plan(self.planner_for(readable), request)
             if isinstance(planned, PlannedQuery) and probe is None and not request.dry_run:
-                cached = self.cache.lookup(principal.name, planned)
-                if cached is not None:
-                    return principal, _post_process(planned, cached)
+                with ledger_errors():  # the release and the budget, in one more read
+                    found = self.ledger.lookup(None, self.cache.probe(planned), name=principal.name)
+                if found.release is not None and found.budget is not None:
+                    hit = self.cache.hit(planned, found.release, found.budget)
+                    return principal, _post_process(planned, hit)
         if refusal is not None:
             raise refusal
         assert planned is not None
