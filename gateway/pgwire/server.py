@@ -63,6 +63,11 @@ class WireServer:
         self._catalogs_lock = threading.Lock()
         self.observe = Observer(self.gateway, config)
         self.tls: ssl.SSLContext | None = None
+        if wire.login == "password" and (wire.tls is None or not wire.tls.require):
+            log.warning(
+                "postgres_wire.login is password without tls.require: clients may send "
+                "their API key or token in clear text"
+            )
         if wire.tls is not None:
             self.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             self.tls.minimum_version = ssl.TLSVersion.TLSv1_2
