@@ -182,6 +182,8 @@ def _issuer(v: _Validator, path: str, raw: Any, base_dir: Path | None) -> Issuer
         jwks_file = Path(str(file))
         if base_dir is not None and not jwks_file.is_absolute():
             jwks_file = base_dir / jwks_file
+        if base_dir is not None and not jwks_file.is_file():
+            v.problem(f"{path}.jwks_file: no such file: {jwks_file}")
     algorithms = raw.get("algorithms", ["RS256"])
     if not isinstance(algorithms, list) or not algorithms:
         v.problem(f"{path}.algorithms: must be a non-empty list")

@@ -334,3 +334,31 @@ def test_the_wire_takes_a_token_or_a_key_as_the_password(
             assert says in str(e.value), (user, str(e.value))
     finally:
         server.shutdown()
+
+
+def test_keys_from_a_file_and_the_config_checks(
+    make_gateway: Callable[..., Gateway], idp: Issuer, tmp_path: Path
+) -> None:
+    from gateway.config import ConfigError, parse_config
+
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps(idp.jwks))
+    section = sso_section(idp)
+    issuer = {k: v for k, v in section["issuers"][0].items() if k != "jwks_url"}
+    section["issuers"] = [{**issuer, "jwks_file": str(keys)}]
+    gw = make_gateway(analysts=[], sso=section)
+    gw.ledger.create_analyst("alice", 10.0, 1e-6)
+    client = create_app(gw.config, gateway=gw).test_client()
+    assert _query(client, idp.token())[0] == 200
+    assert idp.fetches == 0
+    raw = demo_config_dict(tmp_path / "d.db", tmp_path / "l.db")
+    raw["sso"] = {
+        "issuers": [{**issuer, "algorithms": ["HS256", "none"], "jwks_url": "file:///etc/passwd"}],
+        "unknown_subject": "provision",
+    }
+    with pytest.raises(ConfigError) as e:
+        parse_config(raw, base_dir=tmp_path)
+    text = str(e.value)
+    assert "'HS256' is not allowed" in text and "'none' is not allowed" in text
+    assert "jwks_url: must be an http(s) URL" in text
+    assert "sso.provision.epsilon: needed" in text
