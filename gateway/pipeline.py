@@ -137,7 +137,7 @@ class Gateway:
         self.tokens = TokenVerifier(config.sso) if config.sso is not None else None
         # the tables every analyst may read, as the latest request's ledger read found
         # them (what a request is planned against before its caller is known)
-        self._open_tables = self.access.open_tables(None)
+        self._open_tables = self.access.open_tables(self.ledger.access())
         self.charges = Charges(self.ledger, data_version)
         self.cache = AnswerCache(self.ledger, config.cache.scope, data_version)
         self.audit = AuditPolicy(
