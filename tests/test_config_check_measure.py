@@ -247,3 +247,46 @@ def test_rounding_is_coarse_and_upward() -> None:
         28_000,
         96_000,
     ]
+
+
+def test_postgres_is_told_which_index_serves_the_per_unit_bound(
+    postgres_demo: tuple[str, str], tmp_path: Path
+) -> None:
+    """A table without a unit key (visits) and no index leading with its unit: config check
+    names the index to create; once it exists, it says so (and names none)."""
+    url, schema = postgres_demo
+    raw = yaml.safe_load(config_yaml("x.db", str(tmp_path / "ledger.db")))
+    raw["database"]["url"] = url
+    for table in raw["tables"].values():
+        table["schema"] = schema
+    path = tmp_path / "dpgate.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    advice = (
+        f"no index leads with patient_id: CREATE INDEX visits_patient_id_dpgate ON {schema}.visits"
+    )
+    result = CliRunner().invoke(main, ["config", "check", str(path)])
+    assert result.exit_code == 0, result.output
+    assert advice in result.output
+    assert "patients_patient_id_dpgate" not in result.output  # its unit is its key
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            f"CREATE INDEX visits_patient_id_dpgate ON {schema}.visits (patient_id)"
+        )
+    engine.dispose()
+    result = CliRunner().invoke(main, ["config", "check", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "CREATE INDEX" not in result.output
+    assert "privacy unit patient_id: an index leads with it" in result.output
+
+
+def test_sqlite_says_what_the_per_unit_windows_cost(small_demo: Path, tmp_path: Path) -> None:
+    path = tmp_path / "dpgate.yaml"
+    path.write_text(config_yaml(str(small_demo), str(tmp_path / "ledger.db")))
+    result = CliRunner().invoke(main, ["config", "check", str(path)])
+    assert result.exit_code == 0, result.output
+    visits = result.output.split("tables.visits")[1].split("tables.zip_regions")[0]
+    assert "bounded by per-unit windows" in visits
+    patients = result.output.split("tables.patients")[1].split("tables.visits")[0]
+    assert "per-unit windows" not in patients  # its unit is its key
+    assert "several times a scan of the table, with or without an index" in result.output
