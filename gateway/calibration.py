@@ -11,7 +11,7 @@ running SQLite; this module measures them where the gateway will run:
   rounded up (two significant digits);
 - per table and query shape, the running time of the statement dpgate compiles for it
   (the real compiler, the real catalogue facts: a table whose unit the database keeps
-  unique gets no window, one with a serving index is read in its order): a count, a
+  unique gets no window; the engine's own plan, with whatever indexes it has): a count, a
   bounded SUM, a long WHERE (per-character work), a GROUP BY over declared values (the
   group bound), a quantile (its grid of cumulative counts) and a join along each
   declared reference; the median of ``repeat`` runs after a warm-up run;
