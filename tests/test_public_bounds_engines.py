@@ -79,6 +79,7 @@ def backend(
     patients["columns"] = {c: patients["columns"][c] for c in COLUMNS}
     raw["tables"] = {"patients": patients}
     raw["database"]["url"] = engines.url(kind, tmp_path_factory)
+    raw["database"]["statement_timeout_ms"] = 600_000  # a loaded machine's Spark jobs
     raw["execution"] = {"timing": "off"}
     raw["audit"] = {"mode": "off"}
     raw["analysts"] = [{"name": "demo", "epsilon": 1e6, "delta": 1e-6}]
