@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 
 from gateway.errors import UnsupportedQuery
+from gateway.join_keys import key_type_problems
 from tests.attacks.neighbours import (
     Compiled,
     answers,
@@ -628,6 +629,12 @@ def test_duckdb_a_privacy_unit_path_between_storage_types_is_refused(
         compile_all(config, [sql])
     assert refused.value.detail["construct"].startswith("privacy-unit path")
     assert compile_all(config, ["SELECT COUNT(*) FROM visits"])  # each table alone: answered
+    reader = sa.create_engine(url)
+    try:  # `dpgate config check` names the reference and says it is refused
+        problems = key_type_problems(reader, config.tables)
+    finally:
+        reader.dispose()
+    assert any(p.startswith("tables.visits.references.pid:") and "refused" in p for p in problems)
     bypassed = compile_bypassing_the_refusal(config, sql)
     with pytest.raises(AssertionError, match="more than its sensitivity"):
         _check_every_person(url, {sql: bypassed}, [[("patients", "pid", units[0])]])

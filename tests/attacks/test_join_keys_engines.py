@@ -28,6 +28,7 @@ from sqlglot import exp
 
 from gateway.errors import UnsupportedQuery
 from gateway.execute import StatementFailed, open_protected_engine, run_aggregate
+from gateway.join_keys import key_type_problems
 from tests import engines
 from tests.attacks.neighbours import (
     Compiled,
@@ -385,6 +386,12 @@ def test_a_privacy_unit_path_between_different_types_is_refused(
     sql = "SELECT COUNT(*), SUM(p.x) FROM visits v JOIN patients p ON p.pid = v.pid"
     with pytest.raises(UnsupportedQuery, match="privacy unit is not supported"):
         _compile(url, tables, [sql], tmp_path)
+    reader = open_protected_engine(url, statement_timeout_ms=600_000)
+    try:  # `dpgate config check` names the reference and says it is refused
+        problems = key_type_problems(reader, config_for(url, tables, tmp_path / "l3.db").tables)
+    finally:
+        reader.dispose()
+    assert any(p.startswith("tables.visits.references.pid:") and "refused" in p for p in problems)
     if kind == "clickhouse":
         return  # ClickHouse refuses this join itself (NO_COMMON_TYPE): no attack to show
     # compiled anyway (bounded after the join, as before the refusal), removing the one
