@@ -17,8 +17,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+import budget
 from gateway.errors import UnsupportedQuery
 from gateway.join_keys import key_type_problems
+from gateway.pipeline import Gateway
+from gateway.plan import QueryRequest
 from tests.attacks.neighbours import (
     Compiled,
     answers,
@@ -635,6 +638,17 @@ def test_duckdb_a_privacy_unit_path_between_storage_types_is_refused(
     finally:
         reader.dispose()
     assert any(p.startswith("tables.visits.references.pid:") and "refused" in p for p in problems)
+    ledger = budget.Ledger.from_url(config.ledger.url)
+    gateway = Gateway(config, ledger=ledger)
+    try:  # through the pipeline: refused before anything is charged
+        ledger.create_analyst("eve", 10.0, 1e-6)
+        request = QueryRequest(sql=sql, epsilon=1.0, delta=0.0, mechanism="laplace")
+        with pytest.raises(UnsupportedQuery):
+            gateway.query("eve", request)
+        assert ledger.budget_status("eve").rho_spent == 0
+    finally:
+        gateway.engine.dispose()
+        ledger.close()
     bypassed = compile_bypassing_the_refusal(config, sql)
     with pytest.raises(AssertionError, match="more than its sensitivity"):
         _check_every_person(url, {sql: bypassed}, [[("patients", "pid", units[0])]])
