@@ -260,8 +260,11 @@ class Gateway:
                     after=lane.last_release,
                 )
                 ticket = lane.ticket(clock.release_at)
+            answered = False
             try:
-                return self._release(lane, ticket, planned, compiled, reservation, clock, flags)
+                release = self._release(lane, ticket, planned, compiled, reservation, clock, flags)
+                answered = True
+                return release
             except (LedgerUnavailable, budget.LedgerUnavailable) as e:
                 if isinstance(e, LedgerUnavailable) and e.detail.get("charged") is True:
                     raise
@@ -273,7 +276,8 @@ class Gateway:
                 held = clock.wait()
                 if clock.release_at is not None:
                     metrics.record_release_wait(held)
-                    if held == 0.0:
+                    # a failure is counted once, by the stage that failed (statement, turn)
+                    if held == 0.0 and answered:
                         metrics.record_deadline_miss("release", plan.table)
                         log.warning(
                             "deadline miss: query %s was ready only after its release moment "
