@@ -24,6 +24,7 @@ import yaml
 
 import gateway.pipeline as pipeline_module
 from gateway.config import ConfigError, parse_config
+from gateway.demo.hospital import config_yaml
 from gateway.errors import DatabaseUnavailable, GatewayError
 from gateway.noising import centred
 from gateway.pipeline import CHARGED_FAILURE_MESSAGE, Gateway
@@ -351,8 +352,12 @@ def test_the_auditor_counts_the_rows_an_inner_join_drops(
     """An inner join counts the visits whose patient row exists; the same cells over all
     visits then determine the visits with none — none in the demo, a group of 0 that the
     noisy answers cannot show to reach k, so the auditor refuses (a LEFT JOIN, which keeps
-    every visit, determines no such group: test above)."""
-    gw = build_gateway()
+    every visit, determines no such group: test above). The demo declares the reference
+    ``every_row_matches``, which makes the group empty by construction
+    (tests/test_join_matches.py); here it is declared plain."""
+    tables = yaml.safe_load(config_yaml("x.db", "l.db"))["tables"]
+    tables["visits"]["references"] = {"patient_id": "patients.patient_id"}
+    gw = build_gateway(tables=tables)
     gw.query(
         "alice",
         request(

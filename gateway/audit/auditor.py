@@ -627,6 +627,7 @@ class Candidate:
     block: int
     local: np.ndarray
     coefs: np.ndarray
+    counts: Block | None = None  # the span ``coefs`` are over (None: the whole block)
 
 
 def _candidates(changes: list[Extension]) -> list[Candidate]:
@@ -659,6 +660,7 @@ def _part_candidates(
             ]
         )
         seen: set[bytes] = set()
+        counts = _sub_block(new, block, "count") if apart else None
         for name, local in searched:
             if np.any(np.all(block.asked == local[None, :], axis=1)):
                 continue  # released directly, with its own noise
@@ -670,7 +672,13 @@ def _part_candidates(
             if known or local.tobytes() in seen:
                 continue
             seen.add(local.tobytes())
-            out.append(Candidate(part, b, local, coefficients(block, local)))
+            if counts is not None and in_span(counts, local[None, :].astype(float))[0]:
+                # its size from the answers that release a count, whatever statistic
+                # found it: a SUM's or a quantile's row, combined in, would leave the
+                # estimate unknown where the counts alone give one
+                out.append(Candidate(part, b, local, coefficients(counts, local), counts))
+            else:
+                out.append(Candidate(part, b, local, coefficients(block, local)))
     return out
 
 
@@ -689,13 +697,14 @@ def _findings(
     """The candidates not shown to hold ``k`` people or more with confidence 1 − ``alpha``
     (a lower confidence bound from the noisy answers and their public noise scales)."""
     out: list[Finding] = []
-    cache: dict[tuple[int, int], _BlockCounts] = {}
+    cache: dict[tuple[int, int, bool], _BlockCounts] = {}
     for cand in candidates:
         new = tk.parts[cand.part]
-        block = new.blocks[cand.block]
-        if (cand.part, cand.block) not in cache:
-            cache[cand.part, cand.block] = _BlockCounts.of(new, block)
-        bc = cache[cand.part, cand.block]
+        block = new.blocks[cand.block] if cand.counts is None else cand.counts
+        at = (cand.part, cand.block, cand.counts is not None)
+        if at not in cache:
+            cache[at] = _BlockCounts.of(new, block)
+        bc = cache[at]
         local = cand.local
         asked = block.asked
         used = np.abs(cand.coefs) > COEF_TOL
