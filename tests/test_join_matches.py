@@ -39,11 +39,21 @@ def request(sql: str, epsilon: float = 1.0) -> QueryRequest:
 
 
 def _plain_references() -> dict[str, Any]:
-    """The demo's tables with the references declared as plain ``table.column`` (rows
+    """The demo's tables, whose references are declared plain ``table.column`` (rows
     that match nothing stay in the table)."""
     tables: dict[str, Any] = yaml.safe_load(config_yaml("x.db", "l.db"))["tables"]
     tables["visits"]["references"] = {"patient_id": "patients.patient_id"}
     tables["patients"]["references"] = {"zip": "zip_regions.zip"}
+    return tables
+
+
+def _matched_references() -> dict[str, Any]:
+    """The demo's tables with both references declared ``every_row_matches`` (every
+    visit has its patient, every zip is listed: true of the demo data)."""
+    tables = _plain_references()
+    matched = {"every_row_matches": True}
+    tables["visits"]["references"] = {"patient_id": {"to": "patients.patient_id", **matched}}
+    tables["patients"]["references"] = {"zip": {"to": "zip_regions.zip", **matched}}
     return tables
 
 
@@ -69,6 +79,7 @@ def _orphan_patient(db: Path) -> None:
 @pytest.fixture
 def build(make_gateway: Callable[..., Gateway]) -> Callable[..., Gateway]:
     def factory(prepare: Callable[[Path], Any] | None = None, **overrides: Any) -> Gateway:
+        overrides.setdefault("tables", _matched_references())
         gw = make_gateway(prepare, **overrides)
         gw.ledger.create_analyst("alice", 1000.0, 1e-3)
         return gw
@@ -101,7 +112,7 @@ def _exact(gw: Gateway, sql: str, seen: list[list[tuple[Any, ...]]]) -> list[tup
 
 def test_the_declaration_is_read_and_checked() -> None:
     base = {"database": {"url": "sqlite://"}, "ledger": {"url": "sqlite://"}}
-    tables: dict[str, Any] = yaml.safe_load(config_yaml("x.db", "l.db"))["tables"]
+    tables = _matched_references()
     config = parse_config({**base, "tables": tables})
     (visits_ref,) = config.tables["visits"].references
     assert (visits_ref.table, visits_ref.target, visits_ref.every_row_matches) == (
