@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.adapter import LeanHttp
+from bench.bench_audit_http import server_cpu_s
 from bench.common import RESULTS_DIR, log
 from bench.throughput import _free_port, _wait_ready
 
@@ -181,21 +182,29 @@ def run(
         for t in threads:
             t.start()
         last = dict(counts)
+        last_cpu = server_cpu_s(proc.pid)
         while (now := time.monotonic()) - start < duration:
             time.sleep(min(interval, max(0.0, start + duration - now)))
             elapsed = time.monotonic() - start
             with lock:
                 snap = dict(counts)
             pids = worker_pids(proc.pid)
+            cpu = server_cpu_s(proc.pid)
+            answered = snap["answered"] - last["answered"]
             sample = {
                 "t": round(elapsed, 1),
                 "rss_mb": {str(p): rss_mb(p) for p in pids},
                 "answered_per_s": (snap["answered"] - last["answered"]) / interval,
                 "refused_per_s": (snap["refused"] - last["refused"]) / interval,
+                # the servers' CPU per answer: the throughput a loaded machine's share of
+                # CPU would not hide (refusals included in the CPU)
+                "server_cpu_ms_per_answer": 1000 * (cpu - last_cpu) / answered
+                if answered
+                else None,
                 "other": snap["other"],
                 "load1": os.getloadavg()[0],
             }
-            last = snap
+            last, last_cpu = snap, cpu
             samples.append(sample)
             log(f"[soak] {sample}")
         stop.set()
@@ -232,6 +241,7 @@ def summarise(
             if mb is not None:
                 series.setdefault(pid, []).append((s["t"], mb))
     slopes = {pid: slope_per_10min(points) for pid, points in series.items()}
+    cpu = [s["server_cpu_ms_per_answer"] for s in after if s["server_cpu_ms_per_answer"]]
     start_rate = after[0]["answered_per_s"] if after else None
     end_rate = after[-1]["answered_per_s"] if after else None
     return {
@@ -242,6 +252,8 @@ def summarise(
         "answered_per_s_start": start_rate,
         "answered_per_s_end": end_rate,
         "end_vs_start": (end_rate / start_rate) if start_rate and end_rate is not None else None,
+        "server_cpu_ms_per_answer_start": cpu[0] if cpu else None,
+        "server_cpu_ms_per_answer_end": cpu[-1] if cpu else None,
     }
 
 

@@ -133,10 +133,11 @@ class Block:
         """The same span over refined atoms: new column j copies old column ``take[j]``."""
         if len(take) == len(self.cols) and np.array_equal(take, np.arange(len(take))):
             return replace(self, cols=cols)
-        first: dict[int, int] = {}
-        for j, t in enumerate(take.tolist()):
-            first.setdefault(t, j)
-        pivots = np.array([first[int(p)] for p in self.pivots], dtype=np.intp)
+        # each old pivot column goes to the first new column copying it
+        old, first_new = np.unique(take, return_index=True)
+        first = np.zeros(int(old[-1]) + 1 if len(old) else 0, dtype=np.intp)
+        first[old] = first_new
+        pivots = first[self.pivots].astype(np.intp)
         return Block(
             cols,
             self.basis[:, take],
