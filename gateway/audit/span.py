@@ -52,7 +52,18 @@ class Block:
 
     def clean(self) -> Block:
         """The same block with no basis row marked as changed."""
-        return replace(self, dirty=np.zeros(self.rank, dtype=bool))
+        # built directly: ``dataclasses.replace`` costs more than the rest (every block
+        # touched by every row is cleaned)
+        return Block(
+            self.cols,
+            self.basis,
+            self.pivots,
+            self.origin,
+            self.members,
+            self.asked,
+            self.asked_ids,
+            np.zeros(self.rank, dtype=bool),
+        )
 
     def dirty_rows(self) -> np.ndarray:
         return np.ones(self.rank, dtype=bool) if self.dirty is None else self.dirty
@@ -88,7 +99,19 @@ class Block:
         asked = np.vstack([self.asked, x[None, :] > 0.5])
         asked_ids = (*self.asked_ids, row_id)
         if big < ZERO_TOL:
-            return replace(self, asked=asked, asked_ids=asked_ids), False
+            return (
+                Block(
+                    self.cols,
+                    self.basis,
+                    self.pivots,
+                    self.origin,
+                    self.members,
+                    asked,
+                    asked_ids,
+                    self.dirty,
+                ),
+                False,
+            )
         if big < DOUBT_TOL:
             if len(asked_ids) > EXACT_MAX_ROWS:
                 raise Doubt
