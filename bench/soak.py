@@ -115,7 +115,9 @@ def slope_per_10min(points: list[tuple[float, float]]) -> float | None:
     return 600 * sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / var
 
 
-def setup(root: Path, clients: int, audit: str) -> tuple[Path, list[str]]:
+def setup(
+    root: Path, clients: int, audit: str, memory_mb: int | None = None
+) -> tuple[Path, list[str]]:
     """A fresh demo database, ledger and config, and one API key per client."""
     import budget
     from gateway.demo.hospital import build, config_yaml
@@ -125,6 +127,10 @@ def setup(root: Path, clients: int, audit: str) -> tuple[Path, list[str]]:
     ledger = root / "ledger.db"
     text = config_yaml(str(db), str(ledger)).replace("mode: refuse", f'mode: "{audit}"')
     text = text.replace("timing: deadline", 'timing: "off"')
+    if memory_mb is not None:
+        text = text.replace(
+            "  scope: analyst\n", f"  scope: analyst\n  memory_mb: {memory_mb}\n", 1
+        )
     config = root / "dpgate.yaml"
     config.write_text(text)
     led = budget.Ledger.from_url(f"sqlite:///{ledger}")
@@ -141,9 +147,10 @@ def run(
     interval: float,
     warmup: float | None,
     audit: str = "refuse",
+    memory_mb: int | None = None,
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="dpgate-soak-"))
-    config, keys = setup(root, clients, audit)
+    config, keys = setup(root, clients, audit, memory_mb)
     port = _free_port()
     env = {**os.environ, "DPGATE_ADMIN_KEY": "soak-admin", "OPENBLAS_NUM_THREADS": "1"}
     proc = subprocess.Popen(
@@ -221,6 +228,7 @@ def run(
         "clients": clients,
         "workers": workers,
         "audit": audit,
+        "audit_memory_mb": memory_mb,
         "duration_s": duration,
         "samples": samples,
     }
@@ -265,8 +273,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--interval", type=float, default=10)
     ap.add_argument("--warmup", type=float, default=None)
     ap.add_argument("--audit", default="refuse", choices=("refuse", "flag", "off"))
+    ap.add_argument(
+        "--audit-memory-mb",
+        type=int,
+        default=None,
+        help="audit.memory_mb for the server (default: the config's default, 64); a small "
+        "budget makes a short run reach it",
+    )
     args = ap.parse_args(argv)
-    result = run(args.duration, args.clients, args.workers, args.interval, args.warmup, args.audit)
+    result = run(
+        args.duration,
+        args.clients,
+        args.workers,
+        args.interval,
+        args.warmup,
+        args.audit,
+        args.audit_memory_mb,
+    )
     summary = {k: v for k, v in result.items() if k != "samples"}
     print(json.dumps(summary, indent=2))
     RESULTS_DIR.mkdir(exist_ok=True)
