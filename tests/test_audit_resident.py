@@ -155,3 +155,16 @@ def test_footprint_grows_with_the_knowledge(tables: dict[str, TableConfig]) -> N
     auditor.remember("a", AnsweredQuery("q1", plan, cells))
     after = footprint(auditor.knowledge("a", "patients"))
     assert after - before >= len(cells) * 900
+
+
+def test_the_budget_comes_from_the_config() -> None:
+    """``audit.memory_mb`` sets the budget (default 64 MB); it must be a whole number ≥ 1."""
+    from gateway.config import ConfigError
+
+    raw = yaml.safe_load(config_yaml("demo.db", "ledger.db"))
+    assert parse_config(raw).audit.memory_mb == 64
+    raw["audit"]["memory_mb"] = 8
+    assert parse_config(raw).audit.memory_mb == 8
+    raw["audit"]["memory_mb"] = 0
+    with pytest.raises(ConfigError, match="audit.memory_mb"):
+        parse_config(raw)
