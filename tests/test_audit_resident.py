@@ -166,5 +166,5 @@ def test_the_budget_comes_from_the_config() -> None:
     raw["audit"]["memory_mb"] = 8
     assert parse_config(raw).audit.memory_mb == 8
     raw["audit"]["memory_mb"] = 0
-    with pytest.raises(ConfigError, match="audit.memory_mb"):
+    with pytest.raises(ConfigError, match=r"audit\.memory_mb"):
         parse_config(raw)
