@@ -235,6 +235,9 @@ class AuditConfig:
     min_group_size: int = 5
     scope: Literal["analyst", "global"] = "analyst"
     confidence: float = 0.999
+    # the memory each process gives to audit knowledge; the least recently used
+    # scopes beyond it wait on disk (gateway/audit/resident.py)
+    memory_mb: int = 64
 
 
 @dataclass(frozen=True)
@@ -368,7 +371,7 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
     ledger = LedgerConfig(url=_resolve_url(v.string(lg, "ledger.url", required=True), base_dir))
     privacy = _privacy(v, v.section(raw, "privacy"))
     au = v.section(raw, "audit")
-    v.no_unknown(au, "audit", {"mode", "min_group_size", "scope", "confidence"})
+    v.no_unknown(au, "audit", {"mode", "min_group_size", "scope", "confidence", "memory_mb"})
     confidence = v.number(au, "audit.confidence", 0.999)
     if confidence is None or not 0.5 <= confidence < 1:
         v.problem("audit.confidence: must be in [0.5, 1)")
@@ -378,6 +381,7 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
         min_group_size=v.integer(au, "audit.min_group_size", 5, low=1) or 5,
         scope=v.choice(au, "audit.scope", ("analyst", "global"), "analyst"),  # type: ignore[arg-type]
         confidence=confidence,
+        memory_mb=v.integer(au, "audit.memory_mb", 64, low=1) or 64,
     )
     ca = v.section(raw, "cache")
     v.no_unknown(ca, "cache", {"scope"})

@@ -31,6 +31,7 @@ from gateway.audit.describe import describe_region
 from gateway.audit.knowledge import Knowledge, RowInfo
 from gateway.audit.normalise import Undecidable
 from gateway.audit.predicates import DimensionKey, Formula, FormulaBuilder, conj
+from gateway.audit.resident import ResidentScopes
 from gateway.audit.space import SpaceTooLarge
 from gateway.audit.span import (
     Block,
@@ -132,6 +133,7 @@ class Auditor:
         *,
         min_group_size: int,
         confidence: float = DEFAULT_CONFIDENCE,
+        max_bytes: int | None = None,
     ) -> None:
         # Each table with the columns of the tables it may join (gateway/joins.py): a
         # join's regions live in its anchor table's cell space.
@@ -153,6 +155,8 @@ class Auditor:
                 tuple[int, ...],
             ],
         ] = {}
+        # scopes beyond ``max_bytes`` wait on disk, exactly as they were (``resident``)
+        self._resident = ResidentScopes(max_bytes)
         self._lock = threading.Lock()
 
     # -- public interface -------------------------------------------------------------
@@ -247,16 +251,22 @@ class Auditor:
             pending = self._pending.pop(key, None)
             if pending is not None and pending[0] == answer.query_id and pending[1] is base:
                 self._state[key] = pending[2]
+                self._tried.pop(key, None)
+                self._fit(scope)
                 return
             try:
                 self._state[key] = base.extend(self._rows(answer), _extend)[0]
             except (SpaceTooLarge, Doubt):  # cannot follow: refuse everything after
                 self._saturated.add(key)
                 self._state[key] = replace(base, query_ids=base.query_ids | {answer.query_id})
+            # what a pre-audit tried was against the knowledge before this answer: stale
+            self._tried.pop(key, None)
+            self._fit(scope)
 
     def forget_scope(self, scope: str) -> None:
         """Drop what one scope knows (its data version changed)."""
         with self._lock:
+            self._resident.drop(scope)
             for key in [k for k in self._state if k[0] == scope]:
                 self._state.pop(key, None)
                 self._pending.pop(key, None)
@@ -266,6 +276,7 @@ class Auditor:
     def reset(self) -> None:
         """Drop all knowledge (the data version changed)."""
         with self._lock:
+            self._resident.drop()
             self._state.clear()
             self._pending.clear()
             self._tried.clear()
@@ -274,7 +285,18 @@ class Auditor:
     def knows(self, scope: str, query_id: str) -> bool:
         """Whether ``query_id`` has been remembered in ``scope``."""
         with self._lock:
+            self._bring_back(scope)
             return any(query_id in kn.query_ids for (s, _), kn in self._state.items() if s == scope)
+
+    def held_scopes(self) -> frozenset[str]:
+        """The scopes whose knowledge is in memory now (the others wait on disk)."""
+        with self._lock:
+            return frozenset(s for s, _ in self._state)
+
+    def held_bytes(self) -> int:
+        """The estimated bytes of the knowledge held in memory (``resident.footprint``)."""
+        with self._lock:
+            return self._resident.held_bytes(self._state)
 
     def knowledge(self, scope: str, table: str) -> TableKnowledge:
         """What ``scope`` knows about ``table`` (an immutable snapshot, for inspection)."""
@@ -318,7 +340,34 @@ class Auditor:
                 )
         return None
 
+    def _bring_back(self, scope: str) -> None:
+        """Read a scope written out to disk back into memory (before any use of it)."""
+        self._resident.used(scope)
+        if not self._resident.on_disk(scope):
+            return
+        state, saturated = self._resident.read(scope)
+        self._state.update(state)
+        self._saturated.update(saturated)
+        self._fit(scope)
+
+    def _fit(self, keep: str) -> None:
+        """Write the least recently used scopes (never ``keep``) to disk until the
+        knowledge held in memory fits ``max_bytes`` (``resident``)."""
+        for scope in self._resident.to_write(self._state, keep):
+            keys = [k for k in self._state if k[0] == scope]
+            payload = (
+                {k: self._state[k] for k in keys},
+                {k for k in self._saturated if k[0] == scope},
+            )
+            self._resident.write(scope, payload)
+            for k in keys:
+                del self._state[k]
+                self._pending.pop(k, None)
+                self._tried.pop(k, None)
+                self._saturated.discard(k)
+
     def _knowledge(self, key: tuple[str, str]) -> TableKnowledge:
+        self._bring_back(key[0])
         kn = self._state.get(key)
         if kn is None:
             kn = TableKnowledge(self.tables[key[1]])
@@ -583,15 +632,14 @@ def _in_old_span(old: Knowledge, region: np.ndarray) -> bool:
 def _statistics_apart(kn: Knowledge, block: Block) -> list[str]:
     """The statistics a block's answers release, when no one statistic is released by
     all of them (empty: they share one, or release unknown ones — one span for all)."""
-    common: frozenset[str] | None = None
-    names: set[str] = set()
-    for i in block.asked_ids:
-        stats = kn.info[i].stats
-        if stats is None:
-            continue
-        names |= stats
-        common = stats if common is None else common & stats
-    return [] if common is None or common else sorted(names)
+    # a block's answers release a few distinct statistic sets: read each set once
+    info = kn.info
+    kinds = {info[i].stats for i in block.asked_ids}
+    kinds.discard(None)
+    if not kinds:
+        return []
+    sets = [k for k in kinds if k is not None]
+    return [] if frozenset.intersection(*sets) else sorted(frozenset().union(*sets))
 
 
 def _sub_block(kn: Knowledge, block: Block, statistic: str) -> Block:
