@@ -85,6 +85,11 @@ class Reference:
     column: str
     table: str
     target: str
+    # ``every_row_matches: true``: rows whose ``column`` names no row of the lookup (as
+    # the join matches keys) are outside the table, in every query on it — the compiled
+    # SQL inner-joins the lookup (gateway/analyze/joins.py, ``matched_lookups``) — so no
+    # region of unmatched rows exists, in SQL or in the auditor.
+    every_row_matches: bool = False
 
 
 #: By default a query reads at most this many times ``max_rows_per_unit`` of one unit's
@@ -751,6 +756,8 @@ def _derive_units(raw: Mapping[str, Any], tables: dict[str, TableConfig]) -> Non
             if t.privacy_unit is not None or t.public or not isinstance(refs, Mapping):
                 continue
             for column, target in refs.items():
+                if isinstance(target, Mapping):
+                    target = target.get("to")
                 if not isinstance(target, str) or target.count(".") != 1:
                     continue
                 tname, tcolumn = (part.lower() for part in target.split("."))
@@ -778,8 +785,19 @@ def _reference(
     if column not in table.columns:
         v.problem(f"{path}: '{column}' is not a declared column of {table.name}")
         return None
+    every_row_matches = False
+    if isinstance(target, Mapping):
+        v.no_unknown(target, path, {"to", "every_row_matches"})
+        every_row_matches = target.get("every_row_matches", False)
+        if not isinstance(every_row_matches, bool):
+            v.problem(f"{path}.every_row_matches: must be true or false")
+            every_row_matches = False
+        target = target.get("to")
     if not isinstance(target, str) or target.count(".") != 1:
-        v.problem(f"{path}: must name the referenced column as table.column")
+        v.problem(
+            f"{path}: must name the referenced column as table.column (or as "
+            "{to: table.column, every_row_matches: true})"
+        )
         return None
     tname, tcolumn = (part.lower() for part in target.split("."))
     other = tables.get(tname)
@@ -818,7 +836,9 @@ def _reference(
             "multiply each of a person's rows"
         )
         return None
-    return Reference(column=column, table=tname, target=tcolumn)
+    return Reference(
+        column=column, table=tname, target=tcolumn, every_row_matches=every_row_matches
+    )
 
 
 def _reachable(v: _Validator, name: str, tables: Mapping[str, TableConfig]) -> None:

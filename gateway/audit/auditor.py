@@ -675,6 +675,7 @@ class Candidate:
     block: int
     local: np.ndarray
     coefs: np.ndarray
+    counts: Block | None = None  # the span ``coefs`` are over (None: the whole block)
 
 
 def _candidates(changes: list[Extension]) -> list[Candidate]:
@@ -707,6 +708,7 @@ def _part_candidates(
             ]
         )
         seen: set[bytes] = set()
+        counts = _sub_block(new, block, "count") if apart else None
         for name, local in searched:
             if np.any(np.all(block.asked == local[None, :], axis=1)):
                 continue  # released directly, with its own noise
@@ -718,7 +720,13 @@ def _part_candidates(
             if known or local.tobytes() in seen:
                 continue
             seen.add(local.tobytes())
-            out.append(Candidate(part, b, local, coefficients(block, local)))
+            if counts is not None and in_span(counts, local[None, :].astype(float))[0]:
+                # its size from the answers that release a count, whatever statistic
+                # found it: a SUM's or a quantile's row, combined in, would leave the
+                # estimate unknown where the counts alone give one
+                out.append(Candidate(part, b, local, coefficients(counts, local), counts))
+            else:
+                out.append(Candidate(part, b, local, coefficients(block, local)))
     return out
 
 
@@ -737,27 +745,39 @@ def _findings(
     """The candidates not shown to hold ``k`` people or more with confidence 1 − ``alpha``
     (a lower confidence bound from the noisy answers and their public noise scales)."""
     out: list[Finding] = []
-    cache: dict[tuple[int, int], _BlockCounts] = {}
+    cache: dict[tuple[int, int, bool], _BlockCounts] = {}
+    least: dict[tuple[int, int, bool], tuple[Block, _BlockCounts, _LeastNoise | None]] = {}
     for cand in candidates:
         new = tk.parts[cand.part]
-        block = new.blocks[cand.block]
-        if (cand.part, cand.block) not in cache:
-            cache[cand.part, cand.block] = _BlockCounts.of(new, block)
-        bc = cache[cand.part, cand.block]
+        block = new.blocks[cand.block] if cand.counts is None else cand.counts
+        at = (cand.part, cand.block, cand.counts is not None)
+        if at not in cache:
+            every = replace(block, members=block.asked_ids)
+            cache[at] = _BlockCounts.of(new, block)
+            everyone = _BlockCounts.of(new, every)
+            least[at] = (every, everyone, _LeastNoise.of(new, block, pending_noise))
+        bc = cache[at]
         local = cand.local
+        coefs = cand.coefs
+        every, everyone, solver = least[at]
+        better = solver.coefficients(local) if solver is not None else None
+        if better is not None:
+            # the same region from the answers combined with the least noise (chosen from
+            # the public scales only, never the values): a tighter, equally valid bound
+            block, bc, coefs = every, everyone, better
         asked = block.asked
-        used = np.abs(cand.coefs) > COEF_TOL
+        used = np.abs(coefs) > COEF_TOL
         known = used & bc.member_known
-        estimate = float(cand.coefs[known] @ bc.member_counts[known])
+        estimate = float(coefs[known] @ bc.member_counts[known])
         unknown = bool(np.any(used & bc.member_unknown))
         noise: dict[tuple[str, int], tuple[float, CountNoise]] | None = {}
         for i in np.nonzero(known)[0]:
-            noise = add_noise_terms(noise, float(cand.coefs[i]), bc.member_info[i].noise)
+            noise = add_noise_terms(noise, float(coefs[i]), bc.member_info[i].noise)
         margin = math.inf if noise is None else noise_quantile(list(noise.values()), alpha)
         extra = 0.0
         bounds: set[int] = set()
         for i in np.nonzero(used & bc.member_pending)[0]:
-            c = float(cand.coefs[i])
+            c = float(coefs[i])
             if c <= 0:
                 continue  # a pending count is ≥ 0: a negative term only lowers the bound
             mine = asked[bc.position[block.members[i]]]
@@ -795,7 +815,7 @@ def _findings(
                 with_new = dict(noise)
                 for i in np.nonzero(used & bc.member_pending)[0]:
                     source = ("", bc.member_info[i].cell)
-                    with_new[source] = (float(cand.coefs[i]), pending_noise)
+                    with_new[source] = (float(coefs[i]), pending_noise)
                 full = noise_quantile(list(with_new.values()), alpha)
             # refuse before spending only when the answer cannot help: even at its upper
             # bound, the confidence bound (with every noise it will carry) stays below k
@@ -882,3 +902,62 @@ class _BlockCounts:
             member_pending=pending,
             member_info=members,
         )
+
+
+LEAST_NOISE_MAX_ROWS = 300
+"""Blocks with more answered rows than this keep the basis's own combination."""
+
+
+@dataclass(frozen=True)
+class _LeastNoise:
+    """The combination of a block's answered counts that estimates a region with the
+    least noise variance: rows whose count carries its own noise (independent of every
+    other row's) and this query's own cells, weighted by their public noise variance
+    (generalised least squares, minimum weighted norm). The choice depends on the query
+    texts and public scales only, so the bound it gives is as valid as any other's."""
+
+    rows: np.ndarray  # the eligible rows (positions in the block's asked rows)
+    solve: np.ndarray  # region (over the block's columns) → coefficients over ``rows``
+    asked: np.ndarray
+    n: int
+
+    @staticmethod
+    def of(kn: Knowledge, block: Block, pending: CountNoise | None) -> _LeastNoise | None:
+        variance = []
+        rows = []
+        sources: set[tuple[str, int]] = set()
+        for j, row_id in enumerate(block.asked_ids):
+            info = kn.info[row_id]
+            noise: CountNoise | None = None
+            if info.pending:
+                noise, source = pending, ("", -1 - j)
+            elif info.count is not None and info.noise is not None and len(info.noise) == 1:
+                source, c, own = info.noise[0]
+                noise = own if abs(c - 1.0) <= COEF_TOL else None
+            if noise is None or not math.isfinite(noise.scale) or noise.scale <= 0:
+                continue
+            if source in sources:
+                continue  # the same noise twice (a row derived from another): dependent
+            sources.add(source)
+            rows.append(j)
+            scale = noise.scale
+            variance.append(2 * scale * scale if noise.mechanism == "laplace" else scale * scale)
+        if not rows or len(rows) > LEAST_NOISE_MAX_ROWS:
+            return None
+        picked = np.array(rows, dtype=np.intp)
+        asked = block.asked[picked].astype(float)  # rows × columns
+        root = np.sqrt(np.array(variance))
+        # minimise Σ (cᵢ·σᵢ)² subject to Σ cᵢ·aᵢ = region: u = σ·c, the least-norm u
+        solve = root[:, None] ** -1 * np.linalg.pinv(asked.T / root[None, :])
+        return _LeastNoise(picked, solve, asked, len(block.asked_ids))
+
+    def coefficients(self, region: np.ndarray) -> np.ndarray | None:
+        """Coefficients over every asked row (zero for the others), or None when the
+        eligible rows alone do not determine ``region``."""
+        target = region.astype(float)
+        c = self.solve @ target
+        if np.max(np.abs(c @ self.asked - target), initial=0.0) > 1e-7:
+            return None
+        out = np.zeros(self.n)
+        out[self.rows] = np.where(np.abs(c) > COEF_TOL, c, 0.0)
+        return out
