@@ -27,6 +27,8 @@ from typing import Any
 from bench.common import COUNT_MAE_THEORY, REPO_DIR, RESULTS_DIR, fmt, log
 
 PARTS = ("pums", "smartnoise", "throughput", "pgwire", "dashboard", "scale")
+#: Parts run only when named in ``--parts`` (``soak`` takes ten minutes).
+EXTRA_PARTS = ("soak",)
 PUMS_ROUNDS = 10  # turns dpgate and SmartNoise take on PUMS (each: reps / PUMS_ROUNDS)
 
 
@@ -78,7 +80,7 @@ def machine() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     parts = [x.strip() for x in a.parts.split(",") if x.strip()]
-    unknown = set(parts) - set(PARTS)
+    unknown = set(parts) - set(PARTS) - set(EXTRA_PARTS)
     if unknown:
         print(f"unknown parts: {sorted(unknown)}", file=sys.stderr)
         return 2
@@ -162,6 +164,19 @@ def main(argv: list[str] | None = None) -> int:
                 n=20 if a.quick else 60, dashboards=2 if a.quick else 5, duration=duration / 2
             ),
         )
+    if "soak" in parts:
+        from bench import soak
+
+        attempt(
+            "soak",
+            lambda: soak.run(
+                duration=120 if a.quick else 600,
+                clients=16,
+                workers=a.workers,
+                interval=10,
+                warmup=None,
+            ),
+        )
     if "scale" in parts:
         # Last: loading and reading 10M rows leaves databases busy for a while
         # (autovacuum, checkpoints), which would be measured as the server's latency.
@@ -229,6 +244,27 @@ def table_rows(r: dict[str, Any]) -> list[dict[str, str]]:
         )
 
     P = r["parts"]
+    sk = P.get("soak", {})
+    if sk.get("failed"):
+        add("soak", "run", f"failed: {sk['failed'][:120]}")
+    elif sk.get("rss_slope_mb_per_10min"):
+        slopes = [v for v in sk["rss_slope_mb_per_10min"].values() if v is not None]
+        add(
+            "soak",
+            f"worker RSS growth after warm-up, {sk['clients']} clients, audit on",
+            ", ".join(f"{fmt(v)}" for v in slopes) + " MB per 10 min",
+            "< 5 MB",
+            bool(slopes) and max(slopes) < 5,
+        )
+        ratio = sk.get("end_vs_start")
+        add(
+            "soak",
+            "throughput at the end / at the start (after warm-up)",
+            f"{fmt(ratio)} ({fmt(sk['answered_per_s_end'])} vs "
+            f"{fmt(sk['answered_per_s_start'])} answers/s)",
+            "≥ 0.9",
+            ratio is not None and ratio >= 0.9,
+        )
     pg = P.get("pgwire", {})
     if pg.get("failed"):
         add("PostgreSQL protocol", "run", f"failed: {pg['failed'][:120]}")

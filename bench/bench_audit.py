@@ -128,17 +128,21 @@ def run(workload: str, queries: int, probe: int, seed: int = 7) -> dict[str, Any
             }
             print(f"[bench_audit] {workload} n={n} {checkpoints[n]}", file=sys.stderr, flush=True)
     probe_times: list[float] = []
+    probe_cpu: list[float] = []  # CPU time: what a loaded machine's wall time hides
     for n in range(probe):
         answer = make_query(rng, workload, queries + 1 + n)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         auditor.pre_audit("s", answer.plan)
         auditor.post_audit("s", answer)
         probe_times.append(time.perf_counter() - t0)
+        probe_cpu.append(time.process_time() - c0)
     return {
         "workload": workload,
         "answered": queries,
         "probe_median_ms": statistics.median(probe_times) * 1e3 if probe_times else None,
         "probe_p90_ms": float(np.percentile(probe_times, 90)) * 1e3 if probe_times else None,
+        "probe_cpu_median_ms": statistics.median(probe_cpu) * 1e3 if probe_cpu else None,
+        "load1": os.getloadavg()[0],
         "checkpoints": checkpoints,
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
@@ -151,13 +155,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workloads", default="ranges,groupby")
     args = ap.parse_args(argv)
     results = [run(w, args.queries, args.probe) for w in args.workloads.split(",")]
-    print("| workload | answered | audit median (ms) | p90 (ms) | atoms | rank | knowledge (MB) |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| workload | answered | audit median (ms) | p90 (ms) | CPU median (ms) | load | atoms "
+        "| rank | knowledge (MB) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         last = r["checkpoints"][r["answered"]]
         print(
             f"| {r['workload']} | {r['answered']} | {r['probe_median_ms']:.1f} | "
-            f"{r['probe_p90_ms']:.1f} | {last['atoms']} | {last['rank']} | "
+            f"{r['probe_p90_ms']:.1f} | {r['probe_cpu_median_ms']:.1f} | {r['load1']:.1f} | "
+            f"{last['atoms']} | {last['rank']} | "
             f"{last['knowledge_mb']:.1f} |"
         )
     print(json.dumps(results, indent=1, default=str), file=sys.stderr)

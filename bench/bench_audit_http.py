@@ -17,10 +17,13 @@ refusals are counted, not timed. Both servers see the same query sequence.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
+import os
 import random
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +31,22 @@ from typing import Any
 
 from bench.bench_latency import post, start_server
 from bench.common import RESULTS_DIR
+
+
+def server_cpu_s(master: int) -> float:
+    """CPU seconds (user + system) used so far by the server and its workers."""
+    pids = [master]
+    with contextlib.suppress(OSError):
+        children = Path(f"/proc/{master}/task/{master}/children").read_text()
+        pids += [int(p) for p in children.split()]
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def run(audit: str, root: Path, sqls: list[str], marks: list[int], probes: int) -> dict[str, Any]:
@@ -50,6 +69,7 @@ def run(audit: str, root: Path, sqls: list[str], marks: list[int], probes: int) 
                 else:
                     refused += 1
             times = []
+            cpu_before, sent = server_cpu_s(proc.pid), 0
             while len(times) < probes:
                 sql = next(queue, None)
                 if sql is None:
@@ -58,22 +78,32 @@ def run(audit: str, root: Path, sqls: list[str], marks: list[int], probes: int) 
                 t = time.perf_counter()
                 body = post(conn, key, sql)
                 elapsed = time.perf_counter() - t
+                sent += 1
                 if body.get("ok"):
                     times.append(elapsed * 1000)
                     answered += 1
                 else:
                     refused += 1
+            cpu = server_cpu_s(proc.pid) - cpu_before
             times.sort()
             out[str(mark)] = {
                 "median_ms": statistics.median(times),
                 "p90_ms": times[int(0.9 * (len(times) - 1))],
                 "refused_so_far": refused,
+                # the server's CPU per request of the window (refusals included): what
+                # wall time hides on a loaded machine
+                "server_cpu_ms_per_request": 1000 * cpu / sent,
+                "requests_in_window": sent,
+                "load1": os.getloadavg()[0],
             }
             print(f"audit {audit}, {mark} answered: {out[str(mark)]}", flush=True)
         conn.close()
     finally:
         proc.terminate()
-        proc.wait(10)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
     return out
 
 
@@ -100,15 +130,22 @@ def main() -> None:
     results = {
         audit: run(audit, root, sqls, args.marks, args.probes) for audit in ("off", "refuse")
     }
-    print("| answered in history | audit off median ms | audit refuse median ms | added |")
-    print("|---|---|---|---|")
+    print(
+        "| answered in history | audit off median ms | audit refuse median ms | added "
+        "| server CPU ms/request off | refuse | added | load |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for mark in args.marks:
         if str(mark) not in results["off"] or str(mark) not in results["refuse"]:
             print(f"| {mark} | not reached: {results} |")
             continue
         off, on = results["off"][str(mark)], results["refuse"][str(mark)]
         added = on["median_ms"] - off["median_ms"]
-        print(f"| {mark} | {off['median_ms']:.2f} | {on['median_ms']:.2f} | {added:+.2f} |")
+        cpu_off, cpu_on = off["server_cpu_ms_per_request"], on["server_cpu_ms_per_request"]
+        print(
+            f"| {mark} | {off['median_ms']:.2f} | {on['median_ms']:.2f} | {added:+.2f} "
+            f"| {cpu_off:.2f} | {cpu_on:.2f} | {cpu_on - cpu_off:+.2f} | {on['load1']:.1f} |"
+        )
     RESULTS_DIR.mkdir(exist_ok=True)
     (RESULTS_DIR / "bench_audit_http.json").write_text(json.dumps(results, indent=2))
 

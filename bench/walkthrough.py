@@ -10,7 +10,11 @@ then ordinary questions a new analyst asks of the demo (counts and averages by d
 sex, year and department, joins to ``zip_regions``, quantiles, MIN/MAX, STDDEV, bands
 then the total, a filtered GROUP BY after the unfiltered one). Each run is one analyst of
 a fresh gateway on the demo data at its real size (``dpgate demo``), audit mode
-``refuse``. ``tests/test_audit_walkthrough.py`` asserts what this prints: 0 and 0.
+``refuse``. The answers are noisy, so the counts vary from run to run. What is still
+refused or withheld, and why, is in docs/privacy.md ("What the auditor refuses"): some
+of these questions determine groups that really are small (the disease breakdown and
+``AVG(glucose)`` by disease leave 2 Crohn patients without a glucose value), and others
+groups that ε = 0.1 cannot show to hold 5; there is no test asserting 0 and 0.
 """
 
 from __future__ import annotations

@@ -60,7 +60,10 @@ class AuditPolicy:
         self.planner = planner
         self.charges = charges
         self.auditor = Auditor(
-            tables, min_group_size=config.min_group_size, confidence=config.confidence
+            tables,
+            min_group_size=config.min_group_size,
+            confidence=config.confidence,
+            max_bytes=config.memory_mb * 2**20,
         )
         self._synced: dict[str, int] = {}
         self._sync_lock = threading.Lock()

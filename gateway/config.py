@@ -85,6 +85,11 @@ class Reference:
     column: str
     table: str
     target: str
+    # ``every_row_matches: true``: rows whose ``column`` names no row of the lookup (as
+    # the join matches keys) are outside the table, in every query on it — the compiled
+    # SQL inner-joins the lookup (gateway/analyze/joins.py, ``matched_lookups``) — so no
+    # region of unmatched rows exists, in SQL or in the auditor.
+    every_row_matches: bool = False
 
 
 #: By default a query reads at most this many times ``max_rows_per_unit`` of one unit's
@@ -230,6 +235,9 @@ class AuditConfig:
     min_group_size: int = 5
     scope: Literal["analyst", "global"] = "analyst"
     confidence: float = 0.999
+    # the memory each process gives to audit knowledge; the least recently used
+    # scopes beyond it wait on disk (gateway/audit/resident.py)
+    memory_mb: int = 64
 
 
 @dataclass(frozen=True)
@@ -363,7 +371,7 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
     ledger = LedgerConfig(url=_resolve_url(v.string(lg, "ledger.url", required=True), base_dir))
     privacy = _privacy(v, v.section(raw, "privacy"))
     au = v.section(raw, "audit")
-    v.no_unknown(au, "audit", {"mode", "min_group_size", "scope", "confidence"})
+    v.no_unknown(au, "audit", {"mode", "min_group_size", "scope", "confidence", "memory_mb"})
     confidence = v.number(au, "audit.confidence", 0.999)
     if confidence is None or not 0.5 <= confidence < 1:
         v.problem("audit.confidence: must be in [0.5, 1)")
@@ -373,6 +381,7 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
         min_group_size=v.integer(au, "audit.min_group_size", 5, low=1) or 5,
         scope=v.choice(au, "audit.scope", ("analyst", "global"), "analyst"),  # type: ignore[arg-type]
         confidence=confidence,
+        memory_mb=v.integer(au, "audit.memory_mb", 64, low=1) or 64,
     )
     ca = v.section(raw, "cache")
     v.no_unknown(ca, "cache", {"scope"})
@@ -747,6 +756,8 @@ def _derive_units(raw: Mapping[str, Any], tables: dict[str, TableConfig]) -> Non
             if t.privacy_unit is not None or t.public or not isinstance(refs, Mapping):
                 continue
             for column, target in refs.items():
+                if isinstance(target, Mapping):
+                    target = target.get("to")
                 if not isinstance(target, str) or target.count(".") != 1:
                     continue
                 tname, tcolumn = (part.lower() for part in target.split("."))
@@ -774,8 +785,19 @@ def _reference(
     if column not in table.columns:
         v.problem(f"{path}: '{column}' is not a declared column of {table.name}")
         return None
+    every_row_matches = False
+    if isinstance(target, Mapping):
+        v.no_unknown(target, path, {"to", "every_row_matches"})
+        every_row_matches = target.get("every_row_matches", False)
+        if not isinstance(every_row_matches, bool):
+            v.problem(f"{path}.every_row_matches: must be true or false")
+            every_row_matches = False
+        target = target.get("to")
     if not isinstance(target, str) or target.count(".") != 1:
-        v.problem(f"{path}: must name the referenced column as table.column")
+        v.problem(
+            f"{path}: must name the referenced column as table.column (or as "
+            "{to: table.column, every_row_matches: true})"
+        )
         return None
     tname, tcolumn = (part.lower() for part in target.split("."))
     other = tables.get(tname)
@@ -814,7 +836,9 @@ def _reference(
             "multiply each of a person's rows"
         )
         return None
-    return Reference(column=column, table=tname, target=tcolumn)
+    return Reference(
+        column=column, table=tname, target=tcolumn, every_row_matches=every_row_matches
+    )
 
 
 def _reachable(v: _Validator, name: str, tables: Mapping[str, TableConfig]) -> None:

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from gateway.config import ColumnConfig, Reference, TableConfig
 
-__all__ = ["audit_relations", "lookups", "relation", "relation_column"]
+__all__ = ["audit_relations", "lookups", "matched_lookups", "relation", "relation_column"]
 
 
 def relation_column(table: str, column: str) -> str:
@@ -67,6 +67,19 @@ def relation(
 
 
 def audit_relations(tables: Mapping[str, TableConfig]) -> dict[str, TableConfig]:
-    """Each table as the auditor sees it: with every lookup's columns (may be NULL), so a
-    join's regions and the anchor's own queries' regions share one cell space."""
-    return {name: relation(tables, name) if t.references else t for name, t in tables.items()}
+    """Each table as the auditor sees it: with every lookup's columns, so a join's regions
+    and the anchor's own queries' regions share one cell space. A lookup's columns may be
+    NULL (the anchor's rows that match nothing), except a lookup every row matches
+    (``matched_lookups``): every query on the table inner-joins it, so its columns keep
+    their declared nullability."""
+    return {
+        name: relation(tables, name, matched_lookups(tables, name)) if t.references else t
+        for name, t in tables.items()
+    }
+
+
+def matched_lookups(tables: Mapping[str, TableConfig], anchor: str) -> frozenset[str]:
+    """The lookups every row of ``anchor`` matches (its references declared
+    ``every_row_matches``): every query on ``anchor`` inner-joins them, so the rows that
+    match none are outside the table (gateway/analyze/joins.py)."""
+    return frozenset(r.table for r in tables[anchor].references if r.every_row_matches)

@@ -259,7 +259,9 @@ def test_a_long_diverse_honest_session_keeps_being_answered(
         "SELECT COUNT(*) FROM patients WHERE age < 18",
     ]
     for i, sql in enumerate(sqls):
-        count = 30000.0 if i == 0 else 700.0 + len(sql)  # everyone, then large subgroups
+        # everyone (the sum of the city cells below: the auditor combines consistent
+        # answers, and noisy ones are consistent up to their noise), then large subgroups
+        count = 2428.0 if i == 0 else 700.0 + len(sql)
         assert not refused(alice.ask(sql, count)), sql
     grouped = [
         ("SELECT city, COUNT(*) FROM patients GROUP BY city", cities),

@@ -24,6 +24,7 @@ import yaml
 
 import gateway.pipeline as pipeline_module
 from gateway.config import ConfigError, parse_config
+from gateway.demo.hospital import config_yaml
 from gateway.errors import DatabaseUnavailable, GatewayError
 from gateway.noising import centred
 from gateway.pipeline import CHARGED_FAILURE_MESSAGE, Gateway
@@ -231,6 +232,15 @@ JOIN_QUERIES = [
     "WHERE p.age BETWEEN 30 AND 70 GROUP BY region, p.sex",
 ]
 
+
+def _plain_references() -> dict[str, Any]:
+    """The demo's tables with both references declared plain (``table.column``)."""
+    tables: dict[str, Any] = yaml.safe_load(config_yaml("x.db", "l.db"))["tables"]
+    tables["visits"]["references"] = {"patient_id": "patients.patient_id"}
+    tables["patients"]["references"] = {"zip": "zip_regions.zip"}
+    return tables
+
+
 NEIGHBOURS: dict[str, Callable[[Path], None]] = {
     "a patient with 40 visits": lambda db: _add_person(db, patient=True, visits=40),
     "40 visits and no patient row": lambda db: _add_person(db, patient=False, visits=40),
@@ -263,8 +273,11 @@ def test_the_attack_a_person_with_many_visits_moves_a_join_count_by_the_bound_on
 def test_one_person_moves_each_join_aggregate_by_at_most_its_sensitivity(
     neighbour: str, build_gateway: Callable[..., Gateway], exact: list[list[tuple[Any, ...]]]
 ) -> None:
-    without = build_gateway(audit={"mode": "off"})
-    with_them = build_gateway(NEIGHBOURS[neighbour], audit={"mode": "off"})
+    # references declared plain, as in the demo: rows that match nothing stay in the
+    # table (with every_row_matches they move nothing at all: tests/test_join_matches.py)
+    plain = _plain_references()
+    without = build_gateway(audit={"mode": "off"}, tables=plain)
+    with_them = build_gateway(NEIGHBOURS[neighbour], audit={"mode": "off"}, tables=plain)
     moved_somewhere = False
     for sql in JOIN_QUERIES:
         plan, before = _answer(without, sql, exact)
@@ -351,8 +364,10 @@ def test_the_auditor_counts_the_rows_an_inner_join_drops(
     """An inner join counts the visits whose patient row exists; the same cells over all
     visits then determine the visits with none — none in the demo, a group of 0 that the
     noisy answers cannot show to reach k, so the auditor refuses (a LEFT JOIN, which keeps
-    every visit, determines no such group: test above)."""
-    gw = build_gateway()
+    every visit, determines no such group: test above). A reference declared
+    ``every_row_matches`` makes the group empty by construction
+    (tests/test_join_matches.py); the demo's is plain."""
+    gw = build_gateway(tables=_plain_references())
     gw.query(
         "alice",
         request(

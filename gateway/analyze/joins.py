@@ -22,7 +22,7 @@ columns, so the passes after it read the relation as one table.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlglot import exp
 
@@ -30,7 +30,7 @@ from gateway.analyze.parse import READ_DIALECT
 from gateway.analyze.resolve import declared_table, refuse_with
 from gateway.config import TableConfig
 from gateway.errors import UnknownColumn, UnsupportedQuery
-from gateway.joins import relation, relation_column
+from gateway.joins import matched_lookups, relation, relation_column
 from gateway.plan import JoinKind, JoinPlan, JoinStep
 
 HINT = (
@@ -108,10 +108,19 @@ def resolve_join(
         referenced[lookup] = by
         steps.append(JoinStep(new.name, kind, rcol, left.name, lcol))
     anchor = next(s for s in sources if s.name not in referenced)
-    required = _required(steps, referenced)
+    always = matched_lookups(tables, anchor.name)
+    # a LEFT JOIN of a lookup every row matches is its inner join (no row goes unmatched)
+    steps = [
+        replace(step, kind="inner")
+        if step.kind == "left" and _lookup_of(step, referenced) in always
+        else step
+        for step in steps
+    ]
+    required = _required(steps, referenced) | always
     rel = relation(tables, anchor.name, required)
     rewritten = _rewrite(select, sources, anchor, required, rel)
-    matched = _matched(rewritten, required, referenced, tables)
+    # every row matches those lookups, in every query on the anchor: no condition says so
+    matched = _matched(rewritten, required - always, referenced, tables)
     keys: dict[str, str] = {}
     for step in steps:
         if referenced.get(step.table) == step.other:
@@ -126,7 +135,46 @@ def resolve_join(
         keys=tuple(keys.get(s.name) for s in sources),
         matched=matched,
     )
-    return rewritten, rel, plan
+    return rewritten, rel, with_matched_lookups(plan, anchor.name, tables) or plan
+
+
+def with_matched_lookups(
+    join: JoinPlan | None, anchor: str, tables: Mapping[str, TableConfig]
+) -> JoinPlan | None:
+    """``join`` (None: a query on ``anchor`` alone) inner-joining every lookup each row of
+    ``anchor`` matches (``every_row_matches``, gateway/joins.py) that it does not join
+    already: the rows that match none are outside the table in every query on it, so the
+    auditor has no region of unmatched rows to keep (docs/design.md, invariant 10)."""
+    always = matched_lookups(tables, anchor)
+    joined = set() if join is None else {t.name.lower() for t in join.tables}
+    missing = [
+        r for r in tables[anchor].references if r.every_row_matches and r.table not in joined
+    ]
+    if not missing:
+        return join
+    steps = tuple(JoinStep(r.table, "inner", r.target, anchor, r.column) for r in missing)
+    extra = tuple(tables[r.table] for r in missing)
+    targets = tuple(r.target for r in missing)
+    if join is None:
+        return JoinPlan(
+            first=anchor,
+            steps=steps,
+            relation=relation(tables, anchor, always),
+            tables=(tables[anchor], *extra),
+            keys=(None, *targets),
+            matched=None,
+        )
+    return replace(
+        join,
+        steps=join.steps + steps,
+        tables=join.tables + extra,
+        keys=join.keys + targets,
+    )
+
+
+def _lookup_of(step: JoinStep, referenced: Mapping[str, str]) -> str:
+    """The lookup a step brings in (either side of its equality)."""
+    return step.table if referenced.get(step.table) == step.other else step.other
 
 
 def _kind(join: exp.Join) -> JoinKind:

@@ -22,7 +22,7 @@ from gateway.analyze.groups import (
     narrow_domain,
     public_domain,
 )
-from gateway.analyze.joins import resolve_join
+from gateway.analyze.joins import resolve_join, with_matched_lookups
 from gateway.analyze.parse import READ_DIALECT
 from gateway.analyze.quantiles import (
     QUANTILE_AGGREGATES,
@@ -263,6 +263,8 @@ def build_plan(
         alias = table.name.lower()
     else:
         table, alias = resolve_table(select, tables)
+        # a lookup every row matches is inner-joined by every query on the table
+        join = with_matched_lookups(None, table.name.lower(), tables)
     if select.args.get("distinct"):
         raise UnsupportedQuery(
             "SELECT DISTINCT returns rows: use GROUP BY with COUNT(*)",

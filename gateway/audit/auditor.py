@@ -31,6 +31,7 @@ from gateway.audit.describe import describe_region
 from gateway.audit.knowledge import Knowledge, RowInfo
 from gateway.audit.normalise import Undecidable
 from gateway.audit.predicates import DimensionKey, Formula, FormulaBuilder, conj
+from gateway.audit.resident import ResidentScopes
 from gateway.audit.space import SpaceTooLarge
 from gateway.audit.span import (
     Block,
@@ -132,6 +133,7 @@ class Auditor:
         *,
         min_group_size: int,
         confidence: float = DEFAULT_CONFIDENCE,
+        max_bytes: int | None = None,
     ) -> None:
         # Each table with the columns of the tables it may join (gateway/joins.py): a
         # join's regions live in its anchor table's cell space.
@@ -153,6 +155,8 @@ class Auditor:
                 tuple[int, ...],
             ],
         ] = {}
+        # scopes beyond ``max_bytes`` wait on disk, exactly as they were (``resident``)
+        self._resident = ResidentScopes(max_bytes)
         self._lock = threading.Lock()
 
     # -- public interface -------------------------------------------------------------
@@ -247,16 +251,22 @@ class Auditor:
             pending = self._pending.pop(key, None)
             if pending is not None and pending[0] == answer.query_id and pending[1] is base:
                 self._state[key] = pending[2]
+                self._tried.pop(key, None)
+                self._fit(scope)
                 return
             try:
                 self._state[key] = base.extend(self._rows(answer), _extend)[0]
             except (SpaceTooLarge, Doubt):  # cannot follow: refuse everything after
                 self._saturated.add(key)
                 self._state[key] = replace(base, query_ids=base.query_ids | {answer.query_id})
+            # what a pre-audit tried was against the knowledge before this answer: stale
+            self._tried.pop(key, None)
+            self._fit(scope)
 
     def forget_scope(self, scope: str) -> None:
         """Drop what one scope knows (its data version changed)."""
         with self._lock:
+            self._resident.drop(scope)
             for key in [k for k in self._state if k[0] == scope]:
                 self._state.pop(key, None)
                 self._pending.pop(key, None)
@@ -266,6 +276,7 @@ class Auditor:
     def reset(self) -> None:
         """Drop all knowledge (the data version changed)."""
         with self._lock:
+            self._resident.drop()
             self._state.clear()
             self._pending.clear()
             self._tried.clear()
@@ -274,7 +285,18 @@ class Auditor:
     def knows(self, scope: str, query_id: str) -> bool:
         """Whether ``query_id`` has been remembered in ``scope``."""
         with self._lock:
+            self._bring_back(scope)
             return any(query_id in kn.query_ids for (s, _), kn in self._state.items() if s == scope)
+
+    def held_scopes(self) -> frozenset[str]:
+        """The scopes whose knowledge is in memory now (the others wait on disk)."""
+        with self._lock:
+            return frozenset(s for s, _ in self._state)
+
+    def held_bytes(self) -> int:
+        """The estimated bytes of the knowledge held in memory (``resident.footprint``)."""
+        with self._lock:
+            return self._resident.held_bytes(self._state)
 
     def knowledge(self, scope: str, table: str) -> TableKnowledge:
         """What ``scope`` knows about ``table`` (an immutable snapshot, for inspection)."""
@@ -318,7 +340,34 @@ class Auditor:
                 )
         return None
 
+    def _bring_back(self, scope: str) -> None:
+        """Read a scope written out to disk back into memory (before any use of it)."""
+        self._resident.used(scope)
+        if not self._resident.on_disk(scope):
+            return
+        state, saturated = self._resident.read(scope)
+        self._state.update(state)
+        self._saturated.update(saturated)
+        self._fit(scope)
+
+    def _fit(self, keep: str) -> None:
+        """Write the least recently used scopes (never ``keep``) to disk until the
+        knowledge held in memory fits ``max_bytes`` (``resident``)."""
+        for scope in self._resident.to_write(self._state, keep):
+            keys = [k for k in self._state if k[0] == scope]
+            payload = (
+                {k: self._state[k] for k in keys},
+                {k for k in self._saturated if k[0] == scope},
+            )
+            self._resident.write(scope, payload)
+            for k in keys:
+                del self._state[k]
+                self._pending.pop(k, None)
+                self._tried.pop(k, None)
+                self._saturated.discard(k)
+
     def _knowledge(self, key: tuple[str, str]) -> TableKnowledge:
+        self._bring_back(key[0])
         kn = self._state.get(key)
         if kn is None:
             kn = TableKnowledge(self.tables[key[1]])
@@ -583,15 +632,14 @@ def _in_old_span(old: Knowledge, region: np.ndarray) -> bool:
 def _statistics_apart(kn: Knowledge, block: Block) -> list[str]:
     """The statistics a block's answers release, when no one statistic is released by
     all of them (empty: they share one, or release unknown ones — one span for all)."""
-    common: frozenset[str] | None = None
-    names: set[str] = set()
-    for i in block.asked_ids:
-        stats = kn.info[i].stats
-        if stats is None:
-            continue
-        names |= stats
-        common = stats if common is None else common & stats
-    return [] if common is None or common else sorted(names)
+    # a block's answers release a few distinct statistic sets: read each set once
+    info = kn.info
+    kinds = {info[i].stats for i in block.asked_ids}
+    kinds.discard(None)
+    if not kinds:
+        return []
+    sets = [k for k in kinds if k is not None]
+    return [] if frozenset.intersection(*sets) else sorted(frozenset().union(*sets))
 
 
 def _sub_block(kn: Knowledge, block: Block, statistic: str) -> Block:
@@ -627,6 +675,7 @@ class Candidate:
     block: int
     local: np.ndarray
     coefs: np.ndarray
+    counts: Block | None = None  # the span ``coefs`` are over (None: the whole block)
 
 
 def _candidates(changes: list[Extension]) -> list[Candidate]:
@@ -659,6 +708,7 @@ def _part_candidates(
             ]
         )
         seen: set[bytes] = set()
+        counts = _sub_block(new, block, "count") if apart else None
         for name, local in searched:
             if np.any(np.all(block.asked == local[None, :], axis=1)):
                 continue  # released directly, with its own noise
@@ -670,7 +720,13 @@ def _part_candidates(
             if known or local.tobytes() in seen:
                 continue
             seen.add(local.tobytes())
-            out.append(Candidate(part, b, local, coefficients(block, local)))
+            if counts is not None and in_span(counts, local[None, :].astype(float))[0]:
+                # its size from the answers that release a count, whatever statistic
+                # found it: a SUM's or a quantile's row, combined in, would leave the
+                # estimate unknown where the counts alone give one
+                out.append(Candidate(part, b, local, coefficients(counts, local), counts))
+            else:
+                out.append(Candidate(part, b, local, coefficients(block, local)))
     return out
 
 
@@ -689,27 +745,39 @@ def _findings(
     """The candidates not shown to hold ``k`` people or more with confidence 1 − ``alpha``
     (a lower confidence bound from the noisy answers and their public noise scales)."""
     out: list[Finding] = []
-    cache: dict[tuple[int, int], _BlockCounts] = {}
+    cache: dict[tuple[int, int, bool], _BlockCounts] = {}
+    least: dict[tuple[int, int, bool], tuple[Block, _BlockCounts, _LeastNoise | None]] = {}
     for cand in candidates:
         new = tk.parts[cand.part]
-        block = new.blocks[cand.block]
-        if (cand.part, cand.block) not in cache:
-            cache[cand.part, cand.block] = _BlockCounts.of(new, block)
-        bc = cache[cand.part, cand.block]
+        block = new.blocks[cand.block] if cand.counts is None else cand.counts
+        at = (cand.part, cand.block, cand.counts is not None)
+        if at not in cache:
+            every = replace(block, members=block.asked_ids)
+            cache[at] = _BlockCounts.of(new, block)
+            everyone = _BlockCounts.of(new, every)
+            least[at] = (every, everyone, _LeastNoise.of(new, block, pending_noise))
+        bc = cache[at]
         local = cand.local
+        coefs = cand.coefs
+        every, everyone, solver = least[at]
+        better = solver.coefficients(local) if solver is not None else None
+        if better is not None:
+            # the same region from the answers combined with the least noise (chosen from
+            # the public scales only, never the values): a tighter, equally valid bound
+            block, bc, coefs = every, everyone, better
         asked = block.asked
-        used = np.abs(cand.coefs) > COEF_TOL
+        used = np.abs(coefs) > COEF_TOL
         known = used & bc.member_known
-        estimate = float(cand.coefs[known] @ bc.member_counts[known])
+        estimate = float(coefs[known] @ bc.member_counts[known])
         unknown = bool(np.any(used & bc.member_unknown))
         noise: dict[tuple[str, int], tuple[float, CountNoise]] | None = {}
         for i in np.nonzero(known)[0]:
-            noise = add_noise_terms(noise, float(cand.coefs[i]), bc.member_info[i].noise)
+            noise = add_noise_terms(noise, float(coefs[i]), bc.member_info[i].noise)
         margin = math.inf if noise is None else noise_quantile(list(noise.values()), alpha)
         extra = 0.0
         bounds: set[int] = set()
         for i in np.nonzero(used & bc.member_pending)[0]:
-            c = float(cand.coefs[i])
+            c = float(coefs[i])
             if c <= 0:
                 continue  # a pending count is ≥ 0: a negative term only lowers the bound
             mine = asked[bc.position[block.members[i]]]
@@ -747,7 +815,7 @@ def _findings(
                 with_new = dict(noise)
                 for i in np.nonzero(used & bc.member_pending)[0]:
                     source = ("", bc.member_info[i].cell)
-                    with_new[source] = (float(cand.coefs[i]), pending_noise)
+                    with_new[source] = (float(coefs[i]), pending_noise)
                 full = noise_quantile(list(with_new.values()), alpha)
             # refuse before spending only when the answer cannot help: even at its upper
             # bound, the confidence bound (with every noise it will carry) stays below k
@@ -834,3 +902,62 @@ class _BlockCounts:
             member_pending=pending,
             member_info=members,
         )
+
+
+LEAST_NOISE_MAX_ROWS = 300
+"""Blocks with more answered rows than this keep the basis's own combination."""
+
+
+@dataclass(frozen=True)
+class _LeastNoise:
+    """The combination of a block's answered counts that estimates a region with the
+    least noise variance: rows whose count carries its own noise (independent of every
+    other row's) and this query's own cells, weighted by their public noise variance
+    (generalised least squares, minimum weighted norm). The choice depends on the query
+    texts and public scales only, so the bound it gives is as valid as any other's."""
+
+    rows: np.ndarray  # the eligible rows (positions in the block's asked rows)
+    solve: np.ndarray  # region (over the block's columns) → coefficients over ``rows``
+    asked: np.ndarray
+    n: int
+
+    @staticmethod
+    def of(kn: Knowledge, block: Block, pending: CountNoise | None) -> _LeastNoise | None:
+        variance = []
+        rows = []
+        sources: set[tuple[str, int]] = set()
+        for j, row_id in enumerate(block.asked_ids):
+            info = kn.info[row_id]
+            noise: CountNoise | None = None
+            if info.pending:
+                noise, source = pending, ("", -1 - j)
+            elif info.count is not None and info.noise is not None and len(info.noise) == 1:
+                source, c, own = info.noise[0]
+                noise = own if abs(c - 1.0) <= COEF_TOL else None
+            if noise is None or not math.isfinite(noise.scale) or noise.scale <= 0:
+                continue
+            if source in sources:
+                continue  # the same noise twice (a row derived from another): dependent
+            sources.add(source)
+            rows.append(j)
+            scale = noise.scale
+            variance.append(2 * scale * scale if noise.mechanism == "laplace" else scale * scale)
+        if not rows or len(rows) > LEAST_NOISE_MAX_ROWS:
+            return None
+        picked = np.array(rows, dtype=np.intp)
+        asked = block.asked[picked].astype(float)  # rows × columns
+        root = np.sqrt(np.array(variance))
+        # minimise Σ (cᵢ·σᵢ)² subject to Σ cᵢ·aᵢ = region: u = σ·c, the least-norm u
+        solve = root[:, None] ** -1 * np.linalg.pinv(asked.T / root[None, :])
+        return _LeastNoise(picked, solve, asked, len(block.asked_ids))
+
+    def coefficients(self, region: np.ndarray) -> np.ndarray | None:
+        """Coefficients over every asked row (zero for the others), or None when the
+        eligible rows alone do not determine ``region``."""
+        target = region.astype(float)
+        c = self.solve @ target
+        if np.max(np.abs(c @ self.asked - target), initial=0.0) > 1e-7:
+            return None
+        out = np.zeros(self.n)
+        out[self.rows] = np.where(np.abs(c) > COEF_TOL, c, 0.0)
+        return out

@@ -30,6 +30,9 @@ class Unknown(Exception):
 class _Other:
     """Any text value that is none of the named constants."""
 
+    def __reduce__(self) -> str:
+        return "OTHER"  # compared by identity: read back (unpickled) as the one instance
+
     def __repr__(self) -> str:
         return "OTHER"
 
@@ -37,6 +40,9 @@ class _Other:
 class _Folded:
     """LOWER or UPPER of ``OTHER``: equal to a constant only if that constant's case
     could have been folded from something else."""
+
+    def __reduce__(self) -> str:
+        return "FOLDED"  # compared by identity: read back (unpickled) as the one instance
 
     def __repr__(self) -> str:
         return "FOLDED(OTHER)"

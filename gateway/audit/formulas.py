@@ -55,6 +55,12 @@ class Formula:
     leaf: Condition | None = None
     const: int = 2
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # TRUE, FALSE and NULL are compared by identity (``conj``): read back as themselves
+        if self.op == "const":
+            return (_constant, (self.const,))
+        return (Formula, (self.op, self.children, self.leaf, self.const))
+
     def conditions(self) -> list[Condition]:
         if self.leaf is not None:
             return [self.leaf]
@@ -65,6 +71,10 @@ TRUE = Formula("const", const=2)
 FALSE = Formula("const", const=0)
 NULL = Formula("const", const=1)
 _CONSTS = {0: FALSE, 1: NULL, 2: TRUE}
+
+
+def _constant(value: int) -> Formula:
+    return _CONSTS[value]
 
 
 def conj(*parts: Formula) -> Formula:

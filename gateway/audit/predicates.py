@@ -60,7 +60,12 @@ __all__ = [
     "conj",
     "constant_value",
 ]
-CACHE_SIZE = 4096
+CACHE_SIZE = 256
+"""Formulas remembered per builder, keyed by AST node. An entry keeps its node alive —
+and through the node's parents the whole query's AST (a few kB) — so the cache serves
+the pre-audit, post-audit and ``remember`` of the plans in flight and the planner's
+recent plans, not every plan ever audited: at 4096 it held up to ~4,000 dead ASTs per
+table and kind, tens of MB per worker (issue 36)."""
 
 _FLIP = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq"}
 _CMP: dict[type[exp.Expr], str] = {

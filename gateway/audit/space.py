@@ -42,6 +42,9 @@ class SpaceTooLarge(Exception):
 class _Other:
     """The "any value not named" piece of a categorical dimension."""
 
+    def __reduce__(self) -> str:
+        return "OTHER"  # compared by identity: read back (unpickled) as the one instance
+
     def __repr__(self) -> str:
         return "OTHER"
 

@@ -52,7 +52,18 @@ class Block:
 
     def clean(self) -> Block:
         """The same block with no basis row marked as changed."""
-        return replace(self, dirty=np.zeros(self.rank, dtype=bool))
+        # built directly: ``dataclasses.replace`` costs more than the rest (every block
+        # touched by every row is cleaned)
+        return Block(
+            self.cols,
+            self.basis,
+            self.pivots,
+            self.origin,
+            self.members,
+            self.asked,
+            self.asked_ids,
+            np.zeros(self.rank, dtype=bool),
+        )
 
     def dirty_rows(self) -> np.ndarray:
         return np.ones(self.rank, dtype=bool) if self.dirty is None else self.dirty
@@ -88,7 +99,19 @@ class Block:
         asked = np.vstack([self.asked, x[None, :] > 0.5])
         asked_ids = (*self.asked_ids, row_id)
         if big < ZERO_TOL:
-            return replace(self, asked=asked, asked_ids=asked_ids), False
+            return (
+                Block(
+                    self.cols,
+                    self.basis,
+                    self.pivots,
+                    self.origin,
+                    self.members,
+                    asked,
+                    asked_ids,
+                    self.dirty,
+                ),
+                False,
+            )
         if big < DOUBT_TOL:
             if len(asked_ids) > EXACT_MAX_ROWS:
                 raise Doubt
@@ -133,10 +156,11 @@ class Block:
         """The same span over refined atoms: new column j copies old column ``take[j]``."""
         if len(take) == len(self.cols) and np.array_equal(take, np.arange(len(take))):
             return replace(self, cols=cols)
-        first: dict[int, int] = {}
-        for j, t in enumerate(take.tolist()):
-            first.setdefault(t, j)
-        pivots = np.array([first[int(p)] for p in self.pivots], dtype=np.intp)
+        # each old pivot column goes to the first new column copying it
+        old, first_new = np.unique(take, return_index=True)
+        first = np.zeros(int(old[-1]) + 1 if len(old) else 0, dtype=np.intp)
+        first[old] = first_new
+        pivots = first[self.pivots].astype(np.intp)
         return Block(
             cols,
             self.basis[:, take],
