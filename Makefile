@@ -16,7 +16,8 @@ DEMO_FLAGS := --port $(PORT) $(if $(FRESH),--fresh)
 PG_HOST     ?= 127.0.0.1
 PG_PORT     ?= 5432
 PG_TEST_URL ?= postgresql+psycopg://postgres@$(PG_HOST):$(PG_PORT)/test
-# `--dist loadgroup`: the Spark tests share one worker (one JVM per run), the rest spread.
+# `--dist loadgroup`: the tests of Spark's local session share one worker, and Spark
+# Connect's one (one JVM each per run); the rest spread.
 
 .PHONY: demo test lint typecheck unit bench fuzz lock clean
 

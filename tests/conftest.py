@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +24,9 @@ from gateway.config import Config, parse_config
 from gateway.demo.hospital import build, config_yaml
 
 if TYPE_CHECKING:
+    import psycopg
+
+    from gateway.pgwire.server import WireServer
     from gateway.pipeline import Gateway
 
 ADMIN_KEY = "admin-" + "k" * 40
@@ -136,6 +140,51 @@ def ask(client: FlaskClient, auth: dict[str, str]) -> Callable[..., Any]:
         return resp.status_code, resp.get_json()
 
     return post
+
+
+@pytest.fixture
+def serve_wire(
+    make_gateway: Callable[..., Gateway],
+) -> Iterator[Callable[..., tuple[WireServer, int, str]]]:
+    """Start PostgreSQL wire servers, each in a thread on a free port, on a gateway built
+    with config ``overrides`` and the ``wire`` settings of its ``postgres_wire`` section;
+    returns (server, port, alice's key). All are shut down after the test."""
+    from gateway.pgwire.server import WireServer
+
+    servers: list[WireServer] = []
+
+    def start(wire: dict[str, Any] | None = None, **overrides: Any) -> tuple[WireServer, int, str]:
+        gateway = make_gateway(postgres_wire={"port": 0, **(wire or {})}, **overrides)
+        key = gateway.ledger.create_analyst("alice", 10.0, 1e-6)
+        server = WireServer(gateway.config, gateway)
+        _, port = server.bind("127.0.0.1")
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server, port, key
+
+    yield start
+    for server in servers:
+        server.shutdown()
+
+
+@pytest.fixture
+def wire(
+    serve_wire: Callable[..., tuple[WireServer, int, str]],
+) -> tuple[WireServer, int, str]:
+    """A wire server on the demo gateway (as ``serve_wire()``)."""
+    return serve_wire()
+
+
+def wire_connect(port: int, key: str, **kw: Any) -> psycopg.Connection[Any]:
+    """A psycopg session as alice to a test wire server, in autocommit mode unless ``kw``
+    (psycopg's options) says otherwise."""
+    import psycopg
+
+    kw.setdefault("autocommit", True)
+    return psycopg.connect(
+        host="127.0.0.1", port=port, user="alice", password=key, dbname="dpgate",
+        sslmode="disable", connect_timeout=10, **kw,
+    )  # fmt: skip
 
 
 @pytest.fixture

@@ -7,8 +7,10 @@ load their fixture rows with ``load`` and open the engine as the gateway does, f
 The engines are process-wide singletons (chDB holds one data directory per process, a
 JVM one SparkSession), so each test process starts each at most once (``chdb_root``,
 ``spark_warehouse``, ``connect_server`` are session-scoped) and every test module loads
-its tables into a database of its own. Spark's tests share one pytest-xdist worker
-(``SPARK_GROUP``), so a ``make test`` run starts one local JVM and one Connect server.
+its tables into a database of its own (``table_on`` loads one table on any backend,
+SQLite to Spark). The local session's tests share one pytest-xdist worker
+(``SPARK_GROUP``) and Spark Connect's another or the same (``CONNECT_GROUP``), so a
+``make test`` run starts one local JVM and one Connect server.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pytest
+import sqlalchemy as sa
 
 Engine = Literal["clickhouse", "spark", "spark-connect"]
 #: Column kinds as the tests declare them, and their storage type on each engine.
@@ -59,11 +62,22 @@ STORAGE: dict[str, dict[str, str]] = {
 STORAGE["spark-connect"] = STORAGE["spark"]
 SLOW = pytest.mark.slow
 SPARK_GROUP = pytest.mark.xdist_group("spark")
-ENGINES = [
-    pytest.param("clickhouse", marks=SLOW),
-    pytest.param("spark", marks=[SLOW, SPARK_GROUP]),
-    pytest.param("spark-connect", marks=[SLOW, SPARK_GROUP]),
-]
+#: The Spark Connect tests' worker: the server is a JVM of its own whichever worker asks
+#: for it, so they need not wait behind the local session's tests on Spark's worker.
+CONNECT_GROUP = pytest.mark.xdist_group("spark-connect")
+#: Each engine's marks: all are slow, and Spark's share one worker.
+MARKS: dict[str, list[pytest.MarkDecorator]] = {
+    "clickhouse": [SLOW],
+    "spark": [SLOW, SPARK_GROUP],
+    "spark-connect": [SLOW, CONNECT_GROUP],
+}
+ENGINES = [pytest.param(name, marks=marks) for name, marks in MARKS.items()]
+#: The engines in this process: chDB and Spark's local session. Spark Connect runs the
+#: same Spark SQL as the local session, so tests of what the compiled SQL computes run on
+#: these; Connect's own path (its client, gRPC, Arrow-decoded answers, cancel by tag, its
+#: catalogue) is tested where it matters: tests/test_engines.py, tests/test_execution.py,
+#: tests/test_config_check_engines.py and the driver hazards of tests/test_totality.py.
+IN_PROCESS_ENGINES = [p for p in ENGINES if p.values != ("spark-connect",)]
 #: How long a Spark Connect server may take to listen (~8 s on an idle machine).
 CONNECT_START_S = 180
 
@@ -322,3 +336,54 @@ def drop_table(
         connect_session(tmp_path_factory).sql(f"DROP TABLE `{database}`.`{table}`")
     else:
         spark_warehouse(tmp_path_factory).sql(f"DROP TABLE `{database}`.`{table}`")
+
+
+#: The SQLAlchemy type of each column kind, for the backends ``table_on`` loads through it.
+SQLALCHEMY_KINDS: dict[str, Any] = {"integer": sa.Integer, "real": sa.Float, "text": sa.Text}
+
+
+def table_on(
+    backend: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    table: str,
+    columns: Mapping[str, str],
+    rows: list[dict[str, Any]],
+) -> Iterator[tuple[str, str | None]]:
+    """A fresh database on ``backend`` (sqlite, duckdb, postgres — skipped without
+    ``DPGATE_TEST_POSTGRES_URL`` — or an engine of ``ENGINES``) holding ``table`` with
+    ``columns`` (name → kind: integer, real or text) and ``rows``; yields its (URL,
+    schema), the schema None on SQLite and DuckDB. A PostgreSQL schema is dropped after."""
+    if backend in ("clickhouse", "spark", "spark-connect"):
+        engine = cast(Engine, backend)
+        database = new_database(table)
+        load(engine, tmp_path_factory, database, table, columns, rows)
+        yield url(engine, tmp_path_factory), database
+        return
+    base = os.environ.get("DPGATE_TEST_POSTGRES_URL")
+    schema = None
+    if backend in ("sqlite", "duckdb"):
+        if backend == "duckdb":
+            pytest.importorskip("duckdb_engine")
+        path = tmp_path_factory.mktemp(table) / f"{table}.{backend}"
+        base = f"{backend}:///{path}"
+    elif not base:
+        pytest.skip("set DPGATE_TEST_POSTGRES_URL to run PostgreSQL tests")
+    else:
+        schema = new_database(f"dpgate_{table}")
+    assert base is not None
+    kinds = (sa.Column(n, SQLALCHEMY_KINDS[k]) for n, k in columns.items())
+    created = sa.Table(table, sa.MetaData(schema=schema), *kinds)
+    writer = sa.create_engine(base)
+    with writer.begin() as conn:
+        if schema is not None:
+            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
+        created.create(conn)
+        conn.execute(created.insert(), rows)
+    writer.dispose()  # before the test opens it: DuckDB admits one configuration a file
+    try:
+        yield base, schema
+    finally:
+        if schema is not None:
+            with writer.begin() as conn:
+                conn.execute(sa.text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+            writer.dispose()

@@ -21,9 +21,7 @@ DuckDB, PostgreSQL, ClickHouse (chDB) and Spark SQL alike:
 
 from __future__ import annotations
 
-import os
 import random
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -31,7 +29,6 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
 from gateway.analyze import analyze
 from gateway.compile import compile_plan
@@ -48,6 +45,7 @@ from tests import engines
 DEPTS = ("A", "B", "C")
 LOWER, UPPER = 0, 30
 COLUMNS = ("pid", "dept", "stay", "year")  # declared order
+STAYS = {"pid": "integer", "dept": "text", "stay": "integer", "year": "integer"}
 
 
 def _rows() -> list[dict[str, Any]]:
@@ -214,59 +212,14 @@ BOUNDS = [(1, None, 3), (3, 2, 5), (5, None, 12)]
 # -- the databases --------------------------------------------------------------------------
 
 
-def _load(engine: sa.Engine, schema: str | None) -> None:
-    meta = sa.MetaData(schema=schema)
-    table = sa.Table(
-        "stays",
-        meta,
-        sa.Column("pid", sa.Integer),
-        sa.Column("dept", sa.Text),
-        sa.Column("stay", sa.Integer),
-        sa.Column("year", sa.Integer),
-    )
-    with engine.begin() as conn:
-        meta.create_all(conn)
-        conn.execute(table.insert(), ROWS)
-
-
-@pytest.fixture(scope="module", params=["sqlite", "duckdb", "postgres", *engines.ENGINES])
+@pytest.fixture(
+    scope="module", params=["sqlite", "duckdb", "postgres", *engines.IN_PROCESS_ENGINES]
+)
 def backend(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, str | None]]:
     """(URL, schema) of a database holding ROWS."""
-    if request.param == "sqlite":
-        path = tmp_path_factory.mktemp("bound") / "stays.db"
-        writer = sa.create_engine(f"sqlite:///{path}")
-        _load(writer, None)
-        writer.dispose()
-        yield f"sqlite:///{path}", None
-    elif request.param == "duckdb":
-        pytest.importorskip("duckdb_engine")
-        path = tmp_path_factory.mktemp("bound") / "stays.duckdb"
-        writer = sa.create_engine(f"duckdb:///{path}")
-        _load(writer, None)
-        writer.dispose()
-        yield f"duckdb:///{path}", None
-    elif request.param in ("clickhouse", "spark", "spark-connect"):
-        database = engines.new_database("bound")
-        columns = {"pid": "integer", "dept": "text", "stay": "integer", "year": "integer"}
-        engines.load(request.param, tmp_path_factory, database, "stays", columns, ROWS)
-        yield engines.url(request.param, tmp_path_factory), database
-    else:
-        url = os.environ.get("DPGATE_TEST_POSTGRES_URL")
-        if not url:
-            pytest.skip("set DPGATE_TEST_POSTGRES_URL to run PostgreSQL tests")
-        schema = f"dpgate_bound_{uuid.uuid4().hex[:10]}"
-        admin = sa.create_engine(url)
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-        try:
-            _load(admin, schema)
-            yield url, schema
-        finally:
-            with admin.begin() as conn:
-                conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-            admin.dispose()
+    yield from engines.table_on(request.param, tmp_path_factory, "stays", STAYS, ROWS)
 
 
 def _normal(v: Any) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -39,35 +40,36 @@ def _config(tmp_path: Path, ddl: str) -> Path:
     return path
 
 
-def test_an_untyped_key_declared_integer_is_reported(tmp_path: Path) -> None:
-    path = _config(
-        tmp_path,
-        "CREATE TABLE bday_info (bday NOT NULL UNIQUE, label TEXT NOT NULL);"
-        "CREATE TABLE patients (pid INTEGER PRIMARY KEY, bday INTEGER);",
-    )
-    result = CliRunner().invoke(main, ["config", "check", str(path)])
-    assert result.exit_code == 2, result.output
-    assert "tables.bday_info.columns.bday: declared integer but stored as no type" in result.output
-    assert "tables.patients.references.bday: patients.bday is stored as INTEGER" in result.output
-
-
-def test_a_text_key_declared_integer_is_reported(tmp_path: Path) -> None:
-    path = _config(
-        tmp_path,
-        "CREATE TABLE bday_info (bday TEXT UNIQUE, label TEXT);"
-        "CREATE TABLE patients (pid INTEGER PRIMARY KEY, bday INTEGER);",
-    )
-    result = CliRunner().invoke(main, ["config", "check", str(path)])
-    assert result.exit_code == 2, result.output
-    assert "tables.bday_info.columns.bday: declared integer but stored as TEXT" in result.output
-
-
-def test_keys_stored_as_declared_pass(tmp_path: Path) -> None:
-    path = _config(
-        tmp_path,
+PATIENTS = "CREATE TABLE patients (pid INTEGER PRIMARY KEY, bday INTEGER);"
+CASES = {
+    "an untyped key declared integer is reported": (
+        "CREATE TABLE bday_info (bday NOT NULL UNIQUE, label TEXT NOT NULL);" + PATIENTS,
+        2,
+        [
+            "tables.bday_info.columns.bday: declared integer but stored as no type",
+            "tables.patients.references.bday: patients.bday is stored as INTEGER",
+        ],
+    ),
+    "a text key declared integer is reported": (
+        "CREATE TABLE bday_info (bday TEXT UNIQUE, label TEXT);" + PATIENTS,
+        2,
+        ["tables.bday_info.columns.bday: declared integer but stored as TEXT"],
+    ),
+    "keys stored as declared pass": (
         "CREATE TABLE bday_info (bday INTEGER PRIMARY KEY, label TEXT);"
         "CREATE TABLE patients (pid INTEGER PRIMARY KEY, bday BIGINT);",
-    )
+        0,
+        ["OK"],
+    ),
+}
+
+
+@pytest.mark.parametrize(("ddl", "exit_code", "said"), list(CASES.values()), ids=list(CASES))
+def test_config_check_compares_the_keys_with_their_storage(
+    tmp_path: Path, ddl: str, exit_code: int, said: list[str]
+) -> None:
+    path = _config(tmp_path, ddl)
     result = CliRunner().invoke(main, ["config", "check", str(path)])
-    assert result.exit_code == 0, result.output
-    assert "OK" in result.output
+    assert result.exit_code == exit_code, result.output
+    for line in said:
+        assert line in result.output

@@ -6,19 +6,20 @@ nothing while the query is still planned) — must be reported as the one charge
 at its release moment, not when the engine gives up; the miss is counted in
 ``dpgate_deadline_misses_total{stage="statement"}``. And the same statement left alone
 is answered at its release moment on the same engine.
+
+The engines are the in-process ones (``engines.IN_PROCESS_ENGINES``): the lateness is the
+pipeline's here, and Spark Connect's own cancel at the deadline is tested in
+tests/test_engines.py.
 """
 
 from __future__ import annotations
 
-import os
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from prometheus_client import REGISTRY
 
 import gateway.pipeline
@@ -31,6 +32,7 @@ from tests import engines
 DEADLINE_MS = 600  # fixed, so that the machine's load does not move it
 SPARK_DEADLINE_MS = 15_000  # long enough for Spark to plan and run it on a loaded machine
 HELD_S = 1.5  # what the slowed statement adds after the engine's answer (Spark: 15 s)
+STAYS = {"pid": "integer", "dept": "text", "stay": "integer", "year": "integer"}
 SQL = "SELECT dept, COUNT(*) FROM stays WHERE stay >= 2 GROUP BY dept"
 ROWS = [
     {"pid": i // 3, "dept": ("ER", "ICU", "Ward")[i % 3], "stay": i % 11, "year": 2020}
@@ -38,54 +40,14 @@ ROWS = [
 ]
 
 
-def _load(engine: sa.Engine, schema: str | None) -> None:
-    meta = sa.MetaData(schema=schema)
-    table = sa.Table(
-        "stays",
-        meta,
-        sa.Column("pid", sa.Integer),
-        sa.Column("dept", sa.Text),
-        sa.Column("stay", sa.Integer),
-        sa.Column("year", sa.Integer),
-    )
-    with engine.begin() as conn:
-        meta.create_all(conn)
-        conn.execute(table.insert(), ROWS)
-
-
-@pytest.fixture(scope="module", params=["sqlite", "duckdb", "postgres", *engines.ENGINES])
+@pytest.fixture(
+    scope="module", params=["sqlite", "duckdb", "postgres", *engines.IN_PROCESS_ENGINES]
+)
 def backend(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, str | None]]:
     """(URL, schema) of a database holding ``stays``."""
-    if request.param in ("sqlite", "duckdb"):
-        if request.param == "duckdb":
-            pytest.importorskip("duckdb_engine")
-        path = tmp_path_factory.mktemp("deadline") / f"stays.{request.param}"
-        writer = sa.create_engine(f"{request.param}:///{path}")
-        _load(writer, None)
-        writer.dispose()
-        yield f"{request.param}:///{path}", None
-    elif request.param in ("clickhouse", "spark"):
-        database = engines.new_database("deadline")
-        columns = {"pid": "integer", "dept": "text", "stay": "integer", "year": "integer"}
-        engines.load(request.param, tmp_path_factory, database, "stays", columns, ROWS)
-        yield engines.url(request.param, tmp_path_factory), database
-    else:
-        url = os.environ.get("DPGATE_TEST_POSTGRES_URL")
-        if not url:
-            pytest.skip("set DPGATE_TEST_POSTGRES_URL to run PostgreSQL tests")
-        schema = f"dpgate_deadline_{uuid.uuid4().hex[:10]}"
-        admin = sa.create_engine(url)
-        with admin.begin() as conn:
-            conn.execute(sa.text(f'CREATE SCHEMA "{schema}"'))
-        try:
-            _load(admin, schema)
-            yield url, schema
-        finally:
-            with admin.begin() as conn:
-                conn.execute(sa.text(f'DROP SCHEMA "{schema}" CASCADE'))
-            admin.dispose()
+    yield from engines.table_on(request.param, tmp_path_factory, "stays", STAYS, ROWS)
 
 
 def _deadline_ms(url: str) -> int:

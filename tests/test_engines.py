@@ -10,6 +10,7 @@ tests/test_execution.py and tests/test_bounding.py; totality in tests/test_total
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -117,10 +118,14 @@ def test_the_statement_settings_are_dpgates_own(visits: tuple[str, str, str]) ->
         engine.dispose()
 
 
+#: Far longer than the 1.5 s deadline, and bounded on Spark (seconds to tens of seconds):
+#: a job that goes on after its cancel holds Spark's cores only that long. Over 10¹² rows
+#: the local session's job ran on for over ten minutes after the test, its two tasks
+#: holding both of local[2]'s cores and stalling every Spark test after it.
 SLOW_STATEMENT = {
     "clickhouse": "SELECT sum(number % 7) FROM numbers(1000000000000)",
-    "spark": "SELECT sum(id % 7) FROM range(0, 1000000000000)",
-    "spark-connect": "SELECT sum(id % 7) FROM range(0, 1000000000000)",
+    "spark": "SELECT sum(id % 7) FROM range(0, 20000000000)",
+    "spark-connect": "SELECT sum(id % 7) FROM range(0, 20000000000)",
 }
 
 
@@ -147,6 +152,45 @@ def test_a_slow_statement_is_cut_at_the_deadline(
     assert elapsed < deadline_ms / 1000 + 30, elapsed
     if kind == "clickhouse":
         assert "OperationalError 159 (timeout)" in caplog.text
+
+
+@engines.SLOW
+@engines.SPARK_GROUP
+def test_a_cancel_while_spark_still_plans_stops_the_job_it_starts_later(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's timer can fire while Spark still plans the statement (seconds under
+    load), before its job exists: the job it starts afterwards is cancelled too, not left
+    to run on after the deadline on the engine's cores (under load, the slow statement
+    above once ran on for over ten minutes so, stalling every Spark test after it)."""
+    from gateway.engines import spark_dbapi
+
+    spark = engines.spark_warehouse(tmp_path_factory)
+    conn = spark_dbapi.Connection(spark, connect=False)
+    plan = spark.sql
+
+    def cancelled_while_planned(sql: str) -> Any:
+        conn.cancel()  # the statement's job group is set; no job has started yet
+        return plan(sql)
+
+    monkeypatch.setattr(spark, "sql", cancelled_while_planned)
+    failed: list[Exception] = []
+
+    def run() -> None:
+        try:
+            conn.run(SLOW_STATEMENT["spark"])
+        except Exception as e:
+            failed.append(e)
+
+    statement = threading.Thread(target=run, daemon=True)
+    statement.start()
+    statement.join(120)  # cancelled: at its first job; not cancelled: minutes
+    monkeypatch.undo()
+    if statement.is_alive():
+        spark.sparkContext.cancelAllJobs()  # free the cores for the tests after this one
+        statement.join(120)
+    assert failed, "the statement's job ran after its cancel"
+    assert "SPARK_JOB_CANCELLED" in str(failed[0]), failed[0]
 
 
 def _gateway(url: str, database: str, tmp_path: Path, **execution: Any) -> Gateway:

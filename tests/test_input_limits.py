@@ -11,8 +11,7 @@ sqlglot), a 96 kB ``AND`` chain (seconds of CPU), a NUL character in a literal a
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -25,6 +24,7 @@ from gateway.pgwire.server import WireServer
 from gateway.pipeline import Gateway
 from gateway.plan import QueryRequest
 from gateway.request import MAX_JSON_DEPTH, MAX_JSON_NUMBER_CHARS
+from tests.conftest import wire_connect
 
 COUNT = "SELECT COUNT(*) FROM patients WHERE "
 
@@ -185,29 +185,9 @@ def test_in_process_callers_get_the_same_refusals(gateway: Gateway) -> None:
     assert spent(gateway) == 0.0
 
 
-@pytest.fixture
-def wire(make_gateway: Callable[..., Gateway]) -> Iterator[tuple[WireServer, int, str]]:
-    gateway = make_gateway(postgres_wire={"port": 0})
-    key = gateway.ledger.create_analyst("alice", 10.0, 1e-6)
-    server = WireServer(gateway.config, gateway)
-    _, port = server.bind("127.0.0.1")
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server, port, key
-    server.shutdown()
-
-
 def test_the_wire_refuses_hostile_sql_free(wire: tuple[WireServer, int, str]) -> None:
     server, port, key = wire
-    with psycopg.connect(
-        host="127.0.0.1",
-        port=port,
-        user="alice",
-        password=key,
-        dbname="dpgate",
-        sslmode="disable",
-        connect_timeout=10,
-        autocommit=True,
-    ) as conn:
+    with wire_connect(port, key) as conn:
         for name, (sql, _) in HOSTILE_SQL.items():
             if "\x00" in sql:
                 continue  # libpq cannot send one

@@ -15,7 +15,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,34 +24,9 @@ import pytest
 
 from gateway.pgwire import codec
 from gateway.pgwire.server import WireServer
-from gateway.pipeline import Gateway
+from tests.conftest import wire_connect as connect
 
 JDBC_JAR = Path("/usr/share/java/postgresql.jar")
-
-
-@pytest.fixture
-def wire(make_gateway: Callable[..., Gateway]) -> Iterator[tuple[WireServer, int, str]]:
-    gateway = make_gateway(postgres_wire={"port": 0})
-    key = gateway.ledger.create_analyst("alice", 10.0, 1e-6)
-    server = WireServer(gateway.config, gateway)
-    _, port = server.bind("127.0.0.1")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server, port, key
-    server.shutdown()
-
-
-def connect(port: int, key: str, **kw: Any) -> psycopg.Connection[Any]:
-    return psycopg.connect(
-        host="127.0.0.1",
-        port=port,
-        user="alice",
-        password=key,
-        dbname="dpgate",
-        sslmode="disable",
-        connect_timeout=10,
-        **kw,
-    )
 
 
 def charges(server: WireServer) -> int:
@@ -94,7 +69,7 @@ def test_psql_lists_describes_and_groups(wire: tuple[WireServer, int, str]) -> N
 
 def test_psycopg_simple_and_extended_with_parameters(wire: tuple[WireServer, int, str]) -> None:
     server, port, key = wire
-    with connect(port, key, autocommit=True) as conn:
+    with connect(port, key) as conn:
         # simple protocol
         cur = conn.cursor()
         cur.execute(psycopg.sql.SQL("SELECT COUNT(*) AS n FROM patients"), prepare=False)
@@ -197,7 +172,7 @@ def test_wrong_password_unsupported_and_malformed_get_errors_and_cost_nothing(
         connect(port, key[:-2] + "xx")
     with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
         psycopg.connect(host="127.0.0.1", port=port, user="nobody", password=key, sslmode="disable")
-    with connect(port, key, autocommit=True) as conn:
+    with connect(port, key) as conn:
         for sql, state in [
             ("DELETE FROM patients", "0A000"),
             ("SELECT age FROM patients", "0A000"),
@@ -319,7 +294,7 @@ def test_fuzzed_frames_never_crash_or_hang_the_server(wire: tuple[WireServer, in
 
     def honest() -> None:
         try:
-            with connect(port, key, autocommit=True) as conn:
+            with connect(port, key) as conn:
                 while fuzzing.is_set():
                     t = time.monotonic()
                     assert conn.execute("SELECT 1").fetchone() == (1,)
@@ -366,7 +341,7 @@ def test_fuzzed_frames_never_crash_or_hang_the_server(wire: tuple[WireServer, in
     analyst.join(30)
     assert not failures and len(latencies) > 10, failures
     assert max(latencies) < 5.0, max(latencies)  # a stall, not scheduling noise
-    with connect(port, key, autocommit=True) as conn:
+    with connect(port, key) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
     assert charges(server) == 0
 
@@ -394,28 +369,6 @@ def test_a_connection_has_a_memory_limit(wire: tuple[WireServer, int, str]) -> N
     assert charges(server) == 0
 
 
-@pytest.fixture
-def serve_wire(
-    make_gateway: Callable[..., Gateway],
-) -> Iterator[Callable[..., tuple[WireServer, int, str]]]:
-    """Start a wire server on a gateway built with config ``overrides``."""
-    servers: list[WireServer] = []
-
-    def start(**overrides: Any) -> tuple[WireServer, int, str]:
-        overrides.setdefault("postgres_wire", {"port": 0})
-        gateway = make_gateway(**overrides)
-        key = gateway.ledger.create_analyst("alice", 10.0, 1e-6)
-        server = WireServer(gateway.config, gateway)
-        _, port = server.bind("127.0.0.1")
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return server, port, key
-
-    yield start
-    for server in servers:
-        server.shutdown()
-
-
 def test_http_and_the_wire_share_one_pipeline(wire: tuple[WireServer, int, str]) -> None:
     """An answer released over HTTP comes back identical and free over the wire (same
     cache, same ledger), and the wire query is counted like an HTTP one."""
@@ -429,7 +382,7 @@ def test_http_and_the_wire_share_one_pipeline(wire: tuple[WireServer, int, str])
     assert r.status_code == 200
     over_http = [tuple(row) for row in r.get_json()["rows"]]
     before = metrics.QUERIES.labels("alice", "cached")._value.get()
-    with connect(port, key, autocommit=True) as conn:
+    with connect(port, key) as conn:
         assert conn.execute(sql).fetchall() == over_http
     assert charges(server) == 1
     assert metrics.QUERIES.labels("alice", "cached")._value.get() == before + 1
@@ -437,7 +390,7 @@ def test_http_and_the_wire_share_one_pipeline(wire: tuple[WireServer, int, str])
 
 def test_session_settings_choose_epsilon(wire: tuple[WireServer, int, str]) -> None:
     server, port, key = wire
-    with connect(port, key, autocommit=True) as conn:
+    with connect(port, key) as conn:
         conn.execute("SET dpgate.epsilon = 0.5")
         assert conn.execute("SHOW dpgate.epsilon").fetchone() == ("0.5",)
         conn.execute("SELECT COUNT(*) FROM patients")
@@ -460,7 +413,7 @@ def test_rate_limits_apply_over_the_wire(
     # take seconds, so start them well away from a minute's end.
     if time.time() % 60 > 40:
         time.sleep(60.5 - time.time() % 60)
-    with connect(port, key, autocommit=True) as conn:
+    with connect(port, key) as conn:
         conn.execute("SELECT COUNT(*) FROM patients")
         conn.execute("SELECT COUNT(*) FROM patients WHERE age > 30")
         with pytest.raises(psycopg.Error) as info:
@@ -475,7 +428,7 @@ def test_release_timing_holds_over_the_wire_and_cancel_keeps_the_charge(
     serve_wire: Callable[..., tuple[WireServer, int, str]],
 ) -> None:
     server, port, key = serve_wire(execution={"timing": "deadline", "deadline_ms": 600})
-    with connect(port, key, autocommit=True) as conn:
+    with connect(port, key) as conn:
         started = time.monotonic()
         conn.execute("SELECT COUNT(*) FROM patients")
         assert time.monotonic() - started >= 0.6
@@ -502,7 +455,7 @@ def test_tls_is_offered_and_can_be_required(
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip
     tls = {"cert": str(cert), "key": str(private), "require": True}
-    _, port, key = serve_wire(postgres_wire={"port": 0, "tls": tls})
+    _, port, key = serve_wire({"tls": tls})
     with psycopg.connect(
         host="127.0.0.1", port=port, user="alice", password=key, sslmode="require"
     ) as conn:
@@ -526,7 +479,7 @@ def test_a_key_without_a_verifier_must_be_rotated(wire: tuple[WireServer, int, s
         connect(port, key)
     assert server.gateway.authenticate(key).name == "alice"
     new_key = server.gateway.ledger.rotate_key("alice")
-    with connect(port, new_key) as conn:
+    with connect(port, new_key, autocommit=False) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
 
 
@@ -534,7 +487,7 @@ def test_the_catalogue_reads_no_file_and_no_protected_row(
     wire: tuple[WireServer, int, str],
 ) -> None:
     server, port, key = wire
-    with connect(port, key, autocommit=True) as conn:
+    with connect(port, key) as conn:
         rows = conn.execute(
             "SELECT relname, reltuples, relpages FROM pg_catalog.pg_class ORDER BY relname"
         ).fetchall()
@@ -614,7 +567,7 @@ BI_CATALOGUE_QUERIES: list[tuple[str, tuple[Any, ...] | None, int]] = [
 
 def test_bi_tool_catalogue_queries_are_answered(wire: tuple[WireServer, int, str]) -> None:
     server, port, key = wire
-    with connect(port, key, autocommit=True) as conn:
+    with connect(port, key) as conn:
         for sql, params, expected in BI_CATALOGUE_QUERIES:
             assert len(conn.execute(sql, params).fetchall()) == expected, sql
     assert charges(server) == 0
@@ -628,7 +581,7 @@ def test_a_nested_aggregation_over_the_wire_is_described_and_charged_as_its_inne
     server, port, key = wire
     inner = "SELECT disease, sex, COUNT(*) AS n FROM patients GROUP BY disease, sex"
     outer = f'SELECT sex, SUM(n) AS "SUM(n)" FROM ({inner}) AS t GROUP BY sex ORDER BY sex'
-    with connect(port, key, autocommit=True) as conn:
+    with connect(port, key) as conn:
         cur = conn.cursor()
         cur.execute(outer, prepare=True)
         assert [d.name for d in cur.description or []] == ["sex", "SUM(n)"]

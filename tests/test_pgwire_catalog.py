@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import socket
 import sqlite3
-import threading
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,26 +22,7 @@ import yaml
 
 import gateway
 from gateway.pgwire.server import WireServer
-from gateway.pipeline import Gateway
-
-
-@pytest.fixture
-def wire(make_gateway: Callable[..., Gateway]) -> Iterator[tuple[WireServer, int, str]]:
-    gw = make_gateway(postgres_wire={"port": 0})
-    key = gw.ledger.create_analyst("alice", 10.0, 1e-6)
-    server = WireServer(gw.config, gw)
-    _, port = server.bind("127.0.0.1")
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server, port, key
-    server.shutdown()
-
-
-def connect(port: int, key: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(
-        host="127.0.0.1", port=port, user="alice", password=key, dbname="dpgate",
-        sslmode="disable", connect_timeout=10, autocommit=True,
-    )  # fmt: skip
-
+from tests.conftest import wire_connect
 
 WALK = [
     "SELECT version()",
@@ -144,7 +123,7 @@ def test_the_catalogue_walk_reveals_no_engine_host_or_data(
             for (n,) in db.execute(f"SELECT COUNT(*) FROM {t}")
         }
     assert secrets_ and counts
-    with connect(port, key) as conn:
+    with wire_connect(port, key) as conn:
         for sql in WALK:
             for text in _texts(conn, sql):
                 lowered = text.lower()
@@ -190,7 +169,7 @@ def test_version_is_the_same_over_http_and_the_wire(wire: tuple[WireServer, int,
     )
     assert r.status_code == 200, r.json
     over_http = r.json
-    with connect(port, key) as conn:
+    with wire_connect(port, key) as conn:
         for sql in ("SELECT version()", "SELECT pg_catalog.version()"):
             cur = conn.execute(sql)
             assert [d.name for d in cur.description or []] == ["version"]
@@ -222,7 +201,7 @@ def test_catalogue_columns_are_named_as_postgresql_names_them(
     wire: tuple[WireServer, int, str], sql: str, name: str
 ) -> None:
     _, port, key = wire
-    with connect(port, key) as conn:
+    with wire_connect(port, key) as conn:
         cur = conn.execute(sql)
         assert [d.name for d in cur.description or []] == [name]
 
@@ -237,7 +216,7 @@ def test_bi_tools_catalogue_queries_replayed(
     wire: tuple[WireServer, int, str], case: dict[str, Any]
 ) -> None:
     server, port, key = wire
-    with connect(port, key) as conn:
+    with wire_connect(port, key) as conn:
         params = case.get("params")
         rows = conn.execute(case["sql"], params).fetchall()
     assert len(rows) == case["rows"], rows

@@ -16,9 +16,8 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ import pytest
 
 from gateway import metrics
 from gateway.pgwire.server import WireServer
-from gateway.pipeline import Gateway
+from tests.conftest import wire_connect
 
 FLOOD = Path(__file__).with_name("pgwire_flood.py")
 #: The acceptance bound on an analyst's login while the flood runs (issue 35). On a
@@ -35,33 +34,6 @@ FLOOD = Path(__file__).with_name("pgwire_flood.py")
 #: the bound is on the median of the logins; every one of them must succeed, none may
 #: take 5 s.
 LOGIN_BOUND_S = 1.0
-
-
-@pytest.fixture
-def serve_wire(
-    make_gateway: Callable[..., Gateway],
-) -> Iterator[Callable[..., tuple[WireServer, int, str]]]:
-    servers: list[WireServer] = []
-
-    def start(**wire: Any) -> tuple[WireServer, int, str]:
-        gateway = make_gateway(postgres_wire={"port": 0, **wire})
-        key = gateway.ledger.create_analyst("alice", 10.0, 1e-6)
-        server = WireServer(gateway.config, gateway)
-        _, port = server.bind("127.0.0.1")
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        return server, port, key
-
-    yield start
-    for server in servers:
-        server.shutdown()
-
-
-def connect(port: int, key: str, **kw: Any) -> psycopg.Connection[Any]:
-    return psycopg.connect(
-        host="127.0.0.1", port=port, user="alice", password=key, dbname="dpgate",
-        sslmode="disable", connect_timeout=10, autocommit=True, **kw,
-    )  # fmt: skip
 
 
 def _refused(reason: str) -> float:
@@ -77,10 +49,12 @@ def test_a_flood_of_idle_half_open_and_slow_connections_leaves_logins_answered(
 ) -> None:
     max_connections = 4
     server, port, key = serve_wire(
-        max_connections=max_connections,
-        authentication_timeout_s=1.5,
-        max_authenticating=8,
-        max_authenticating_per_address=4,
+        {
+            "max_connections": max_connections,
+            "authentication_timeout_s": 1.5,
+            "max_authenticating": 8,
+            "max_authenticating_per_address": 4,
+        }
     )
     refused_before = {r: _refused(r) for r in ("authenticating_per_address", "evicted")}
     # 10 × max_connections idle connections from each of three addresses, plus half-open
@@ -116,13 +90,13 @@ def test_a_flood_of_idle_half_open_and_slow_connections_leaves_logins_answered(
                 )  # fmt: skip
                 assert out.returncode == 0 and out.stdout.strip() == "1", out.stderr
             else:
-                with connect(port, key) as conn:
+                with wire_connect(port, key) as conn:
                     assert conn.execute("SELECT 1").fetchone() == (1,)
             raw.append(time.monotonic() - started)
             logins.append(max(0.0, raw[-1] - own_start))
             time.sleep(0.3)
         # Sessions hold slots of their own: max_connections analysts at once, mid-flood.
-        sessions = [connect(port, key) for _ in range(max_connections)]
+        sessions = [wire_connect(port, key) for _ in range(max_connections)]
         try:
             for conn in sessions:
                 assert conn.execute("SELECT 1").fetchone() == (1,)
@@ -156,12 +130,15 @@ def test_a_flood_of_idle_half_open_and_slow_connections_leaves_logins_answered(
 def test_sessions_beyond_max_connections_are_refused_after_login_and_slots_come_back(
     serve_wire: Callable[..., tuple[WireServer, int, str]],
 ) -> None:
-    _, port, key = serve_wire(max_connections=2)
-    first, second = connect(port, key), connect(port, key)
+    _, port, key = serve_wire({"max_connections": 2})
+    first, second = (
+        wire_connect(port, key),
+        wire_connect(port, key),
+    )
     with pytest.raises(psycopg.OperationalError, match="too many clients"):
-        connect(port, key)
+        wire_connect(port, key)
     second.close()
-    with connect(port, key) as third:
+    with wire_connect(port, key) as third:
         assert third.execute("SELECT 1").fetchone() == (1,)
     first.close()
 
@@ -169,13 +146,13 @@ def test_sessions_beyond_max_connections_are_refused_after_login_and_slots_come_
 def test_an_idle_session_is_closed_after_the_configured_timeout(
     serve_wire: Callable[..., tuple[WireServer, int, str]],
 ) -> None:
-    server, port, key = serve_wire(idle_session_timeout_s=0.8)
+    server, port, key = serve_wire({"idle_session_timeout_s": 0.8})
     before = _timeouts("idle_session")
-    with connect(port, key) as busy:  # the honest session: never idle that long
+    with wire_connect(port, key) as busy:  # the honest session: never idle that long
         for _ in range(8):
             assert busy.execute("SELECT 1").fetchone() == (1,)
             time.sleep(0.25)
-    idle = connect(port, key)
+    idle = wire_connect(port, key)
     assert idle.execute("SELECT 1").fetchone() == (1,)
     time.sleep(1.6)
     with pytest.raises(psycopg.OperationalError, match="idle-session timeout"):
@@ -192,7 +169,7 @@ def test_a_slow_startup_is_cut_at_the_authentication_deadline(
     import socket
     import struct
 
-    _, port, _ = serve_wire(authentication_timeout_s=1.0)
+    _, port, _ = serve_wire({"authentication_timeout_s": 1.0})
     timeouts_before = _timeouts("authentication")
     body = b"user\0alice\0database\0dpgate\0\0"
     packet = struct.pack("!ii", 8 + len(body), 196608) + body

@@ -936,6 +936,15 @@ def test_accepted_expressions_never_raise_on_postgres(postgres_target: Target) -
     check_totality(postgres_target, max_examples=200)
 
 
+#: The hazards of the execution layer: bind-parameter syntax in literals, values the
+#: driver cannot read.
+DRIVER_HAZARDS = [
+    "SELECT COUNT(*) FROM t WHERE note = ':x'",
+    "SELECT COUNT(*) FROM t WHERE note LIKE '%:x%'",
+    "SELECT born, COUNT(*) FROM t GROUP BY 1",
+    "SELECT CAST(born AS TEXT), COUNT(*) FROM t GROUP BY 1",
+    "SELECT 'x' || born, COUNT(*) FROM r GROUP BY 1",
+]
 #: One minimal query per kind of runtime error found by the property test on the code
 #: before issue 11 was fixed (each raised on at least one backend). Every one must now be
 #: refused by the analyzer or run without error on every backend.
@@ -1023,23 +1032,27 @@ KNOWN_HAZARDS = [
     # compiled SQL that does not parse
     "SELECT COUNT(*) FROM t WHERE age > 1 = TRUE",
     "SELECT COUNT(*) FROM t WHERE 1 BETWEEN 0 AND NOT smoker",
-    # the execution layer: bind-parameter syntax in literals, values the driver cannot read
-    "SELECT COUNT(*) FROM t WHERE note = ':x'",
-    "SELECT COUNT(*) FROM t WHERE note LIKE '%:x%'",
-    "SELECT born, COUNT(*) FROM t GROUP BY 1",
-    "SELECT CAST(born AS TEXT), COUNT(*) FROM t GROUP BY 1",
-    "SELECT 'x' || born, COUNT(*) FROM r GROUP BY 1",
+    *DRIVER_HAZARDS,
 ]
-BACKENDS = [
-    "sqlite",
-    "duckdb",
-    pytest.param("postgres", marks=pytest.mark.postgres),
-    *engines.ENGINES,
+MARKS = {"sqlite": [], "duckdb": [], "postgres": [pytest.mark.postgres], **engines.MARKS}
+
+
+def _on(backend: str, *values: Any) -> Any:
+    return pytest.param(backend, *values, marks=MARKS[backend])
+
+
+#: Every hazard runs on these. Spark Connect runs the same Spark SQL as the local session
+#: (one dialect, one compiled statement, ANSI errors off on both); what it adds is its own
+#: driver path — the client, gRPC, Arrow-decoded results — so it gets the hazards of that
+#: layer (``DRIVER_HAZARDS``) and the SUM/AVG overflow test, whose answers are the largest
+#: values decoded: the rest would repeat the local session's statements at Connect's cost.
+EVERY_HAZARD_ON = ("sqlite", "duckdb", "postgres", "clickhouse", "spark")
+HAZARD_CASES = [_on(b, sql) for b in EVERY_HAZARD_ON for sql in KNOWN_HAZARDS] + [
+    _on("spark-connect", sql) for sql in DRIVER_HAZARDS
 ]
 
 
-@pytest.mark.parametrize("sql", KNOWN_HAZARDS)
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("backend", "sql"), HAZARD_CASES)
 def test_known_hazards_are_refused_or_run(
     backend: str, sql: str, request: pytest.FixtureRequest
 ) -> None:
@@ -1053,7 +1066,7 @@ def test_known_hazards_are_refused_or_run(
     )
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [_on(b) for b in (*EVERY_HAZARD_ON, "spark-connect")])
 def test_sum_and_avg_over_many_extreme_rows_do_not_overflow(
     backend: str, request: pytest.FixtureRequest
 ) -> None:

@@ -30,7 +30,8 @@ What this driver guarantees on every statement:
   is total by construction, docs/privacy.md; this is the engine's half of it);
 - cancellation: each statement runs in its own job group (classic) or under its own tag
   (Spark Connect), and ``Connection.cancel()`` — called by the gateway's timer at the
-  statement's deadline — cancels its jobs.
+  statement's deadline — cancels its jobs (on the local session also those the statement
+  had not started yet).
 
 A failure is raised as ``OperationalError`` whose text is only Spark's error class
 (``DIVIDE_BY_ZERO``, ``CANCELLED``…): Spark's message can quote a value of the rows.
@@ -230,14 +231,19 @@ class Connection:
         return Cursor(self)
 
     def cancel(self) -> None:
-        """Cancel the jobs of the statement running on this connection, if any."""
+        """Cancel the jobs of the statement running on this connection, if any: those
+        running now and those it starts later. A cancel that comes while Spark still
+        plans the statement (under load, for seconds) finds no job yet; the job it then
+        starts must not run on for minutes, holding the engine's cores after its
+        deadline, so the local session cancels the group's future jobs too (Spark 4's
+        ``cancelJobGroupAndFutureJobs``)."""
         group = self._group
         if group is None:
             return
         if self._connect:
             self.spark.interruptTag(group)
         else:
-            self.spark.sparkContext.cancelJobGroup(group)
+            self.spark.sparkContext._jsc.sc().cancelJobGroupAndFutureJobs(group)
 
     def commit(self) -> None:
         """Spark SQL queries have no transaction: nothing to commit."""

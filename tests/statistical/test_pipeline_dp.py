@@ -16,21 +16,18 @@ a gateway whose SUM clamp is missing.
 from __future__ import annotations
 
 import itertools
-import os
 import sqlite3
 from collections.abc import Iterator
-from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gateway.config import parse_config
-from gateway.pipeline import Gateway
 from gateway.plan import QueryRequest
 from mechanisms import Noise
 from tests.statistical.dp_harness import check_release
+from tests.statistical.gateway_neighbours import Side, side
 
 BUCKETS = 1000
 PEOPLE_PER_BUCKET = 3
@@ -54,35 +51,19 @@ def _build(path: Path, extra: bool) -> None:
         conn.executemany("INSERT INTO people VALUES (?, ?, ?)", rows)
 
 
-@dataclass
-class Side:
-    gateway: Gateway
-    counter: Iterator[int]
-
-
-def _gateway(root: Path, name: str, extra: bool) -> Side:
-    db = root / f"{name}.db"
-    _build(db, extra)
-    raw: dict[str, Any] = {
-        "database": {"url": f"sqlite:///{db}"},
-        # DP is under test here, not crash durability: skip the ledger's fsyncs.
-        "ledger": {"url": f"sqlite:///{root / (name + '-ledger.db')}?synchronous=normal"},
-        "privacy": {"max_epsilon_per_query": 10.0},
-        "audit": {"mode": "off"},
-        "tables": {
-            "people": {
-                "privacy_unit": "pid",
-                "columns": {
-                    "pid": {"type": "integer"},
-                    "bucket": {"type": "integer", "values": list(range(BUCKETS))},
-                    "value": {"type": "integer", "lower": 0, "upper": UPPER},
-                },
-            }
+def _sides(root: Path) -> tuple[Side, Side]:
+    table = {
+        "privacy_unit": "pid",
+        "columns": {
+            "pid": {"type": "integer"},
+            "bucket": {"type": "integer", "values": list(range(BUCKETS))},
+            "value": {"type": "integer", "lower": 0, "upper": UPPER},
         },
     }
-    gw = Gateway(parse_config(raw))
-    gw.ledger.create_analyst("tester", 1e9, 0.5)
-    return Side(gw, itertools.count())
+    return (
+        side(root, "d0", lambda db: _build(db, extra=False), table),
+        side(root, "d1", lambda db: _build(db, extra=True), table),
+    )
 
 
 def _release_many(aggregate: str) -> Any:
@@ -101,9 +82,7 @@ def _release_many(aggregate: str) -> Any:
 
 @pytest.fixture(scope="module")
 def neighbours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Side, Side]]:
-    os.environ.setdefault("DPGATE_ADMIN_KEY", "statistical-test-admin")
-    root = tmp_path_factory.mktemp("dp")
-    yield _gateway(root, "d0", extra=False), _gateway(root, "d1", extra=True)
+    yield _sides(tmp_path_factory.mktemp("dp"))
 
 
 def _check(
