@@ -180,7 +180,7 @@ def run_aggregate(engine: sa.Engine, sql: str, *, timeout_ms: int) -> list[tuple
     except sa.exc.SQLAlchemyError as e:
         log.warning("protected database unreachable: %s", type(getattr(e, "orig", e)).__name__)
         raise DatabaseUnavailable(
-            "the protected database could not be reached; nothing was charged"
+            "the protected database could not be reached; nothing was charged", charged=False
         ) from None
     with conn:
         try:
@@ -189,7 +189,8 @@ def run_aggregate(engine: sa.Engine, sql: str, *, timeout_ms: int) -> list[tuple
         except sa.exc.SQLAlchemyError as e:
             log.warning("could not prepare a connection: %s", type(getattr(e, "orig", e)).__name__)
             raise DatabaseUnavailable(
-                "the protected database could not be reached; nothing was charged"
+                "the protected database could not be reached; nothing was charged",
+                charged=False,
             ) from None
         timer = _arm_timeout(engine, raw, deadline)
         try:
