@@ -402,7 +402,8 @@ class BalancedThreadWorker(ThreadWorker):
                 except OSError:  # EAGAIN: none waiting (or the listener is gone)
                     continue
                 accepted += 1
-                _refuse_now(sock, max(deadline, time.monotonic() + 0.2))
+                # Past the deadline, a connection that sends nothing is not waited for.
+                _refuse_now(sock, max(deadline, time.monotonic() + 0.05))
             if not accepted:
                 return
 

@@ -30,8 +30,10 @@ from tests.test_serve import ADMIN_KEY, Server, start, stop, write_deployment
 pytestmark = pytest.mark.slow
 
 CLIENTS = 8
-#: Each query waits for a fixed release moment, so some are always in flight.
-DEADLINE = "execution: {deadline_ms: 150}"
+#: Each query waits for a fixed release moment, so some are always in flight. (One that
+#: misses it on a loaded machine is a charged ``database_unavailable``: that is allowed,
+#: and must be in the ledger.)
+DEADLINE = "execution: {deadline_ms: 400}"
 
 
 @dataclass
@@ -134,8 +136,12 @@ def test_sigterm_under_load_answers_every_request_and_resets_none(tmp_path: Path
     assert dropped == [], dropped
     statuses = [o.status for o in outcomes]
     assert 500 not in statuses
-    before = [o for o in outcomes if not o.after_sigterm]
-    after = [o for o in outcomes if o.after_sigterm]
+    missed = [o for o in outcomes if o.status == 503 and o.body["error"]["code"] != "shutting_down"]
+    for o in missed:  # a missed release moment: charged, and said so
+        assert o.body["error"]["code"] == "database_unavailable", o.body
+        assert o.body["error"]["detail"]["charged"] is True, o.body
+    before = [o for o in outcomes if not o.after_sigterm and o not in missed]
+    after = [o for o in outcomes if o.after_sigterm and o not in missed]
     assert before and {o.status for o in before} == {200}
     assert any(o.status == 200 for o in after)  # in flight at SIGTERM: answered
     stopped = [o for o in after if o.status == 503]
@@ -159,6 +165,6 @@ def test_sigterm_under_load_answers_every_request_and_resets_none(tmp_path: Path
         ledger.close()
     assert not [e for e in entries if e.outcome == "pending"]
     charged = sorted(round(e.cost.epsilon, 9) for e in entries if e.outcome != "refunded")
-    told = sorted(round(o.epsilon, 9) for o in outcomes if o.status == 200)
+    told = sorted(round(o.epsilon, 9) for o in outcomes if o.status == 200 or o in missed)
     assert charged == told
     assert "Traceback" not in log, log[-3000:]
