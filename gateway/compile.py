@@ -119,7 +119,7 @@ def compile_plan(
         )
     if keys:
         query = query.group_by(*[exp.column(f"k{i}", quoted=True) for i in range(len(keys))])
-    query = for_engine(query, table, dialect)
+    query = for_engine(query, table, dialect, plan.join.tables if plan.join else None)
     # The tree is this call's own (no node of the plan is in it), so the generator may
     # work on it in place: copying it cost a third of compiling.
     sql = query.sql(dialect=dialects.dialect(dialect), copy=False)
