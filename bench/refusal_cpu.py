@@ -27,11 +27,18 @@ CASES = {
     "99k parentheses": {"sql": WHERE + "(" * 99_000},
     "24k NOT": {"sql": WHERE + "NOT " * 24_000 + "age > 1"},
     "96 kB AND chain": {"sql": WHERE + " AND ".join(["age > 1"] * 8000)},
+    # Under the token cap: refused by the count of ANDs and ORs, before the parser.
+    "1,990-term AND chain": {"sql": WHERE + " AND ".join(["age > 1"] * 1990)},
+    # At the count of ANDs: parsed, refused by the expression's size (max_nodes).
+    "512-term AND chain": {"sql": WHERE + " AND ".join(["age > 1"] * 512)},
+    "1,990-term + chain": {"sql": WHERE + " + ".join(["age"] * 1990) + " > 1"},
     "49k-value IN list": {"sql": WHERE + "age IN (" + ",".join(["1"] * 49_000) + ")"},
     "99k-char string": {"sql": WHERE + "city = '" + "x" * 99_000 + "'"},
     "7,000 junk tokens": {"sql": WHERE + " ".join(["#>"] * 7_000)},
     "CASE 60 deep": {"sql": WHERE + "CASE WHEN " * 60 + "age > 1" + " THEN TRUE END" * 60},
     "ABS 40 deep": {"sql": WHERE + "ABS(" * 40 + "age" + ")" * 40 + " > 1"},
+    "99k-digit number in SQL": {"sql": WHERE + "age > " + "9" * 99_000},
+    "4,000-digit ε": {"sql": "SELECT COUNT(*) FROM patients", "epsilon": 10**4000},
 }
 RAW = {
     "1 MB of [": "[" * 999_000,

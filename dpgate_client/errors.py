@@ -35,7 +35,9 @@ user (Superset and Jupyter show it verbatim)::
             ├── ConflictError                409 conflict (e.g. analyst name taken)
             ├── RateLimitedError             429 rate_limited
             ├── DatabaseUnavailableError     503 database_unavailable
-            └── LedgerUnavailableError       503 ledger_unavailable
+            ├── LedgerUnavailableError       503 ledger_unavailable
+            └── ShuttingDownError            503 shutting_down (the server is stopping;
+                                             nothing was run: send it again)
 
 Every code the gateway can send has its class here (``tests/test_client.py`` pins the
 map against the gateway's own list). The base classes are named exactly as PEP 249
@@ -74,6 +76,7 @@ __all__ = [
     "ProgrammingError",
     "RateLimitedError",
     "SQLSyntaxError",
+    "ShuttingDownError",
     "UnknownColumnError",
     "UnknownTableError",
     "UnsupportedQueryError",
@@ -313,6 +316,15 @@ class LedgerUnavailableError(OperationalError):
     status = 503
 
 
+class ShuttingDownError(OperationalError):
+    """The gateway instance is stopping (SIGTERM) and did not run the request: nothing
+    was released or spent, so sending it again is safe — to another instance behind the
+    same address, or to this one once it is back (the answer says ``Retry-After: 1``)."""
+
+    code = "shutting_down"
+    status = 503
+
+
 #: The class for each error code the gateway sends.
 _BY_CODE: Mapping[str, type[Error]] = MappingProxyType(
     {
@@ -334,6 +346,7 @@ _BY_CODE: Mapping[str, type[Error]] = MappingProxyType(
             RateLimitedError,
             DatabaseUnavailableError,
             LedgerUnavailableError,
+            ShuttingDownError,
             InternalError,
         )
     }

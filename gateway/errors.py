@@ -21,7 +21,8 @@ Messages and details never carry values read from protected rows.
     ├── Conflict (409 conflict)                     e.g. an analyst name already taken
     ├── RateLimited (429 rate_limited)
     ├── DatabaseUnavailable (503 database_unavailable)
-    └── LedgerUnavailable (503 ledger_unavailable)
+    ├── LedgerUnavailable (503 ledger_unavailable)
+    └── ShuttingDown (503 shutting_down)           ``dpgate serve`` is stopping
 """
 
 from __future__ import annotations
@@ -156,6 +157,16 @@ class LedgerUnavailable(GatewayError):
     status = 503
 
 
+class ShuttingDown(GatewayError):
+    """``dpgate serve`` is stopping: a connection accepted after SIGTERM is answered with
+    this (``Retry-After: 1``, ``Connection: close``) instead of being reset. The request
+    was not read by the gateway, so nothing was run or charged; send it again (to
+    another instance, or to this one once it is back)."""
+
+    code = "shutting_down"
+    status = 503
+
+
 ALL_ERRORS: tuple[type[GatewayError], ...] = (
     GatewayError,
     InvalidRequest,
@@ -174,4 +185,5 @@ ALL_ERRORS: tuple[type[GatewayError], ...] = (
     RateLimited,
     DatabaseUnavailable,
     LedgerUnavailable,
+    ShuttingDown,
 )

@@ -37,6 +37,7 @@ from gateway.config import TableConfig
 from gateway.constraints import bounded_columns, enforced_columns
 from gateway.domain import declared_values
 from gateway.engines import SQLGLOT_DIALECTS
+from gateway.engines.catalogue import sqlite_keys_never_null
 from gateway.errors import DatabaseUnavailable, UnsupportedQuery
 
 log = logging.getLogger("dpgate.execute")
@@ -180,7 +181,7 @@ def run_aggregate(engine: sa.Engine, sql: str, *, timeout_ms: int) -> list[tuple
     except sa.exc.SQLAlchemyError as e:
         log.warning("protected database unreachable: %s", type(getattr(e, "orig", e)).__name__)
         raise DatabaseUnavailable(
-            "the protected database could not be reached; nothing was charged"
+            "the protected database could not be reached; nothing was charged", charged=False
         ) from None
     with conn:
         try:
@@ -189,7 +190,8 @@ def run_aggregate(engine: sa.Engine, sql: str, *, timeout_ms: int) -> list[tuple
         except sa.exc.SQLAlchemyError as e:
             log.warning("could not prepare a connection: %s", type(getattr(e, "orig", e)).__name__)
             raise DatabaseUnavailable(
-                "the protected database could not be reached; nothing was charged"
+                "the protected database could not be reached; nothing was charged",
+                charged=False,
             ) from None
         timer = _arm_timeout(engine, raw, deadline)
         try:
@@ -496,11 +498,12 @@ def nullability_by_schema(
     """Per table, per declared column: whether the database's catalogue lets it hold NULL
     (``nullable`` in the config defaults to this; docs/privacy.md, "The domain model").
 
-    A column of a primary key is NOT NULL whatever its declaration says (SQLite reports an
-    ``INTEGER PRIMARY KEY`` as nullable, yet it never holds NULL). Read once, at start-up,
-    from the catalogue (schema metadata, never rows; DuckDB's from ``duckdb_columns()``);
-    a table or column the catalogue does not describe is left out (and taken to be
-    nullable).
+    A column of a primary key is NOT NULL whatever its declaration says — in SQLite only
+    where the engine enforces it (``gateway.engines.catalogue.sqlite_keys_never_null``:
+    the rowid alias, a ``WITHOUT ROWID`` table's key; any other SQLite key may hold
+    NULL). Read once, at start-up, from the catalogue (schema metadata, never rows;
+    DuckDB's from ``duckdb_columns()``); a table or column the catalogue does not
+    describe is left out (and taken to be nullable).
     """
     out: dict[str, dict[str, bool]] = {}
     try:
@@ -517,7 +520,10 @@ def nullability_by_schema(
             if not inspector.has_table(t.sql_name, schema=t.schema):
                 continue
             pk = inspector.get_pk_constraint(t.sql_name, schema=t.schema)
-            keys = {str(c).lower() for c in pk.get("constrained_columns") or []}
+            primary = tuple(str(c) for c in pk.get("constrained_columns") or [])
+            if engine.dialect.name == "sqlite":  # a SQLite key may hold NULL (see there)
+                primary = sqlite_keys_never_null(engine, t.sql_name, t.schema, primary)
+            keys = {c.lower() for c in primary}
             columns = inspector.get_columns(t.sql_name, schema=t.schema)
             out[key] = {
                 str(c["name"]).lower(): bool(c.get("nullable", True))

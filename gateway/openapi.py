@@ -42,6 +42,7 @@ from gateway.errors import (
     InvalidRequest,
     NotFound,
     RateLimited,
+    ShuttingDown,
     Unauthenticated,
 )
 
@@ -223,6 +224,13 @@ def _error_responses(errors: Iterable[type[GatewayError]]) -> dict[str, Schema]:
                 "description": "Seconds until the limit resets.",
                 "schema": {"type": "integer", "minimum": 1},
             }
+        elif "shutting_down" in codes:
+            headers["Retry-After"] = {
+                "description": "With `shutting_down`: seconds until the request may be sent "
+                "again (1; the front door of a stopping `dpgate serve` sends it, and no "
+                "`X-Request-Id`: the request was not run).",
+                "schema": {"type": "integer", "minimum": 1},
+            }
         out[str(status)] = {
             "description": ", ".join(codes),
             "headers": headers,
@@ -242,6 +250,7 @@ def _operation(endpoint: str, method: str, doc: EndpointDoc, path_params: list[S
     if doc.rate_limited:
         errors.append(RateLimited)
     errors.append(GatewayError)  # internal
+    errors.append(ShuttingDown)  # any request reaching a stopping `dpgate serve`
     parameters = list(path_params)
     for name, schema in doc.query.items():
         parameters.append(

@@ -205,6 +205,7 @@ def _run_gunicorn(
     factory: Callable[[], Flask], *, host: str, port: int, workers: int, affinity: str
 ) -> None:
     from gunicorn.app.base import BaseApplication
+    from gunicorn.arbiter import Arbiter
 
     from gateway.serve_workers import balanced_worker_class, pin_worker
 
@@ -251,7 +252,19 @@ def _run_gunicorn(
         "control_socket_disable": True,
     }
 
+    class GatewayArbiter(Arbiter):
+        def stop(self, graceful: bool = True) -> None:
+            connections.server_stops()  # before the workers hear of it (serve_workers)
+            super().stop(graceful)
+
     class GatewayServer(BaseApplication):
+        def run(self) -> None:
+            try:
+                GatewayArbiter(self).run()
+            except RuntimeError as e:  # as gunicorn's own run(): a bind error, say
+                print(f"\nError: {e}\n", file=sys.stderr)
+                sys.exit(1)
+
         def load_config(self) -> None:
             for key, value in options.items():
                 if key in self.cfg.settings:  # older gunicorns lack some settings

@@ -45,19 +45,25 @@ served as before.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import json
 import multiprocessing
 import os
 import re
 import select
 import selectors
 import socket
+import struct
+import sys
 import time
 from functools import partial
 from typing import Any, ClassVar
 
 from gunicorn.http2 import negotiation
 from gunicorn.workers.gthread import TConn, ThreadWorker
+
+from gateway.errors import ShuttingDown
 
 _ABSENT = -1  # a slot no live worker holds
 # How long a pool thread that has just answered on a keep-alive connection waits there
@@ -80,10 +86,12 @@ _CHUNKED = re.compile(rb"\r\ntransfer-encoding:[^\r]*chunked", re.IGNORECASE)
 #: How long a connection accepted while the worker stops may take to send its request
 #: (then answered 503, ``Connection: close``).
 STOPPING_READ_TIMEOUT_S = 1.0
-_STOPPING_BODY = (
-    b'{"ok": false, "status": 503, "error": {"code": "shutting_down", '
-    b'"message": "this gateway is shutting down; send the request again", "detail": {}}}'
-)
+_STOPPING_BODY = json.dumps(
+    ShuttingDown(
+        "this gateway is shutting down; nothing was run or charged: send the request again",
+        charged=False,
+    ).to_dict()
+).encode()
 _STOPPING_RESPONSE = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nRetry-After: 1\r\n"
     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
@@ -139,6 +147,7 @@ class ConnectionTable:
             os.set_blocking(read_end, False)
             os.set_blocking(write_end, False)
         self._owners: dict[int, int] = {}  # slot → worker age (master only)
+        self._server_stopping = multiprocessing.RawValue("b", 0)
 
     # -- the master ----------------------------------------------------------------------
 
@@ -158,7 +167,16 @@ class ConnectionTable:
             del self._owners[slot]
             self.leave(slot)
 
+    def server_stops(self) -> None:
+        """The whole server stops (not a reload, not one worker): set before the master
+        signals its workers, so that they may close the shared listeners for good."""
+        self._server_stopping.value = 1
+
     # -- a worker ------------------------------------------------------------------------
+
+    @property
+    def server_stopping(self) -> bool:
+        return bool(self._server_stopping.value)
 
     def wake_fd(self, slot: int) -> int:
         return self._pipes[slot][0]
@@ -336,7 +354,11 @@ class BalancedThreadWorker(ThreadWorker):
 
     def murder_keepalived(self, force: bool = False) -> None:
         """gunicorn's reaping of idle connections, and of requests past their deadline
-        (408, closed)."""
+        (408, closed). Forced — the stopping worker's last step before it closes its
+        listeners — it first answers 503 whatever connections the kernel still holds
+        for it (``_refuse_queued``)."""
+        if force and not self.alive:
+            self._refuse_queued()
         super().murder_keepalived(force)
         now = time.monotonic()
         for conn in list(self._reading.values()):
@@ -352,6 +374,38 @@ class BalancedThreadWorker(ThreadWorker):
         if not self.alive and not self._drained and self.nr_conns <= len(self._refusing):
             self._drained = True  # every request in flight is answered: stop accepting
             super().set_accept_enabled(False)
+
+    def _refuse_queued(self) -> None:
+        """Answer ``503 shutting_down`` on the connections waiting in the listeners'
+        queues. Once its requests in flight are answered a stopping worker stops
+        accepting; connections made after that wait in the kernel's queue, and closing
+        the listener would reset each of them — a request sent and never answered.
+
+        When the whole server stops, the listeners first take no new connection
+        (``_refuse_handshakes``): a client connecting from then on is refused at
+        connect, before it has sent anything, and the queue is answered to its end.
+        Otherwise (a reload's old worker: the listeners stay open for the others) this
+        worker answers what waits for it now, for at most ``STOPPING_READ_TIMEOUT_S``."""
+        place = self._place()
+        closing = place is not None and place[0].server_stopping
+        if closing:
+            _refuse_handshakes(self.sockets)
+        deadline = time.monotonic() + STOPPING_READ_TIMEOUT_S
+        for listener in self.sockets:
+            with contextlib.suppress(OSError):
+                listener.setblocking(False)
+        while closing or time.monotonic() < deadline:
+            accepted = 0
+            for listener in self.sockets:
+                try:
+                    sock, _ = listener.accept()
+                except OSError:  # EAGAIN: none waiting (or the listener is gone)
+                    continue
+                accepted += 1
+                # Past the deadline, a connection that sends nothing is not waited for.
+                _refuse_now(sock, max(deadline, time.monotonic() + 0.05))
+            if not accepted:
+                return
 
     def handle(self, conn: Any) -> Any:
         """Serve a request, then the connection's next ones while they come whole within
@@ -380,6 +434,50 @@ class BalancedThreadWorker(ThreadWorker):
             and not self.cfg.is_ssl
             and not getattr(conn, "is_http2", False)
         )
+
+
+#: A classic BPF program of one instruction, ``ret #0``: every packet dropped.
+_DROP_ALL = struct.pack("HBBI", 0x06, 0, 0, 0)
+_SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)  # asm-generic/socket.h
+
+
+def _refuse_handshakes(listeners: list[Any]) -> None:
+    """Make ``listeners`` complete no new TCP handshake (Linux): a socket filter that
+    drops every packet, attached to a listening socket, drops the SYNs (and the last ACKs
+    of handshakes begun). The client retries its SYN a second later, finds the port
+    closed by then and is refused — before it has sent a byte. Connections already in
+    the queue are untouched. Elsewhere, or without the right, nothing changes."""
+    if not sys.platform.startswith("linux"):
+        return
+    program = ctypes.create_string_buffer(_DROP_ALL)  # copied by the kernel on attach
+    fprog = struct.pack("HP", 1, ctypes.addressof(program))  # struct sock_fprog
+    for listener in listeners:
+        with contextlib.suppress(OSError):
+            getattr(listener, "sock", listener).setsockopt(
+                socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog
+            )
+
+
+def _refuse_now(sock: socket.socket, deadline: float) -> None:
+    """Read a connection's request whole (until ``deadline``), answer it ``503
+    shutting_down`` and close it without a reset: a socket closed with unread bytes
+    sends one, so what the client sends until it closes its end is read and dropped."""
+    received = bytearray()
+    with contextlib.suppress(OSError):
+        sock.setblocking(True)
+        while not _whole_request(received):
+            sock.settimeout(max(0.0, deadline - time.monotonic()))
+            data = sock.recv(PREREAD_HEAD_BYTES)
+            if not data:
+                break
+            received += data
+    with contextlib.suppress(OSError):
+        sock.settimeout(max(0.05, deadline - time.monotonic()))
+        sock.sendall(_STOPPING_RESPONSE)
+        sock.shutdown(socket.SHUT_WR)
+        while sock.recv(PREREAD_HEAD_BYTES):  # until the client, answered, closes
+            pass
+    sock.close()
 
 
 def _whole_within(conn: Any) -> bool:

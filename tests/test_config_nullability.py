@@ -76,3 +76,67 @@ def test_the_demo_declares_every_column_nullability(demo_db: Path, tmp_path: Pat
     result = CliRunner().invoke(main, ["config", "check", str(path)])
     assert result.exit_code == 0, result.output
     assert "Nullable only by the catalogue" not in result.output
+
+
+def test_only_a_sqlite_key_that_cannot_hold_null_is_taken_as_not_null(tmp_path: Path) -> None:
+    """SQLite lets a PRIMARY KEY column hold NULL, except the rowid alias (``INTEGER
+    PRIMARY KEY``) and a ``WITHOUT ROWID`` table's key: config check says so in both of
+    its reports, and the gateway's nullability (the auditor's NULL cells) agrees."""
+    from gateway.config import load_config
+    from gateway.execute import nullability_by_schema, open_protected_engine
+
+    db = tmp_path / "keys.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE a (row_id INTEGER PRIMARY KEY, person INTEGER, n INTEGER)")
+        conn.execute("CREATE TABLE b (code TEXT PRIMARY KEY, person INTEGER)")
+        conn.execute("CREATE TABLE c (tag TEXT PRIMARY KEY, person INTEGER) WITHOUT ROWID")
+        conn.execute("CREATE TABLE d (num INT PRIMARY KEY, person INTEGER)")  # INT: no alias
+        conn.execute("INSERT INTO b VALUES (NULL, 1)")  # what SQLite lets a key hold
+        conn.execute("INSERT INTO d VALUES (NULL, 1)")
+    column = {"type": "integer", "lower": 0, "upper": 10}
+    tables = {
+        "a": {"row_id": column, "n": column},
+        "b": {"code": {"type": "text"}},
+        "c": {"tag": {"type": "text"}},
+        "d": {"num": column},
+    }
+    path = tmp_path / "keys.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "database": {"url": f"sqlite:///{db}"},
+                "ledger": {"url": f"sqlite:///{tmp_path / 'ledger.db'}"},
+                "tables": {
+                    name: {
+                        "privacy_unit": "person",
+                        "columns": {"person": {"type": "integer"}, **columns},
+                    }
+                    for name, columns in tables.items()
+                },
+            }
+        )
+    )
+    result = CliRunner().invoke(main, ["config", "check", str(path)])
+    assert result.exit_code == 0, result.output
+    schema, notes = result.output.split("Nullable only by the catalogue", 1)
+    listed = [line.strip() for line in schema.splitlines() if "may hold NULL:" in line]
+    assert listed[:4] == [
+        "may hold NULL: n, person",  # row_id, the rowid alias, is not there
+        "may hold NULL: code, person",
+        "may hold NULL: person",  # tag: the key of a WITHOUT ROWID table
+        "may hold NULL: num, person",
+    ]
+    named = {line.split(":")[0] for line in notes.splitlines() if line.startswith("  - ")}
+    assert named == {
+        "  - tables.a.columns.n",
+        "  - tables.b.columns.code",
+        "  - tables.d.columns.num",
+    }
+    cfg = load_config(str(path))
+    engine = open_protected_engine(cfg.database.url, statement_timeout_ms=5000)
+    try:
+        nullable = nullability_by_schema(engine, cfg.tables)
+    finally:
+        engine.dispose()
+    assert (nullable["a"]["row_id"], nullable["b"]["code"]) == (False, True)
+    assert (nullable["c"]["tag"], nullable["d"]["num"]) == (False, True)

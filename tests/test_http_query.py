@@ -334,6 +334,7 @@ def test_an_unreachable_database_is_refunded(make_gateway: Callable[..., Gateway
     body = resp.get_json()
     assert_envelope(body, 503, "database_unavailable")
     assert "nothing was charged" in body["error"]["message"]
+    assert body["error"]["detail"]["charged"] is False  # what the ledger says: refunded
     budget = client.get("/v1/budget", headers=h).get_json()["budget"]
     assert budget["rho_spent"] == 0.0
     history = client.get("/v1/queries", headers=h).get_json()["queries"]

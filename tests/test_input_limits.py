@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from flask.testing import FlaskClient
 
-from gateway.analyze.limits import MAX_NESTING, MAX_TOKENS
+from gateway.analyze.limits import MAX_CONNECTIVES, MAX_NESTING, MAX_TOKENS
 from gateway.errors import InvalidRequest, SqlSyntaxError, UnsupportedQuery
 from gateway.pgwire.server import WireServer
 from gateway.pipeline import Gateway
@@ -45,6 +45,11 @@ HOSTILE_SQL: dict[str, tuple[str, str]] = {
     "case": (COUNT + nested("CASE WHEN ", "age > 1", " THEN TRUE END", 200), "unsupported_query"),
     "json operator": ("SELECT COUNT(*) FROM patients WHERE #> 1", "sql_syntax"),
     "and chain": (COUNT + " AND ".join(["age > 1"] * 8_000), "unsupported_query"),
+    # Under the token cap: the count of ANDs and ORs refuses it before the parser.
+    "or chain under the token cap": (
+        COUNT + " OR ".join(["age = 1"] * 1_990),
+        "unsupported_query",
+    ),
     "nul in a literal": (COUNT + "city = '\x00'", "unsupported_query"),
     "abs past sqlite's parser": (
         COUNT + nested("ABS(", "age", ")", 22) + " > 1",
@@ -145,6 +150,35 @@ def test_honest_input_just_inside_the_limits_is_answered(
         content_type="application/json",
     )
     assert resp.status_code == 200, resp.get_json()
+
+
+def test_a_long_connective_chain_is_one_level_and_its_terms_are_counted(
+    ask: Callable[..., Any], gateway: Gateway
+) -> None:
+    """sqlglot builds ``a OR b OR c …`` as a left-deep tree, but the query is flat: a chain
+    of 40 terms (an IN list written out) is answered, though its tree is 40 deep
+    (``max_depth`` is 32); its length is what is bounded, by ``max_connectives`` before
+    parsing (and ``max_nodes`` after it)."""
+    from gateway.analyze.totality import MAX_DEPTH
+
+    terms = MAX_DEPTH + 8
+    status, body = ask(COUNT + " OR ".join(f"age = {i}" for i in range(terms)), epsilon=0.1)
+    assert status == 200, body
+    status, body = ask(COUNT + " AND ".join(f"age > {i}" for i in range(terms)), epsilon=0.1)
+    assert status == 200, body
+    # Chains inside chains still nest: each parenthesised OR in an AND is a level.
+    deep = "age > 1"
+    for i in range(MAX_DEPTH):
+        deep = f"(age = {i} OR {deep})" if i % 2 else f"(age > {i} AND {deep})"
+    status, body = ask(COUNT + deep, epsilon=0.1)
+    assert status == 400 and body["error"]["detail"]["limit"] == "max_depth", body
+    spent_before = spent(gateway)
+    # n terms, n - 1 ORs
+    status, body = ask(COUNT + " OR ".join(["age = 1"] * (MAX_CONNECTIVES + 2)), epsilon=0.1)
+    assert status == 400 and body["error"]["detail"]["limit"] == "max_connectives", body
+    status, body = ask(COUNT + " OR ".join(["age = 1"] * (MAX_CONNECTIVES + 1)), epsilon=0.1)
+    assert status == 400 and body["error"]["detail"]["limit"] == "max_nodes", body
+    assert spent(gateway) == spent_before
 
 
 def test_the_limits_are_where_their_names_say() -> None:

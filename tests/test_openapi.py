@@ -61,13 +61,17 @@ def test_paths_methods_and_parameters_come_from_the_url_map() -> None:
     ]
     assert op["security"] == [{"bearerAuth": []}]
     # Declared errors plus the ones every such operation can answer with.
-    assert set(op["responses"]) == {"200", "401", "403", "404", "429", "500"}
+    assert set(op["responses"]) == {"200", "401", "403", "404", "429", "500", "503"}
     forbidden = op["responses"]["403"]["content"]["application/json"]["schema"]
     assert forbidden["allOf"][1]["properties"]["error"]["properties"]["code"]["enum"] == [
         "budget_exhausted",
         "forbidden",
     ]
     assert "Retry-After" in op["responses"]["429"]["headers"]
+    # A stopping `dpgate serve` answers any request with it (gateway/serve_workers.py).
+    stopping = op["responses"]["503"]
+    assert stopping["description"] == "shutting_down"
+    assert "Retry-After" in stopping["headers"]
 
 
 def test_an_undocumented_route_is_reported() -> None:

@@ -6,7 +6,9 @@ recursion before any later pass could refuse it, and a long flat chain (``age > 
 …`` over 96 kB) costs seconds of CPU to parse and walk. Both are measured here on the
 tokens, in one linear pass, and refused — free — at a depth and a length no accepted
 query comes near: the analyzer's own caps (``gateway.analyze.totality``: 32 levels and
-512 nodes per expression, IN lists of 1,000 values) are far inside them.
+512 nodes per expression, IN lists of 1,000 values) are far inside them. A chain of ANDs
+or ORs is one level, not one per term (the parser's tree for it is left-deep, the query
+is flat): its length is bounded by counting its connectives here.
 
 A NUL character is refused too: no backend stores one in text (PostgreSQL rejects it,
 SQLite's C strings end at it), so a literal holding one would pass the analyzer and
@@ -26,6 +28,11 @@ from gateway.errors import UnsupportedQuery
 MAX_NESTING = 64
 #: Most tokens in one statement: an IN list of 1,000 values is 2,000 of them.
 MAX_TOKENS = 8_000
+#: Most ANDs and ORs in one statement. A chain of them (``x = 1 OR x = 2 OR …``) is one
+#: level of nesting however long it is (``gateway.analyze.totality``), so its length is
+#: bounded here, before the parser and the later passes spend time per term: an
+#: expression holds at most 512 nodes (``totality.MAX_NODES``), some 128 comparisons.
+MAX_CONNECTIVES = 512
 #: Most words and symbols in the text, counted before tokenizing: a token is one or two
 #: of them, except a string literal or quoted name (``gateway.analyze.totality`` caps
 #: their characters at 1,024 in all), so past this many the tokens are past MAX_TOKENS.
@@ -36,6 +43,7 @@ _OPEN = frozenset({TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE, To
 _CLOSE = frozenset({TokenType.R_PAREN, TokenType.R_BRACKET, TokenType.R_BRACE, TokenType.END})
 #: Operators that nest what follows them without a parenthesis.
 _PREFIX = frozenset({TokenType.NOT, TokenType.DASH, TokenType.PLUS, TokenType.TILDE})
+_CONNECTIVES = frozenset({TokenType.AND, TokenType.OR})
 
 
 def check_text(sql: str) -> None:
@@ -55,13 +63,23 @@ def check_text(sql: str) -> None:
 
 def check_nesting(tokens: Sequence[Token]) -> None:
     """Raise ``UnsupportedQuery`` (``detail.limit``) if the statement has more than
-    ``MAX_TOKENS`` tokens or nests deeper than ``MAX_NESTING``."""
+    ``MAX_TOKENS`` tokens or ``MAX_CONNECTIVES`` ANDs and ORs, or nests deeper than
+    ``MAX_NESTING``."""
     if len(tokens) > MAX_TOKENS:
         raise _limit(f"the query has more than {MAX_TOKENS:,} tokens", "max_tokens", MAX_TOKENS)
     outer: list[int] = []  # the nesting outside each open bracket
     depth = run = 0  # nesting of the open brackets; prefix operators just read
+    connectives = 0
     for token in tokens:
         kind = token.token_type
+        if kind in _CONNECTIVES:
+            connectives += 1
+            if connectives > MAX_CONNECTIVES:
+                raise _limit(
+                    f"the query has more than {MAX_CONNECTIVES} ANDs and ORs",
+                    "max_connectives",
+                    MAX_CONNECTIVES,
+                )
         if kind in _OPEN:
             outer.append(depth)
             depth += run + 1

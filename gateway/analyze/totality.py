@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import datetime
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,7 +54,11 @@ MAX_LIKE_WILDCARDS = 4
 #: Most values in one IN list.
 MAX_IN_LIST = 1_000
 #: Deepest nesting, and most nodes, in one row expression (the values of IN lists are
-#: not counted: a list is matched by lookup, not one comparison per value).
+#: not counted: a list is matched by lookup, not one comparison per value). A chain of
+#: one connective (``a AND b AND c``, ``x = 1 OR x = 2 OR …``) is one level however long
+#: it is: the parser builds it as a left-deep tree, but it is a list of terms, and its
+#: length is bounded by ``MAX_NODES`` here and by ``limits.MAX_CONNECTIVES`` before
+#: parsing.
 MAX_DEPTH = 32
 MAX_NODES = 512
 #: Most characters of string literals in one row expression, and most LIKE / ILIKE
@@ -143,7 +148,7 @@ class ExpressionTypes:
 def _check_size(node: exp.Expr, where: str) -> None:
     nodes = chars = likes = 0
     listed: set[int] = set()
-    for sub in node.walk():
+    for sub, depth in _with_depth(node):
         if isinstance(sub, exp.In):
             if len(sub.expressions) > MAX_IN_LIST:
                 raise _limit(
@@ -159,7 +164,7 @@ def _check_size(node: exp.Expr, where: str) -> None:
         likes += isinstance(sub, exp.Like | exp.ILike)
         if nodes > MAX_NODES:
             raise _limit(f"the expression in {where} is too large", "max_nodes", MAX_NODES)
-        if sub.depth > MAX_DEPTH:
+        if depth > MAX_DEPTH:
             raise _limit(f"the expression in {where} is nested too deeply", "max_depth", MAX_DEPTH)
         if chars > MAX_STRING_CHARS:
             raise _limit(
@@ -170,6 +175,20 @@ def _check_size(node: exp.Expr, where: str) -> None:
             )
         if likes > MAX_LIKES:
             raise _limit(f"{where} has more than {MAX_LIKES} LIKE matches", "max_likes", MAX_LIKES)
+
+
+def _with_depth(node: exp.Expr) -> Iterator[tuple[exp.Expr, int]]:
+    """Each node of ``node`` (parents before children) with its depth, ``node`` at 0,
+    where a connective chained in another of its kind (``AND`` under ``AND``, ``OR``
+    under ``OR``) is the same level as its parent: the depth of the expression as
+    written, not of sqlglot's left-deep tree. Iterative: no recursion on any tree."""
+    stack = [(node, 0)]
+    while stack:
+        sub, depth = stack.pop()
+        yield sub, depth
+        chain = type(sub) if isinstance(sub, exp.Connector) else None
+        for child in reversed(list(sub.iter_expressions())):
+            stack.append((child, depth if type(child) is chain else depth + 1))
 
 
 def _limit(message: str, limit: str, value: int) -> UnsupportedQuery:

@@ -117,12 +117,13 @@ def _read_reflected(engine: sa.Engine, t: TableConfig) -> TableFacts:
 
     pk = inspector.get_pk_constraint(t.sql_name, schema=t.schema)
     keys = tuple(str(c) for c in pk.get("constrained_columns") or [])
+    # A primary key holds no NULL, except in SQLite (see ``sqlite_keys_never_null``).
+    not_null_keys = sqlite_keys_never_null(engine, t.sql_name, t.schema, keys) if sqlite else keys
     columns = tuple(
         ColumnFacts(
             str(c["name"]),
             str(c["type"]),
-            # SQLite reports an INTEGER PRIMARY KEY as nullable, yet it never holds NULL
-            bool(c.get("nullable", True)) and not (not sqlite and str(c["name"]) in keys),
+            bool(c.get("nullable", True)) and str(c["name"]) not in not_null_keys,
         )
         for c in inspector.get_columns(t.sql_name, schema=t.schema)
     )
@@ -155,6 +156,40 @@ def _read_reflected(engine: sa.Engine, t: TableConfig) -> TableFacts:
         checks=tuple(checks),
         unread=tuple(unread),
     )
+
+
+def sqlite_keys_never_null(
+    engine: sa.Engine, table: str, schema: str | None, keys: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The primary-key columns (``keys``) of a SQLite table that can never hold NULL.
+
+    SQLite lets a PRIMARY KEY column hold NULL (a bug kept for compatibility), except
+    the rowid alias — a single-column ``INTEGER PRIMARY KEY`` of a rowid table, which
+    *is* the row's id — and the key of a ``WITHOUT ROWID`` table. The declaration has
+    quirks (``INT PRIMARY KEY`` is no alias, nor is ``INTEGER PRIMARY KEY DESC`` written
+    on the column), so the alias is recognised as SQLite itself compiles a read of the
+    column: ``EXPLAIN`` (a statement prepared, no row read) reads it with ``Rowid``, not
+    ``Column``. A NOT NULL constraint is the catalogue's own, read elsewhere."""
+    if not keys:
+        return ()
+    with engine.connect() as conn:
+        try:
+            without_rowid = conn.execute(
+                sa.text("SELECT wr FROM pragma_table_list WHERE name = :t AND schema = :s"),
+                {"t": table, "s": schema or "main"},
+            ).scalar()
+        except sa.exc.SQLAlchemyError:  # SQLite before 3.37: no table list; no claim
+            without_rowid = None
+        if without_rowid:
+            return keys
+        if len(keys) != 1:
+            return ()
+        read = exp.select(exp.column(keys[0], quoted=True)).from_(
+            exp.table_(table, db=schema, quoted=True)
+        )
+        plan = conn.exec_driver_sql("EXPLAIN " + read.sql("sqlite")).fetchall()
+    opcodes = {str(row[1]) for row in plan}
+    return keys if "Rowid" in opcodes and "Column" not in opcodes else ()
 
 
 # -- DuckDB: its own catalogue functions ----------------------------------------------

@@ -27,6 +27,7 @@ SQLSTATE_OF_CODE: dict[str, str] = {
     "rate_limited": "53000",  # insufficient_resources
     "database_unavailable": "58000",  # system_error (not 08xxx: the connection is fine)
     "ledger_unavailable": "58000",
+    "shutting_down": "57P01",  # admin_shutdown: PostgreSQL's own, for a server stopping
     "internal": "XX000",  # internal_error
 }
 
