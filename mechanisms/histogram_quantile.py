@@ -1,0 +1,194 @@
+"""A quantile chosen among the buckets of a fine histogram by the exponential mechanism,
+sampled exactly.
+
+The candidates are the N buckets of a public grid (fixed by the declared bounds, never by
+the data; thousands of them). The database returns the exact count of each non-empty
+bucket; bucket j holds the values at sorted positions L_j … A_j − 1 and scores
+u_j = −max(L_j − t, t − (A_j − 1), 0) for the target position t = p·(n − 1)
+(``mechanisms.quantile_utilities``: 0 for the bucket holding the target, minus its
+distance in ranks otherwise). Empty buckets between two non-empty ones share one score,
+so the N candidates fall into at most 2m + 1 *classes* (m non-empty buckets) of equal
+score, which is what makes thousands of candidates cheap.
+
+Each candidate's score becomes an integer *level* ℓ_j = min(⌈−u_j/Δ⌉, M) (Δ the
+utilities' sensitivity, M a public cap), and bucket j is chosen with probability
+∝ b^(−ℓ_j), for a rational b ≤ exp(ε/2). This is the exponential mechanism (McSherry &
+Talwar 2007) with base b on the integer utility −ℓ: its output is distributed like
+Tumult's interval mechanism (weight ∝ width × exp(−ε·gap/(2Δ))) on the grid's resolution.
+
+Everything is exact: b is a rational lower bound of exp(ε/2) (a partial Taylor sum), so
+every weight b^(M−ℓ) times a power of b's denominator is an integer, and the level is
+drawn by ``secrets.randbelow`` over the integer total, the bucket within its level by a
+second ``randbelow``. No floating point is involved, and the work is O(m + M) big-integer
+operations whatever the draw.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+
+#: b is a multiple of 2^-BASE_BITS: fine enough that 2·ln b is within 2^-30 of ε.
+BASE_BITS = 32
+#: The largest level cap M: the work is O(M) multiplications of O(M)-bit integers, and
+#: M grows as 1/ε; past it (ε under about 0.01 for a median) the farthest candidates share
+#: the last level, which only makes them likelier, never a privacy loss.
+MAX_LEVELS = 8192
+#: The levels cover ranks far enough that the mass past M is below 2^-TAIL_BITS of the
+#: best candidate's (when M is not capped).
+TAIL_BITS = 64
+
+
+@dataclass(frozen=True)
+class ScoreClass:
+    """A run of ``size`` consecutive buckets from ``start`` with the same score ``gap``
+    (−u, in ranks)."""
+
+    start: int
+    size: int
+    gap: Fraction
+
+
+def exp_half_lower(epsilon: Fraction) -> Fraction:
+    """A rational b with 1 ≤ b ≤ exp(ε/2), within 2^-BASE_BITS of it: a partial Taylor sum
+    of exp (every term is positive, so each partial sum is below it), rounded down."""
+    x = epsilon / 2
+    total, term, k = Fraction(1), Fraction(1), 0
+    while True:
+        k += 1
+        term = term * x / k
+        total += term
+        if term < Fraction(1, 1 << (BASE_BITS + 8)) and k > 2 * x:
+            break
+    return Fraction(math.floor(total * (1 << BASE_BITS)), 1 << BASE_BITS)
+
+
+def level_cap(epsilon: Fraction, buckets: int) -> int:
+    """M, from public values only: enough levels that the candidates past the cap weigh
+    at most 2^-TAIL_BITS of the best one together, at most ``MAX_LEVELS``."""
+    b = exp_half_lower(epsilon)
+    if b <= 1:
+        return 1
+    need = (math.log(buckets) + TAIL_BITS * math.log(2)) / math.log(float(b))
+    return max(1, min(MAX_LEVELS, math.ceil(need)))
+
+
+def score_classes(counts: Mapping[int, int], buckets: int, p: Fraction) -> Iterator[ScoreClass]:
+    """The buckets 0 … buckets − 1 as runs of equal score, in order: each non-empty bucket
+    alone, each run of empty ones between them together. ``counts`` maps a bucket to its
+    exact number of values (absent: none)."""
+    n = sum(counts.values())
+    t = p * (n - 1)
+    below = 0  # values in the buckets before the current one
+    position = 0
+    for j in sorted(counts):
+        c = counts[j]
+        if c <= 0:
+            continue
+        if j > position:
+            yield ScoreClass(position, j - position, _gap(below, below, t))
+        yield ScoreClass(j, 1, _gap(below, below + c, t))
+        below += c
+        position = j + 1
+    if position < buckets:
+        yield ScoreClass(position, buckets - position, _gap(below, below, t))
+
+
+def _gap(first: int, after: int, t: Fraction) -> Fraction:
+    """−u of a bucket holding positions first … after − 1 (``quantile_utilities``)."""
+    return max(first - t, t - (after - 1), Fraction(0))
+
+
+def choose_bucket(
+    counts: Mapping[int, int],
+    buckets: int,
+    p: Fraction,
+    sensitivity: Fraction,
+    epsilon: Fraction,
+) -> int:
+    """The index of one of ``buckets`` buckets for the p-quantile, by the exponential
+    mechanism over integer levels (see the module doc).
+
+    Guarantee: if one privacy unit can move every utility u_j by at most ``sensitivity``
+    = Δ (add/remove one unit, the neighbouring relation of docs/design.md; for quantile
+    utilities Δ = rows per unit × max(p, 1 − p), ``mechanisms.quantile_sensitivity``), the
+    chosen index is ε-DP. Proof: ⌈−u/Δ⌉ moves by at most 1 when −u moves by at most Δ, and
+    min(·, M) keeps that, so the levels have sensitivity 1; the exponential mechanism with
+    weights b^(−ℓ) is then (2·ln b)-DP (McSherry & Talwar 2007, Thm. 6: each weight and the
+    normaliser move by a factor at most b), and 2·ln b ≤ ε because b ≤ exp(ε/2)
+    (``exp_half_lower``). The candidate set (the grid) is public. Being pure ε-DP it is
+    also ε²/2-zCDP (Bun & Steinke 2016, Prop. 1.4). With actual movement d ≤ Δ the
+    guarantee does not improve (the ceiling can still move by one level).
+
+    Exact: both draws are ``secrets.randbelow`` over exact integers.
+    """
+    if buckets < 1:
+        raise ValueError("choose_bucket needs at least one bucket")
+    if epsilon <= 0 or sensitivity <= 0:
+        raise ValueError("choose_bucket needs epsilon > 0 and sensitivity > 0")
+    cap = level_cap(epsilon, buckets)
+    b = exp_half_lower(epsilon)
+    classes = list(score_classes(counts, buckets, p))
+    sizes: dict[int, int] = {}
+    for c in classes:
+        level = min(math.ceil(c.gap / sensitivity), cap)
+        sizes[level] = sizes.get(level, 0) + c.size
+    # weight of level ℓ ∝ S_ℓ · b^(cap − ℓ) = S_ℓ · B^(cap − ℓ) · D^ℓ / D^cap, b = B/D
+    big, den = b.numerator, b.denominator
+    levels = sorted(sizes)
+    weights = _level_weights(levels, sizes, big, den, cap)
+    pick = secrets.randbelow(sum(weights))
+    chosen = levels[-1]
+    for level, w in zip(levels, weights, strict=True):
+        if pick < w:
+            chosen = level
+            break
+        pick -= w
+    offset = secrets.randbelow(sizes[chosen])
+    for c in classes:
+        if min(math.ceil(c.gap / sensitivity), cap) != chosen:
+            continue
+        if offset < c.size:
+            return c.start + offset
+        offset -= c.size
+    raise AssertionError("unreachable: the offset lies in one of the level's classes")
+
+
+def _level_weights(
+    levels: list[int], sizes: Mapping[int, int], big: int, den: int, cap: int
+) -> list[int]:
+    """S_ℓ · B^(cap − ℓ) · D^ℓ for each level ℓ in ``levels`` (ascending), as integers:
+    the powers are carried from one level to the next by small multiplications."""
+    out: list[int] = []
+    power_b = big**cap  # B^(cap − ℓ) at ℓ = 0
+    level = 0
+    power_d = 1
+    for target in levels:
+        while level < target:
+            power_b //= big  # exact: big divides B^(cap − level) while level < cap
+            power_d *= den
+            level += 1
+        out.append(sizes[target] * power_b * power_d)
+    return out
+
+
+def fine_rank_halfwidth(epsilon: Fraction, sensitivity: Fraction, buckets: int) -> int | None:
+    """r such that, with probability ≥ 95%, the chosen bucket holds a value whose rank is
+    within r of the target rank — whatever the data (public values only); ``None`` when
+    the level cap leaves no such guarantee (tiny ε).
+
+    Relative to a level-0 candidate, all candidates at level ≥ L weigh at most
+    buckets·b^(−L) together, so P(level ≥ L) ≤ 5% for L = ⌈ln(20·buckets)/ln b⌉, and a
+    level-ℓ bucket holds a value within ℓ·Δ ranks of the target. The
+    best bucket (some bucket holds a position within 1 of the target) is at most at level
+    ℓ₀ = ⌈1/Δ⌉, so P(level ≥ ℓ₀ + L) ≤ 5% too."""
+    b = float(exp_half_lower(epsilon))
+    if b <= 1:
+        return None
+    level = math.ceil(math.log(20 * buckets) / math.log(b)) + math.ceil(1 / float(sensitivity))
+    if level > level_cap(epsilon, buckets):
+        return None
+    return math.ceil(level * float(sensitivity))
