@@ -124,14 +124,13 @@ def compile_plan(
     if keys:
         query = query.group_by(*[exp.column(f"k{i}", quoted=True) for i in range(len(keys))])
     histograms = [o.quantile for o in plan.outputs if o.quantile is not None]
-    if histograms:
-        query = _with_histograms(query, plan, len(keys))
-    query = for_engine(query, table, dialect)
+    statement: exp.Query = _with_histograms(query, plan, len(keys)) if histograms else query
+    statement = for_engine(statement, table, dialect)
     # The tree is this call's own (no node of the plan is in it), so the generator may
     # work on it in place: copying it cost a third of compiling.
-    sql = query.sql(dialect=dialects.dialect(dialect), copy=False)
+    sql = statement.sql(dialect=dialects.dialect(dialect), copy=False)
     if isinstance(domain, exp.Column) and domain.name == _DOMAIN_MARK:
-        sql = _with_domain_filter(sql, table, dialect, query)
+        sql = _with_domain_filter(sql, table, dialect, statement)
     return CompiledQuery(
         sql=sql,
         n_keys=len(plan.group_keys),
@@ -431,7 +430,8 @@ def _with_histograms(query: exp.Select, plan: QueryPlan, n_keys: int) -> exp.Que
     else:
         shared = None
     n_values = len(query.expressions) - n_keys
-    nothing = exp.Cast(this=exp.Null(), to=data_type("BIGINT"))
+    nothing = exp.Null()  # typed by the other branch (a CAST would make ClickHouse's
+    # supertype of its UInt64 counts and Int64 sums a String)
     branches = [query.select(*_aliased([nothing.copy() for _ in range(3)], "h"), copy=False)]
     quantiles = [o for o in plan.outputs if o.quantile is not None]
     for q, o in enumerate(quantiles):

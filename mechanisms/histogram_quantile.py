@@ -30,6 +30,7 @@ import secrets
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 
 #: b is a multiple of 2^-BASE_BITS: fine enough that 2·ln b is within 2^-30 of ε.
 BASE_BITS = 32
@@ -43,15 +44,15 @@ TAIL_BITS = 64
 
 
 @dataclass(frozen=True)
-class ScoreClass:
-    """A run of ``size`` consecutive buckets from ``start`` with the same score ``gap``
-    (−u, in ranks)."""
+class LevelRun:
+    """A run of ``size`` consecutive buckets from ``start`` at the same ``level``."""
 
     start: int
     size: int
-    gap: Fraction
+    level: int
 
 
+@lru_cache(maxsize=256)
 def exp_half_lower(epsilon: Fraction) -> Fraction:
     """A rational b with 1 ≤ b ≤ exp(ε/2), within 2^-BASE_BITS of it: a partial Taylor sum
     of exp (every term is positive, so each partial sum is below it), rounded down."""
@@ -66,6 +67,7 @@ def exp_half_lower(epsilon: Fraction) -> Fraction:
     return Fraction(math.floor(total * (1 << BASE_BITS)), 1 << BASE_BITS)
 
 
+@lru_cache(maxsize=256)
 def level_cap(epsilon: Fraction, buckets: int) -> int:
     """M, from public values only: enough levels that the candidates past the cap weigh
     at most 2^-TAIL_BITS of the best one together, at most ``MAX_LEVELS``."""
@@ -76,12 +78,26 @@ def level_cap(epsilon: Fraction, buckets: int) -> int:
     return max(1, min(MAX_LEVELS, math.ceil(need)))
 
 
-def score_classes(counts: Mapping[int, int], buckets: int, p: Fraction) -> Iterator[ScoreClass]:
-    """The buckets 0 … buckets − 1 as runs of equal score, in order: each non-empty bucket
-    alone, each run of empty ones between them together. ``counts`` maps a bucket to its
-    exact number of values (absent: none)."""
-    n = sum(counts.values())
-    t = p * (n - 1)
+def level_runs(
+    counts: Mapping[int, int], buckets: int, p: Fraction, sensitivity: Fraction, cap: int
+) -> Iterator[LevelRun]:
+    """The buckets 0 … buckets − 1 as runs of one level, in order: each non-empty bucket
+    alone, each run of empty ones between them together (they share their score).
+    ``counts`` maps a bucket to its exact number of values (absent: none).
+
+    The level of a bucket holding positions L … A − 1 is min(⌈g/Δ⌉, cap) with
+    g = max(L − t, t − (A − 1), 0) = −u (``mechanisms.quantile_utilities``), computed in
+    integers: with p = a/q and Δ = s/d, ⌈g/Δ⌉ = ⌈G·d/(q·s)⌉ for G = q·g."""
+    n = sum(c for c in counts.values() if c > 0)
+    a, q = p.numerator, p.denominator
+    qt = a * (n - 1)  # q·t
+    unit = q * sensitivity.numerator
+    per = sensitivity.denominator
+
+    def level(first: int, after: int) -> int:
+        g = max(q * first - qt, qt - q * (after - 1), 0)
+        return min(-(-g * per // unit), cap)
+
     below = 0  # values in the buckets before the current one
     position = 0
     for j in sorted(counts):
@@ -89,17 +105,12 @@ def score_classes(counts: Mapping[int, int], buckets: int, p: Fraction) -> Itera
         if c <= 0:
             continue
         if j > position:
-            yield ScoreClass(position, j - position, _gap(below, below, t))
-        yield ScoreClass(j, 1, _gap(below, below + c, t))
+            yield LevelRun(position, j - position, level(below, below))
+        yield LevelRun(j, 1, level(below, below + c))
         below += c
         position = j + 1
     if position < buckets:
-        yield ScoreClass(position, buckets - position, _gap(below, below, t))
-
-
-def _gap(first: int, after: int, t: Fraction) -> Fraction:
-    """−u of a bucket holding positions first … after − 1 (``quantile_utilities``)."""
-    return max(first - t, t - (after - 1), Fraction(0))
+        yield LevelRun(position, buckets - position, level(below, below))
 
 
 def choose_bucket(
@@ -120,8 +131,7 @@ def choose_bucket(
     weights b^(−ℓ) is then (2·ln b)-DP (McSherry & Talwar 2007, Thm. 6: each weight and the
     normaliser move by a factor at most b), and 2·ln b ≤ ε because b ≤ exp(ε/2)
     (``exp_half_lower``). The candidate set (the grid) is public. Being pure ε-DP it is
-    also ε²/2-zCDP (Bun & Steinke 2016, Prop. 1.4). With actual movement d ≤ Δ the
-    guarantee does not improve (the ceiling can still move by one level).
+    also ε²/2-zCDP (Bun & Steinke 2016, Prop. 1.4).
 
     Exact: both draws are ``secrets.randbelow`` over exact integers.
     """
@@ -131,15 +141,13 @@ def choose_bucket(
         raise ValueError("choose_bucket needs epsilon > 0 and sensitivity > 0")
     cap = level_cap(epsilon, buckets)
     b = exp_half_lower(epsilon)
-    classes = list(score_classes(counts, buckets, p))
+    runs = list(level_runs(counts, buckets, p, sensitivity, cap))
     sizes: dict[int, int] = {}
-    for c in classes:
-        level = min(math.ceil(c.gap / sensitivity), cap)
-        sizes[level] = sizes.get(level, 0) + c.size
+    for r in runs:
+        sizes[r.level] = sizes.get(r.level, 0) + r.size
     # weight of level ℓ ∝ S_ℓ · b^(cap − ℓ) = S_ℓ · B^(cap − ℓ) · D^ℓ / D^cap, b = B/D
-    big, den = b.numerator, b.denominator
     levels = sorted(sizes)
-    weights = _level_weights(levels, sizes, big, den, cap)
+    weights = _level_weights(levels, sizes, b.numerator, b.denominator, cap)
     pick = secrets.randbelow(sum(weights))
     chosen = levels[-1]
     for level, w in zip(levels, weights, strict=True):
@@ -148,31 +156,36 @@ def choose_bucket(
             break
         pick -= w
     offset = secrets.randbelow(sizes[chosen])
-    for c in classes:
-        if min(math.ceil(c.gap / sensitivity), cap) != chosen:
+    for r in runs:
+        if r.level != chosen:
             continue
-        if offset < c.size:
-            return c.start + offset
-        offset -= c.size
-    raise AssertionError("unreachable: the offset lies in one of the level's classes")
+        if offset < r.size:
+            return r.start + offset
+        offset -= r.size
+    raise AssertionError("unreachable: the offset lies in one of the level's runs")
 
 
 def _level_weights(
     levels: list[int], sizes: Mapping[int, int], big: int, den: int, cap: int
 ) -> list[int]:
     """S_ℓ · B^(cap − ℓ) · D^ℓ for each level ℓ in ``levels`` (ascending), as integers:
-    the powers are carried from one level to the next by small multiplications."""
+    the powers are carried from one level to the next by small divisions and
+    multiplications (D is a power of two: a shift)."""
     out: list[int] = []
-    power_b = big**cap  # B^(cap − ℓ) at ℓ = 0
+    power_b = _power(big, cap)  # B^(cap − ℓ) at ℓ = 0
     level = 0
-    power_d = 1
+    shift = den.bit_length() - 1
     for target in levels:
-        while level < target:
-            power_b //= big  # exact: big divides B^(cap − level) while level < cap
-            power_d *= den
-            level += 1
-        out.append(sizes[target] * power_b * power_d)
+        if target > level:
+            power_b //= _power(big, target - level)  # exact: B^(cap − level) ÷ B^(step)
+            level = target
+        out.append((sizes[target] * power_b) << (shift * level))
     return out
+
+
+@lru_cache(maxsize=64)
+def _power(base: int, exponent: int) -> int:
+    return base**exponent
 
 
 def fine_rank_halfwidth(epsilon: Fraction, sensitivity: Fraction, buckets: int) -> int | None:

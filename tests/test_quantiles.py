@@ -47,9 +47,7 @@ def test_a_median_over_http_is_within_the_bounds_with_its_rank_interval(
     # past the best bucket's (at most ⌈1/Δ⌉ = 2)
     level = math.ceil(math.log(20 * 101) / 0.5) + 2
     assert accuracy["rank_ci95_halfwidth"] in (math.ceil(level / 2), math.ceil(level / 2) + 1)
-    assert accuracy["rank_ci95_halfwidth"] == fine_rank_halfwidth(
-        Fraction(1), Fraction(1, 2), 101
-    )
+    assert accuracy["rank_ci95_halfwidth"] == fine_rank_halfwidth(Fraction(1), Fraction(1, 2), 101)
     assert body["privacy"]["epsilon"] == 1.0
 
 
