@@ -311,3 +311,24 @@ def test_quantiles_with_the_rest_of_the_language(
     assert status == 200, body
     assert body["rows"]
     assert body["privacy"]["epsilon"] > 0
+
+
+def test_the_cost_model_counts_the_rows_a_quantiles_histogram_can_return(
+    gateway: Gateway,
+) -> None:
+    """The mechanism weighs every returned (group, bucket) before the release moment, so
+    the deadline must cover the most there can be — from public facts only."""
+    from gateway.cost_model import histogram_rows
+
+    def plan_of(sql: str) -> QueryPlan:
+        plan = analyze(sql, gateway.config.tables)
+        assert isinstance(plan, QueryPlan)
+        return plan
+
+    assert histogram_rows(plan_of("SELECT COUNT(*) FROM patients"), 12_000) == 0
+    assert histogram_rows(plan_of("SELECT MEDIAN(age) FROM patients"), 12_000) == 101
+    by_sex = plan_of("SELECT sex, MEDIAN(age), MAX(age) FROM patients GROUP BY sex")
+    assert histogram_rows(by_sex, 12_000) == 2 * 2 * 101
+    assert histogram_rows(by_sex, 150) == 2 * 150  # never more than the rows
+    by_zip = plan_of("SELECT zip, MEDIAN(age) FROM patients GROUP BY zip")  # not public
+    assert histogram_rows(by_zip, 12_000) == 12_000
