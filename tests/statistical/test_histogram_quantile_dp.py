@@ -7,8 +7,10 @@ moves from level 2 to level 1 while the 62 empty buckets below move from level 2
 so its probability (≈ 0.015 and ≈ 0.040 at ε = 1) changes by a factor e^(0.974·ε) — the
 loss of this exponential mechanism approaches ε only as the far buckets outnumber the
 near ones, which is why the grid has 64. The harness does not refute the mechanism at its
-claimed ε and refutes it when its noise is 0.5× (2ε) or 0.9× (ε/0.9) of what is claimed;
-the last needs a million releases per database to see a loss of 1.08 against 1.
+claimed ε and refutes it when its noise is 0.5× (2ε) of what is claimed. At 0.9× (ε/0.9,
+a loss of 1.08 against 1 on these neighbours, an event of probability ≈ 0.04) a million
+releases per database did not refute it (margin −0.0004, ε lower bound 0.99): no test at
+0.9× is here, as none was found that runs in a test's time.
 """
 
 from __future__ import annotations
@@ -50,9 +52,3 @@ def test_half_the_noise_is_refuted() -> None:
     result = check_release(_release(2 * EPSILON), DB0, DB1, epsilon=float(EPSILON), n=20_000)
     assert result.rejected, result.summary()
 
-
-def test_nine_tenths_of_the_noise_is_refuted() -> None:
-    result = check_release(
-        _release(EPSILON / Fraction(9, 10)), DB0, DB1, epsilon=float(EPSILON), n=1_000_000
-    )
-    assert result.rejected, result.summary()
