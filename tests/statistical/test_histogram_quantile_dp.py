@@ -51,4 +51,3 @@ def test_the_quantile_mechanism_is_not_refuted_at_its_epsilon() -> None:
 def test_half_the_noise_is_refuted() -> None:
     result = check_release(_release(2 * EPSILON), DB0, DB1, epsilon=float(EPSILON), n=20_000)
     assert result.rejected, result.summary()
-
