@@ -42,7 +42,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import StaticPool
 
-from budget import audit_chain, reads, schema
+from budget import audit_chain, grants, reads, schema
 from budget import statements as st
 from budget.accountants import (
     DEFAULT_SELECTION_SHARE,
@@ -607,27 +607,42 @@ class Ledger:
             return None
         return Analyst(row.name, bool(row.disabled), row.epsilon, row.delta, _period_of(row))
 
-    def lookup(self, key: str, probe: CacheProbe | None = None) -> Lookup:
-        """Authenticate ``key`` and, for its analyst, find the release ``probe`` names and
-        the analyst's budget — in one read transaction (a request's only read)."""
-        if not key or len(key) > 256:
+    def lookup(
+        self,
+        key: str | None,
+        probe: CacheProbe | None = None,
+        *,
+        access: bool = False,
+        groups: bool = True,
+        name: str | None = None,
+    ) -> Lookup:
+        """Authenticate ``key`` (or, for a caller already authenticated elsewhere — a
+        verified token — find the analyst ``name``) and, for its analyst, find the release
+        ``probe`` names and the analyst's budget; with ``access``, also the stored grants
+        and the analyst's groups (``budget.grants``; without ``groups``, only when some
+        grant is stored) — in one read transaction (a request's only read)."""
+        if name is None and (not key or len(key) > 256):
             return Lookup(None)
         if probe is not None:
             self._await_outcome(probe.query_key)
         now = self._now()
         with self._transaction(write=False) as conn:
-            row = st.HOT_ANALYST_BY_KEY.first(conn, {"key_hash": key_hash(key)})
+            if name is not None:
+                row = st.HOT_ANALYST_BY_NAME.first(conn, {"name": name})
+            else:
+                row = st.HOT_ANALYST_BY_KEY.first(conn, {"key_hash": key_hash(key or "")})
             if row is None:
                 return Lookup(None)
             analyst = Analyst(row.name, bool(row.disabled), row.epsilon, row.delta, _period_of(row))
+            stored = grants.read_access(conn, row.name, groups=groups) if access else None
             if probe is None or analyst.disabled:
-                return Lookup(analyst)
+                return Lookup(analyst, access=stored)
             release = reads.find_release(
                 conn, probe.query_key, None if probe.any_analyst else row.name, probe.data_version
             )
             if release is None:
-                return Lookup(analyst)
-            return Lookup(analyst, release, self._row_status(conn, row, now))
+                return Lookup(analyst, access=stored)
+            return Lookup(analyst, release, self._row_status(conn, row, now), stored)
 
     def rotate_key(self, name: str, *, caller: AdminCaller | None = None) -> str:
         """Replace the analyst's API key; returns the new key (the old one stops working).
@@ -728,6 +743,77 @@ class Ledger:
         with self._transaction(write=False) as conn:
             rows = conn.execute(sa.select(t).order_by(t.c.name)).all()
         return [AdminPrincipal(r.name, r.role, bool(r.disabled)) for r in rows]
+
+    # -- access: group memberships and table grants (budget/grants.py) ------------------
+
+    def access(self, analyst: str | None = None) -> grants.StoredAccess:
+        """The stored table grants and ``analyst``'s groups, in one read."""
+        with self._transaction(write=False) as conn:
+            return grants.read_access(conn, analyst)
+
+    def group_members(self) -> dict[str, list[str]]:
+        """Every group with members: group → analysts."""
+        with self._transaction(write=False) as conn:
+            return grants.members(conn)
+
+    def add_member(self, group: str, analyst: str, *, caller: AdminCaller | None = None) -> None:
+        """Put an existing analyst in ``group`` (``group.add_member``); ``AnalystExists``
+        if they are in it already."""
+        if not _NAME.match(group):
+            raise ValueError(
+                "a group name is 1-64 letters, digits, '_', '.', '@' or '-', starting with "
+                "a letter or digit"
+            )
+        with self._transaction(write=True) as conn:
+            self._analyst_row(conn, analyst)
+            if grants.has_member(conn, group, analyst):
+                raise AnalystExists(f"analyst {analyst!r} is in group {group!r} already")
+            conn.execute(
+                sa.insert(schema.group_members).values(
+                    group_name=group, analyst=analyst, created_at=self._now()
+                )
+            )
+            self._record_admin(
+                conn, caller, "group.add_member", {"group": group, "analyst": analyst}
+            )
+
+    def remove_member(self, group: str, analyst: str, *, caller: AdminCaller | None = None) -> None:
+        """Take ``analyst`` out of ``group`` (``group.remove_member``)."""
+        t = schema.group_members
+        with self._transaction(write=True) as conn:
+            if not grants.has_member(conn, group, analyst):
+                raise UnknownAnalyst(f"analyst {analyst!r} is not in group {group!r}")
+            conn.execute(sa.delete(t).where(t.c.group_name == group, t.c.analyst == analyst))
+            self._record_admin(
+                conn, caller, "group.remove_member", {"group": group, "analyst": analyst}
+            )
+
+    def grant(self, table: str, group: str, *, caller: AdminCaller | None = None) -> None:
+        """Let ``group`` read ``table`` (``grant.add``); ``AnalystExists`` if it may
+        already. The table's name is the gateway's to check."""
+        if not _NAME.match(group):
+            raise ValueError(
+                "a group name is 1-64 letters, digits, '_', '.', '@' or '-', starting with "
+                "a letter or digit"
+            )
+        with self._transaction(write=True) as conn:
+            if grants.has_grant(conn, table, group):
+                raise AnalystExists(f"table {table!r} is granted to {group!r} already")
+            conn.execute(
+                sa.insert(schema.table_grants).values(
+                    table_name=table, group_name=group, created_at=self._now()
+                )
+            )
+            self._record_admin(conn, caller, "grant.add", {"table": table, "group": group})
+
+    def revoke(self, table: str, group: str, *, caller: AdminCaller | None = None) -> None:
+        """Take back ``group``'s grant on ``table`` (``grant.remove``)."""
+        t = schema.table_grants
+        with self._transaction(write=True) as conn:
+            if not grants.has_grant(conn, table, group):
+                raise UnknownAnalyst(f"table {table!r} is not granted to {group!r}")
+            conn.execute(sa.delete(t).where(t.c.table_name == table, t.c.group_name == group))
+            self._record_admin(conn, caller, "grant.remove", {"table": table, "group": group})
 
     def scram_login(self, name: str) -> tuple[Analyst, ScramVerifier] | None:
         """The analyst named ``name`` and their key's SCRAM-SHA-256 verifier, or ``None``

@@ -282,3 +282,4 @@ class Lookup:
     analyst: Analyst | None
     release: dict[str, Any] | None = None
     budget: BudgetStatus | None = None
+    access: Any = None  # budget.grants.StoredAccess, when asked for

@@ -263,6 +263,28 @@ admins = sa.Table(
 )
 
 
+# Access (schema v10): which groups an analyst belongs to, and which groups may read a
+# table (grants given through the admin API or CLI; those of the config are added to them
+# by the gateway, never stored). Configuration, not spending: rows are added and removed,
+# and each change is an audit-logged admin action.
+group_members = sa.Table(
+    "dpgate_group_members",
+    metadata,
+    sa.Column("group_name", sa.String(64), primary_key=True),
+    sa.Column("analyst", sa.String(64), primary_key=True),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+    sa.Index("dpgate_group_members_analyst", "analyst"),
+)
+
+table_grants = sa.Table(
+    "dpgate_table_grants",
+    metadata,
+    sa.Column("table_name", sa.String(128), primary_key=True),
+    sa.Column("group_name", sa.String(64), primary_key=True),
+    sa.Column("created_at", sa.DateTime, nullable=False),
+)
+
+
 def utcnow() -> datetime:
     """Now, as the naive UTC datetime every table stores."""
     return datetime.now(UTC).replace(tzinfo=None)
@@ -366,6 +388,11 @@ def _v9_admins(conn: Connection) -> None:
     admins.create(conn, checkfirst=True)
 
 
+def _v10_access(conn: Connection) -> None:
+    group_members.create(conn, checkfirst=True)
+    table_grants.create(conn, checkfirst=True)
+
+
 # Append new migrations here; never edit an applied one.
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _v1_initial,
@@ -377,6 +404,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _v7_global_checkpoints,
     _v8_audit_chain,
     _v9_admins,
+    _v10_access,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

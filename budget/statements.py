@@ -27,6 +27,7 @@ _BUDGET_COLUMNS = (_a.id, _a.name, _a.disabled, _a.epsilon, _a.delta, _a.period)
 HOT_ANALYST_BY_KEY = Prepared(
     sa.select(*_BUDGET_COLUMNS).where(_a.key_hash == sa.bindparam("key_hash"))
 )
+HOT_ANALYST_BY_NAME = Prepared(sa.select(*_BUDGET_COLUMNS).where(_a.name == sa.bindparam("name")))
 HOT_ANALYST_FOR_UPDATE = Prepared(
     sa.select(*_BUDGET_COLUMNS).where(_a.name == sa.bindparam("name")).with_for_update()
 )

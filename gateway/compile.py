@@ -125,7 +125,7 @@ def compile_plan(
         query = query.group_by(*[exp.column(f"k{i}", quoted=True) for i in range(len(keys))])
     histograms = [o.quantile for o in plan.outputs if o.quantile is not None]
     statement: exp.Query = _with_histograms(query, plan, len(keys)) if histograms else query
-    statement = for_engine(statement, table, dialect)
+    statement = for_engine(statement, table, dialect, plan.join.tables if plan.join else None)
     # The tree is this call's own (no node of the plan is in it), so the generator may
     # work on it in place: copying it cost a third of compiling.
     sql = statement.sql(dialect=dialects.dialect(dialect), copy=False)

@@ -20,6 +20,12 @@ constraint) groups by, which the catalogue alone does not promise (issue 31,
   rows after the join whatever the catalogue says (a table with row-level privacy gets a
   unit per anchor row, ``ROW_UNIT``).
 
+A privacy-unit path whose two columns are stored differently (``JoinKeys.mismatched``) is
+refused instead: bounding after the join keeps each anchor unit's rows bounded, but such
+a join can attach one person's row to several other persons' rows, which no bound on the
+anchor's units covers. The refusal is decided from the config and the catalogue (schema
+metadata, the same for every neighbouring database), before anything is charged.
+
 Why the contribution bound then holds: docs/privacy.md, "Joins".
 """
 
@@ -31,6 +37,7 @@ from sqlglot import exp
 
 from gateway.config import ColumnConfig, TableConfig
 from gateway.domain import row_filter
+from gateway.errors import UnsupportedQuery
 from gateway.join_keys import JoinKeys
 from gateway.joins import relation_column
 from gateway.plan import JoinPlan, QueryPlan
@@ -80,6 +87,15 @@ def _lookups(join: JoinPlan, keys: JoinKeys, dialect: str) -> list[_Lookup]:
         else:
             lookup, parent, column = step.other, step.table, step.column
         ref = (parent, column.lower())
+        if ref in keys.mismatched:
+            shown = {t.name.lower(): t.name for t in join.tables}
+            raise UnsupportedQuery(
+                f"the join of {shown[parent]}.{column} to {shown[lookup]}'s privacy unit is "
+                "not supported: the database stores the two columns differently, so its "
+                "= could join one person's rows to another's (the admin's `dpgate config "
+                "check` names the difference)",
+                construct="privacy-unit path between differently stored columns",
+            )
         if ref in keys.unique:
             mode = "unique"
         elif dialect == "sqlite":

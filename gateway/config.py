@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import yaml
 
+from gateway.config_access import AccessConfig, SsoConfig, parse_access, parse_grants, parse_sso
+
 ColumnType = Literal["integer", "real", "text", "boolean", "date"]
 COLUMN_TYPES: tuple[str, ...] = ("integer", "real", "text", "boolean", "date")
 MECHANISMS = ("laplace", "gaussian")
@@ -115,6 +117,7 @@ class TableConfig:
     public: bool = False
     key: str | None = None
     references: tuple[Reference, ...] = ()
+    grants: tuple[str, ...] | None = None  # groups that may read it (gateway/access.py)
 
     @property
     def rows_read_bound(self) -> int:
@@ -267,6 +270,9 @@ class PostgresWireConfig:
     max_authenticating: int = 32  # connections still logging in, in total
     max_authenticating_per_address: int = 8  # … from one source address
     idle_session_timeout_s: float = 600.0  # a session silent this long is closed; 0: never
+    # scram: SCRAM-SHA-256 with the API key; password: the client sends its password in
+    # the clear (an API key or an SSO token: gateway/pgwire/session.py) — use with TLS
+    login: Literal["scram", "password"] = "scram"
 
 
 @dataclass(frozen=True)
@@ -292,6 +298,8 @@ class Config:
     analysts: tuple[AnalystBootstrap, ...] = ()
     postgres_wire: PostgresWireConfig | None = None
     source: Path | None = None
+    access: AccessConfig = field(default_factory=AccessConfig)
+    sso: SsoConfig | None = None
 
     @property
     def admin_key(self) -> str | None:
@@ -338,6 +346,8 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
             "tables",
             "analysts",
             "postgres_wire",
+            "access",
+            "sso",
         },
     )
     db = v.section(raw, "database", required=True)
@@ -414,6 +424,8 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
     tables = _tables(v, raw.get("tables"))
     analysts = _analysts(v, raw.get("analysts"))
     wire = _postgres_wire(v, raw, base_dir)
+    access = parse_access(v, raw)
+    sso = parse_sso(v, raw, base_dir)
     v.raise_if_any()
     return Config(
         database=database,
@@ -427,6 +439,8 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
         analysts=analysts,
         postgres_wire=wire,
         source=source,
+        access=access,
+        sso=sso,
     )
 
 
@@ -447,8 +461,10 @@ def _postgres_wire(
             "max_authenticating",
             "max_authenticating_per_address",
             "idle_session_timeout_s",
+            "login",
         },
     )
+    login = v.choice(pw, "postgres_wire.login", ("scram", "password"), "scram") or "scram"
     port = v.integer(pw, "postgres_wire.port", None, low=0)  # 0: any free port
     if port is None:
         v.problem("postgres_wire.port: missing (required)")
@@ -506,6 +522,7 @@ def _postgres_wire(
         max_authenticating=max_authenticating,
         max_authenticating_per_address=per_address,
         idle_session_timeout_s=600.0 if idle_timeout is None else idle_timeout,
+        login=login,  # type: ignore[arg-type]
     )
 
 
@@ -610,6 +627,7 @@ def _tables(v: _Validator, raw: Any) -> dict[str, TableConfig]:
                 "public",
                 "key",
                 "references",
+                "grants",
             },
         )
         columns: dict[str, ColumnConfig] = {}
@@ -635,6 +653,7 @@ def _tables(v: _Validator, raw: Any) -> dict[str, TableConfig]:
             deadline_ms=v.integer(traw, f"{path}.deadline_ms", None, low=1),
             max_rows_read_per_unit=v.integer(traw, f"{path}.max_rows_read_per_unit", None, low=1),
             rows=v.integer(traw, f"{path}.rows", None, low=0),
+            grants=parse_grants(v, f"{path}.grants", traw.get("grants")),
         )
     return _joins(v, raw, tables)
 

@@ -35,6 +35,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from gateway.config import TableConfig
+from gateway.engines.catalogue import engine_kind, read_schema
 
 log = logging.getLogger("dpgate.join_keys")
 
@@ -54,10 +55,20 @@ class JoinKeys:
     anchor row. A reference in neither is *unproven*: the relation may repeat an anchor
     row, and the compiled SQL bounds every unit's rows after the join. The empty default
     proves nothing (on SQLite the compiler still proves its own canonical keys).
+
+    ``mismatched``: privacy-unit paths (references to a protected table's unit) between
+    columns of different storage. Bounding after the join does not help there: the join
+    may attach one person's lookup row to the anchor rows of several others (a DOUBLE
+    0.1 equals the DECIMAL 0.1 and 0.1000000000000000000000001, two persons to the
+    anchor), so removing that one person moves several anchor units' rows. A query
+    joining through one is refused, free (``gateway/compile_joins.py``).
     """
 
     unique: frozenset[RefKey] = frozenset()
     consistent: frozenset[RefKey] = frozenset()
+    #: Privacy-unit paths whose two columns the catalogue shows stored differently (type
+    #: or collation): a query joining through one is refused.
+    mismatched: frozenset[RefKey] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -100,6 +111,8 @@ def stored_columns(engine: sa.Engine, t: TableConfig) -> dict[str, StoredColumn]
             return _postgres_columns(engine, t)
         if name == "duckdb":
             return _duckdb_columns(engine, t)
+        if engine_kind(engine) in ("clickhouse", "spark"):
+            return _catalogue_columns(engine, t)
     except (sa.exc.SQLAlchemyError, NotImplementedError):
         log.warning("could not read column types of %s; its joins are bounded in SQL", t.name)
     return None
@@ -177,6 +190,24 @@ def _duckdb_columns(engine: sa.Engine, t: TableConfig) -> dict[str, StoredColumn
     }
 
 
+def _catalogue_columns(engine: sa.Engine, t: TableConfig) -> dict[str, StoredColumn] | None:
+    """ClickHouse and Spark: the type each column is stored as, from the catalogue reader
+    of ``dpgate config check``. ClickHouse's ``Nullable(…)`` and ``LowCardinality(…)``
+    wrappers are taken off (they change neither the values nor their ``=``); a Spark
+    string's collation is part of its type (``string collate UTF8_LCASE``)."""
+    reading = read_schema(engine, {t.name: t})
+    facts = reading.tables.get(t.name)
+    if facts is None or not facts.found:
+        return None
+    out: dict[str, StoredColumn] = {}
+    for c in facts.columns:
+        text = c.type
+        while text.startswith(("Nullable(", "LowCardinality(")) and text.endswith(")"):
+            text = text[text.index("(") + 1 : -1]
+        out[c.name.lower()] = StoredColumn(text)
+    return out
+
+
 def join_keys_by_schema(
     engine: sa.Engine, tables: Mapping[str, TableConfig], unique_keys: frozenset[str]
 ) -> JoinKeys:
@@ -194,9 +225,14 @@ def join_keys_by_schema(
       and collation (``=`` is then the type's own equality, the one PARTITION BY and a
       UNIQUE index use), and *unique* when, besides, the key is in ``unique_keys``;
     - on any other engine, unproven.
+
+    On every engine whose catalogue is read but SQLite (whose canonical keys compare one
+    storage class by identity), a privacy-unit path is *mismatched* when its two columns'
+    storage types or collations differ (see ``JoinKeys``).
     """
     name = engine.dialect.name
-    if name not in ("sqlite", "postgresql", "duckdb"):
+    proving = name in ("sqlite", "postgresql", "duckdb")
+    if not proving and engine_kind(engine) not in ("clickhouse", "spark"):
         return JoinKeys()
     storage: dict[str, dict[str, StoredColumn] | None] = {}
 
@@ -207,6 +243,7 @@ def join_keys_by_schema(
 
     unique: set[RefKey] = set()
     consistent: set[RefKey] = set()
+    mismatched: set[RefKey] = set()
     for key, t in tables.items():
         for r in t.references:
             mine, theirs = columns(key), columns(r.table)
@@ -216,6 +253,11 @@ def join_keys_by_schema(
             if a is None or b is None:
                 continue
             ref = (key.lower(), r.column.lower())
+            alike = a.type == b.type and a.collation == b.collation and a.collation != "?"
+            if name != "sqlite" and not tables[r.table].public and _differ(a, b, t, r.column):
+                mismatched.add(ref)
+            if not proving:
+                continue  # ClickHouse, Spark: no key is unique, no join proven
             if name == "sqlite":
                 if (
                     b.rowid
@@ -224,11 +266,24 @@ def join_keys_by_schema(
                 ):
                     unique.add(ref)
                 continue
-            if a.type == b.type and a.collation == b.collation and a.collation != "?":
+            if alike:
                 consistent.add(ref)
                 if r.table in unique_keys:
                     unique.add(ref)
-    return JoinKeys(unique=frozenset(unique), consistent=frozenset(consistent))
+    return JoinKeys(
+        unique=frozenset(unique),
+        consistent=frozenset(consistent),
+        mismatched=frozenset(mismatched),
+    )
+
+
+def _differ(a: StoredColumn, b: StoredColumn, t: TableConfig, column: str) -> bool:
+    """Whether two join columns are stored differently: another type, or (text only)
+    another collation. DuckDB's unknown collation ("?", a table with a collated column)
+    counts as a difference only against a known one."""
+    if a.type != b.type:
+        return True
+    return t.columns[column].type in ("text", "date") and a.collation != b.collation
 
 
 def with_public_keys_as_units(tables: Mapping[str, TableConfig]) -> dict[str, TableConfig]:
@@ -287,11 +342,13 @@ def key_type_problems(engine: sa.Engine, tables: Mapping[str, TableConfig]) -> l
     declared ``integer`` on SQLite: its values stored as text never join), and a
     reference between columns of different storage types or collations (its keys are
     compared with conversions, so the join cannot rest on the key's uniqueness: it is
-    bounded after the join, and may match other rows than the declared type suggests).
-    Each names the column. Reads the catalogue only; an engine whose catalogue is not
-    read here (ClickHouse, Spark) reports nothing."""
+    bounded after the join, and may match other rows than the declared type suggests; a
+    privacy-unit path between them is refused, ``JoinKeys.mismatched``). Each names the
+    column. Reads the catalogue only; on ClickHouse and Spark only the references are
+    compared (their type names are not mapped to declared types here)."""
     name = engine.dialect.name
-    if name not in ("sqlite", "postgresql", "duckdb"):
+    proving = name in ("sqlite", "postgresql", "duckdb")
+    if not proving and engine_kind(engine) not in ("clickhouse", "spark"):
         return []
     storage = {key: stored_columns(engine, t) for key, t in tables.items()}
     problems: list[str] = []
@@ -304,7 +361,7 @@ def key_type_problems(engine: sa.Engine, tables: Mapping[str, TableConfig]) -> l
             return stored
         seen.add((key, column))
         declared = tables[key].columns[column].type
-        if not _agrees(name, declared, stored):
+        if proving and not _agrees(name, declared, stored):
             shown = stored.type or "no type"
             problems.append(
                 f"tables.{tables[key].name}.columns.{column}: declared {declared} but stored "
@@ -323,7 +380,14 @@ def key_type_problems(engine: sa.Engine, tables: Mapping[str, TableConfig]) -> l
                 differ = a.sqlite_affinity != b.sqlite_affinity
             else:
                 differ = (a.type, a.collation) != (b.type, b.collation)
-            if differ:
+            if differ and not tables[r.table].public and name != "sqlite":
+                problems.append(
+                    f"tables.{t.name}.references.{r.column}: {t.name}.{r.column} is stored as "
+                    f"{_shown(a)} but {tables[r.table].name}.{r.target} as {_shown(b)}; this "
+                    "privacy-unit path could join one person's rows to another's, so queries "
+                    "joining through it are refused (store both alike)"
+                )
+            elif differ:
                 other = tables[r.table].name
                 problems.append(
                     f"tables.{t.name}.references.{r.column}: {t.name}.{r.column} is stored as "

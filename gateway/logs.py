@@ -4,7 +4,9 @@ What a request line carries is fixed by ``RequestLog``: who asked (analyst name,
 address), what they asked (method, path, the query's SQL), how it ended (status, error
 code, query outcome, ε spent) and how long it took. It never carries anything read from
 the protected database: response bodies (rows, noisy answers) and error messages are
-not logged, only error codes.
+not logged, only error codes. ε spent is rounded for display as the budget's figures are
+in JSON (12 significant digits, ``budget.records.JSON_DIGITS``): a charge of 0.7 reads
+0.7, not 0.7000000000000001.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import sys
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from budget.records import JSON_DIGITS
 
 ACCESS_LOGGER = "dpgate.access"
 
@@ -95,5 +99,7 @@ def _json_handler(logger: logging.Logger) -> None:
 def log_request(entry: RequestLog) -> None:
     """Write the request's line to the ``dpgate.access`` logger."""
     fields = {k: v for k, v in vars(entry).items() if v is not None}
+    if entry.epsilon_spent is not None:
+        fields["epsilon_spent"] = float(f"{entry.epsilon_spent:.{JSON_DIGITS}g}")
     level = logging.ERROR if entry.status >= 500 else logging.INFO
     logging.getLogger(ACCESS_LOGGER).log(level, "request", extra={"fields": fields})

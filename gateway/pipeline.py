@@ -37,10 +37,16 @@ import sqlalchemy as sa
 import budget
 from budget import BudgetStatus, Reservation
 from gateway import metrics
+from gateway.access import Access
 from gateway.answer_cache import AnswerCache
 from gateway.audit_policy import AuditPolicy
 from gateway.catalog import public_schema
-from gateway.charges import Charges, charged_ledger_failure, uncharged_ledger_failures
+from gateway.charges import (
+    Charges,
+    charged_ledger_failure,
+    ledger_errors,
+    uncharged_ledger_failures,
+)
 from gateway.compile import CompiledQuery, compile_plan
 from gateway.config import Config, with_enforced_domains, with_nullability
 from gateway.cost_model import CostModel, build_model
@@ -68,6 +74,7 @@ from gateway.post_query import run_post_query
 from gateway.postprocess import finish, shown
 from gateway.release import NO_PRIVACY_SPENT, ColumnInfo, Release, privacy_spent
 from gateway.request import check_request
+from gateway.sso import TokenVerifier
 from gateway.timing import ReleaseClock, ReleaseTiming
 from mechanisms import prefill
 
@@ -122,6 +129,15 @@ class Gateway:
             self.ledger.ensure_analyst(a.name, a.epsilon, a.delta, a.period)
         data_version = config.database.data_version
         self.planner = Planner(config.tables, config.privacy, data_version)
+        self.access = Access(
+            config.tables,
+            config.access,
+            lambda tables: Planner(tables, config.privacy, data_version),
+        )
+        self.tokens = TokenVerifier(config.sso) if config.sso is not None else None
+        # the tables every analyst may read, as the latest request's ledger read found
+        # them (what a request is planned against before its caller is known)
+        self._open_tables = self.access.open_tables(self.ledger.access())
         self.charges = Charges(self.ledger, data_version)
         self.cache = AnswerCache(self.ledger, config.cache.scope, data_version)
         self.audit = AuditPolicy(
@@ -148,12 +164,34 @@ class Gateway:
     # -- identity and public metadata ----------------------------------------------------
 
     def authenticate(self, key: str | None) -> Principal:
-        """The caller behind a bearer key; raises ``Unauthenticated`` or ``Forbidden``."""
-        return identify(self.ledger, key, self.config.admin_key)[0]
+        """The caller behind a bearer key or token; raises ``Unauthenticated`` or
+        ``Forbidden``."""
+        return identify(self.ledger, key, self.config.admin_key, tokens=self.tokens)[0]
 
-    def schema(self) -> dict[str, Any]:
-        """What the admin declared public: tables, columns, types, bounds, value domains."""
-        return public_schema(self.config.tables)
+    def readable(self, principal: Principal) -> frozenset[str]:
+        """The declared tables ``principal`` may read (``gateway.access``): all, for an
+        admin; one read of the ledger."""
+        if principal.is_admin:
+            return self.access.all_tables
+        with ledger_errors():
+            stored = self.ledger.access(principal.name)
+        return self.access.readable(stored, principal.groups)
+
+    def planner_for(self, readable: frozenset[str]) -> Planner:
+        """The planner of a caller who may read ``readable``: other tables do not exist
+        for it."""
+        if readable == self.access.all_tables:
+            return self.planner
+        view = self.access.view(readable)
+        assert isinstance(view, Planner)
+        return view
+
+    def schema(self, principal: Principal | None = None) -> dict[str, Any]:
+        """What the admin declared public — tables, columns, types, bounds, value domains
+        — of the tables ``principal`` may read (every table when ``None``)."""
+        if principal is None:
+            return public_schema(self.config.tables)
+        return public_schema(self.access.tables_of(self.readable(principal)))
 
     def budget(self, analyst: str) -> dict[str, Any]:
         return self.charges.status(analyst).to_json()
@@ -182,17 +220,23 @@ class Gateway:
             self._ready_at = time.monotonic()
             return checks
 
-    def analyze(self, sql: str) -> Any:
-        """The plan of ``sql`` (from the plan cache when it was seen recently)."""
-        return self.planner.analyze(sql)
+    def analyze(self, sql: str, readable: frozenset[str] | None = None) -> Any:
+        """The plan of ``sql`` (from the plan cache when it was seen recently), against
+        the tables ``readable`` (all when ``None``)."""
+        planner = self.planner if readable is None else self.planner_for(readable)
+        return planner.analyze(sql)
 
     # -- the pipeline --------------------------------------------------------------------
 
-    def query(self, analyst: str, request: QueryRequest) -> Release:
-        """Answer one request of a known ``analyst`` (in-process callers), or raise the
-        ``GatewayError`` that says why not."""
+    def query(
+        self, analyst: str, request: QueryRequest, groups: frozenset[str] = frozenset()
+    ) -> Release:
+        """Answer one request of a known ``analyst`` (in-process callers, the wire front
+        end; ``groups``: a token's), or raise the ``GatewayError`` that says why not.
+        The tables the analyst may not read do not exist for this request."""
+        readable = self.readable(Principal(analyst, is_admin=False, groups=groups))
         check_request(request, self.config.privacy)
-        planned = self.planner.plan(request)
+        planned = self.planner_for(readable).plan(request)
         if isinstance(planned, ProbePlan):
             return self._probe(self.charges.status(analyst), planned)
         if not request.dry_run:
@@ -212,29 +256,63 @@ class Gateway:
         ends): the caller and a release they may reuse come from one ledger read.
         ``admit`` runs once the caller is known (rate limits), before anything else
         they could observe. Who is asking is checked before what is asked."""
-        planned: PlannedQuery | ProbePlan | None = None
-        refusal: GatewayError | None = None
-        try:
-            check_request(request, self.config.privacy)
-            planned = self.planner.plan(request)
-        except GatewayError as e:  # reported once the caller is known to be allowed
-            refusal = e
+        # Planned before the caller is known against the tables every analyst may read
+        # (as the last request found them): a table closed to some analyst is unknown
+        # here, alike for one that is not declared, so what this costs cannot tell them
+        # apart (gateway.access).
+        seen_open = self._open_tables
+        planned, refusal = self._plan(self.planner_for(seen_open), request)
         probe = None
         if isinstance(planned, PlannedQuery) and not request.dry_run:
             probe = self.cache.probe(planned)
-        principal, lookup = identify(self.ledger, key, self.config.admin_key, probe)
+        principal, lookup = identify(
+            self.ledger,
+            key,
+            self.config.admin_key,
+            probe,
+            access=True,
+            groups=self.access.configured_restricts,
+            tokens=self.tokens,
+        )
         if principal.is_admin:
             raise Forbidden("the admin key cannot run queries: use an analyst's key")
         admit(principal)
+        assert lookup is not None
+        self._open_tables = self.access.open_tables(lookup.access)
+        readable = self.access.readable(lookup.access, principal.groups)
+        if readable != seen_open:
+            # Planned again as if only the tables the caller may read were declared. A
+            # plan both planners make is the same plan, with the same cache key: the
+            # lookup's release stands; otherwise nothing was probed yet. (Refusals are not
+            # kept by a planner: a closed table's name is parsed and refused afresh, as
+            # an undeclared one is, whoever asked about it before.)
+            planned, refusal = self._plan(self.planner_for(readable), request)
+            if isinstance(planned, PlannedQuery) and probe is None and not request.dry_run:
+                with ledger_errors():  # the release and the budget, in one more read
+                    found = self.ledger.lookup(None, self.cache.probe(planned), name=principal.name)
+                if found.release is not None and found.budget is not None:
+                    hit = self.cache.hit(planned, found.release, found.budget)
+                    return principal, _post_process(planned, hit)
         if refusal is not None:
             raise refusal
-        assert planned is not None and lookup is not None
+        assert planned is not None
         if isinstance(planned, ProbePlan):
             return principal, self._probe(self.charges.status(principal.name), planned)
         if lookup.release is not None and lookup.budget is not None:
             hit = self.cache.hit(planned, lookup.release, lookup.budget)
             return principal, _post_process(planned, hit)
         return principal, _post_process(planned, self._answer(principal.name, planned))
+
+    def _plan(
+        self, planner: Planner, request: QueryRequest
+    ) -> tuple[PlannedQuery | ProbePlan | None, GatewayError | None]:
+        """The request checked and planned, or the refusal (reported once the caller is
+        known to be allowed: who is asking is checked before what is asked)."""
+        try:
+            check_request(request, self.config.privacy)
+            return planner.plan(request), None
+        except GatewayError as e:
+            return None, e
 
     def _answer(self, analyst: str, planned: PlannedQuery) -> Release:
         """A planned request that is not in the cache: a dry run, or the data's turn."""
@@ -260,8 +338,11 @@ class Gateway:
                     after=lane.last_release,
                 )
                 ticket = lane.ticket(clock.release_at)
+            answered = False
             try:
-                return self._release(lane, ticket, planned, compiled, reservation, clock, flags)
+                release = self._release(lane, ticket, planned, compiled, reservation, clock, flags)
+                answered = True
+                return release
             except (LedgerUnavailable, budget.LedgerUnavailable) as e:
                 if isinstance(e, LedgerUnavailable) and e.detail.get("charged") is True:
                     raise
@@ -273,7 +354,8 @@ class Gateway:
                 held = clock.wait()
                 if clock.release_at is not None:
                     metrics.record_release_wait(held)
-                    if held == 0.0:
+                    # a failure is counted once, by the stage that failed (statement, turn)
+                    if held == 0.0 and answered:
                         metrics.record_deadline_miss("release", plan.table)
                         log.warning(
                             "deadline miss: query %s was ready only after its release moment "

@@ -70,7 +70,7 @@ def make_app(tmp_path: Path, *, address: int | None = None, analyst: int | None 
         if app.config.get("FAIL"):
             raise app.config["FAIL"]
         rec.outcome = "answered"
-        rec.epsilon_spent = 0.25
+        rec.epsilon_spent = app.config.get("CHARGE", 0.25)
         return jsonify({"ok": True, "rows": [[SECRET_VALUE, 12]]})
 
     install_operations(app)
@@ -140,6 +140,18 @@ def test_logs_never_carry_released_rows(tmp_path: Path, access_log: Lines) -> No
     assert all(SECRET_VALUE not in json.dumps(line) for line in access_log.lines)
     assert access_log.lines[-1]["query_outcome"] == "answered"
     assert access_log.lines[-1]["epsilon_spent"] == 0.25
+
+
+def test_the_access_log_shows_the_charge_rounded_for_display(
+    tmp_path: Path, access_log: Lines
+) -> None:
+    """A charge that floating-point sums leave as 0.7000000000000001 (0.1 * 7) is logged
+    as the 0.7 the budget shows (12 significant digits, as budget figures in JSON)."""
+    app = make_app(tmp_path)
+    app.config["CHARGE"] = 0.1 * 7
+    assert app.config["CHARGE"] != 0.7
+    app.test_client().post("/v1/query", json={"sql": "…"})
+    assert access_log.lines[-1]["epsilon_spent"] == 0.7
 
 
 def test_metrics_count_requests_queries_refusals_and_backend_errors(tmp_path: Path) -> None:

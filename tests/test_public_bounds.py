@@ -99,17 +99,12 @@ def _within(value: float, bounds: tuple[float, float]) -> bool:
     return bounds[0] <= value <= bounds[1]
 
 
-@settings(
-    max_examples=6,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-    derandomize=True,
-)
-@given(lo=st.integers(0, 90), width=st.integers(0, 30))
-def test_released_values_lie_within_public_bounds(backend: Gateway, lo: int, width: int) -> None:
-    sql = GROUPED.format(lo=lo, hi=lo + width)
-    shown = _ask(backend, sql)
-    raw = _ask(backend, sql, raw=True)
+def assert_release_within_public_bounds(gateway: Gateway, sql: str) -> None:
+    """``sql`` (a ``GROUPED`` query) released once and shown twice, clamped and raw: the
+    clamped counts and sums are the raw ones moved to 0 at most, the AVG and its interval
+    within glucose's declared bounds, and the answer says when it moved a value."""
+    shown = _ask(gateway, sql)
+    raw = _ask(gateway, sql, raw=True)
     assert raw["cached"] and raw["query_id"] == shown["query_id"]  # one release, charged once
     assert len(raw["rows"]) == len(shown["rows"])  # the same rows: only values differ
     intervals = shown["accuracy"]["g"]["ci95_intervals"]
@@ -129,6 +124,33 @@ def test_released_values_lie_within_public_bounds(backend: Gateway, lo: int, wid
     # the answer says when it moved a value, and never when it did not
     assert ("clamped" in shown) == moved
     assert "clamped" not in raw
+
+
+def assert_quantiles_within_public_bounds(gateway: Gateway) -> None:
+    """A quantile is chosen among the declared bounds' candidates: within them, raw or
+    not (nothing to clamp)."""
+    sql = "SELECT disease, MEDIAN(glucose) AS m, PERCENTILE_CONT(0.9) WITHIN GROUP "
+    sql += "(ORDER BY age) AS a FROM patients GROUP BY disease"
+    for raw in (False, True):
+        answer = _ask(gateway, sql, raw=raw)
+        for _disease, m, a in answer["rows"]:
+            assert m is None or _within(m, GLUCOSE)
+            assert a is None or _within(a, (0, 100))
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
+@given(lo=st.integers(0, 90), width=st.integers(0, 30))
+def test_released_values_lie_within_public_bounds(backend: Gateway, lo: int, width: int) -> None:
+    assert_release_within_public_bounds(backend, GROUPED.format(lo=lo, hi=lo + width))
+
+
+def test_quantiles_lie_within_public_bounds(backend: Gateway) -> None:
+    assert_quantiles_within_public_bounds(backend)
 
 
 def test_raw_values_are_the_noisy_values_as_drawn(backend: Gateway) -> None:

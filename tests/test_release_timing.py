@@ -309,7 +309,7 @@ def test_a_statement_past_its_deadline_is_reported_at_the_release_moment(
     monkeypatch.setattr(gateway.pipeline, "run_aggregate", ignores_cancel)
     gw = make_gateway(execution={**DEADLINE, "deadline_ms": 100})
     gw.ledger.create_analyst("erin", 100.0, 1e-6)
-    before = misses("statement")
+    before, before_release = misses("statement"), misses("release")
     started = time.monotonic()
     with pytest.raises(DatabaseUnavailable) as failure:
         gw.query("erin", request("SELECT COUNT(*) FROM patients"))
@@ -317,9 +317,39 @@ def test_a_statement_past_its_deadline_is_reported_at_the_release_moment(
     assert 0.1 <= elapsed < 0.9, elapsed
     assert failure.value.to_dict()["error"]["message"] == CHARGED_FAILURE_MESSAGE
     assert misses("statement") == before + 1
+    assert misses("release") == before_release  # one miss, counted once, by its stage
     assert [(h.outcome, h.release) for h in gw.ledger.history("erin")] == [
         ("withheld", {"withheld": True, "failed": True})
     ]
+
+
+def test_a_miss_recorded_after_its_release_moment_is_counted_once(
+    make_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A statement miss whose charged failure reaches the ledger only after the release
+    moment (a slow ledger, a loaded machine) is one miss, of its stage — not a second,
+    "release", one (bench/dashboard.py counted more misses than queries)."""
+    real = gateway.execute.run_aggregate
+
+    def ignores_cancel(engine: Any, sql: str, *, timeout_ms: int) -> Any:
+        time.sleep(0.5)
+        return real(engine, sql, timeout_ms=timeout_ms)
+
+    monkeypatch.setattr(gateway.pipeline, "run_aggregate", ignores_cancel)
+    gw = make_gateway(execution={**DEADLINE, "deadline_ms": 100})
+    gw.ledger.create_analyst("erin", 100.0, 1e-6)
+    withheld = gw.charges.withheld
+
+    def slow_ledger(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.2)  # past the release moment
+        return withheld(*args, **kwargs)
+
+    monkeypatch.setattr(gw.charges, "withheld", slow_ledger)
+    before = {stage: misses(stage) for stage in ("statement", "turn", "release")}
+    with pytest.raises(DatabaseUnavailable):
+        gw.query("erin", request("SELECT COUNT(*) FROM patients"))
+    after = {stage: misses(stage) for stage in before}
+    assert after == {**before, "statement": before["statement"] + 1}
 
 
 def test_a_query_whose_declared_rows_understate_the_table_misses_and_stays_charged(

@@ -278,7 +278,14 @@ def config() -> None:
 @config.command("check")
 @click.argument("path", required=False)
 @click.option("--config", "config_option", type=click.Path(dir_okay=False))
-def config_check(path: str | None, config_option: str | None) -> None:
+@click.option(
+    "--measure",
+    is_flag=True,
+    help="Also time statements on the protected database and print the cost model's "
+    "coefficients and row counts to declare (docs/operations.md, 'Release deadlines').",
+)
+@click.option("--repeat", default=5, show_default=True, type=click.IntRange(1, 100))
+def config_check(path: str | None, config_option: str | None, measure: bool, repeat: int) -> None:
     """Validate a config file and say precisely what is wrong."""
     target = path or config_option
     if not target:
@@ -305,6 +312,11 @@ def config_check(path: str | None, config_option: str | None) -> None:
         click.echo("Nullable only by the catalogue (declare `nullable:` to decide):")
         for note in notes:
             click.echo(f"  - {note}")
+    if measure:
+        from gateway.cli.measure_report import measure_config, measure_lines
+
+        for line in measure_lines(cfg, measure_config(cfg, repeat)):
+            click.echo(line)
 
 
 def _nullability_report(cfg: object) -> list[str]:

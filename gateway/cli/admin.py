@@ -12,6 +12,7 @@
     dpgate audit-log export [--after SEQ] [--output FILE]
     dpgate admin add NAME --role admin|auditor        prints the admin's key (once)
     dpgate admin list [--json] / admin disable NAME / admin enable NAME
+    dpgate grant … / dpgate group …                   table grants (gateway/cli/access.py)
 
 Every change (``analyst add``/``disable``/``enable``, ``key rotate``, ``budget set``,
 ``budget set --global``) writes one audit-log row in its own transaction, naming who
@@ -522,9 +523,11 @@ ADMIN_COMMANDS: tuple[click.Command, ...] = (
 
 
 def register_admin_commands(group: click.Group) -> None:
-    """Add ``analyst``, ``key``, ``budget``, ``audit-log`` and ``admin`` to the ``dpgate``
-    group."""
-    for command in ADMIN_COMMANDS:
+    """Add ``analyst``, ``key``, ``budget``, ``audit-log``, ``admin``, ``grant`` and
+    ``group`` to the ``dpgate`` group."""
+    from gateway.cli.access import ACCESS_COMMANDS
+
+    for command in (*ADMIN_COMMANDS, *ACCESS_COMMANDS):
         group.add_command(command)
 
 

@@ -51,6 +51,18 @@ MEANINGS = {
         "unit (a window), which costs the engine a sort; a primary key or unique NOT NULL "
         "unit column with max_rows_per_unit 1 spares it"
     ),
+    "index": (
+        "no index leads with the unit: PostgreSQL then sorts the whole table for each "
+        "per-unit bound; with the index it reads the table in unit order and sorts each "
+        "unit's few rows only (incremental sort; bench/README.md, 'Tables without a unit "
+        "key'). It changes no answer"
+    ),
+    "sqlite windows": (
+        "per-unit windows on SQLite: each bounded statement costs several times a scan of "
+        "the table, with or without an index (measured: bench/README.md, 'Tables without a "
+        "unit key'); declare `rows` so that the cost model sizes its deadlines, or keep the "
+        "unit unique (a key, max_rows_per_unit 1) where the data allows"
+    ),
     "checks": (
         "CHECK constraints: a column they keep inside its declared values or bounds needs "
         "no domain filter or clamp in the compiled SQL"
@@ -77,19 +89,20 @@ def schema_report(cfg: Config, reading: SchemaReading) -> SchemaReport:
             continue
         missing = [c.name for c in t.columns.values() if facts.column(c.name) is None]
         problems += [f"tables.{t.name}.columns.{name}: no such column" for name in missing]
-        notes += _table_notes(t, facts, seen)
+        notes += _table_notes(t, facts, seen, reading.engine)
     if seen:
         notes.append("what this means for analysts:")
         notes += [f"  - {MEANINGS[k]}" for k in MEANINGS if k in seen]
     return SchemaReport(tuple(problems), tuple(notes))
 
 
-def _table_notes(t: TableConfig, facts: TableFacts, seen: set[str]) -> list[str]:
+def _table_notes(t: TableConfig, facts: TableFacts, seen: set[str], engine: str) -> list[str]:
     where = f"{t.schema}.{t.sql_name}" if t.schema else t.sql_name
     lines = [f"tables.{t.name} ({where}): {len(facts.columns)} column(s) in the database"]
     for kind, line in (
         *_nullability_notes(t, facts),
         *_unit_notes(t, facts),
+        *_unit_index_notes(t, facts, engine, where),
         *_constraint_notes(facts),
     ):
         seen.add(kind)
@@ -133,6 +146,27 @@ def _unit_notes(t: TableConfig, facts: TableFacts) -> list[tuple[str, str]]:
         return [("unique", f"{name}: kept unique and NOT NULL by the database")]
     why = "unique but may hold NULL" if unique else "not kept unique by the database"
     return [("bounded", f"{name}: {why}; bounded in SQL to {t.max_rows_per_unit} row(s)")]
+
+
+def _unit_index_notes(
+    t: TableConfig, facts: TableFacts, engine: str, where: str
+) -> list[tuple[str, str]]:
+    """For a table without a unit key (its unit bounded by windows): on PostgreSQL, the
+    index to create when none leads with the unit; on SQLite, what the bound costs
+    whatever the index."""
+    if t.public or t.privacy_unit is None:
+        return []
+    unit = t.privacy_unit
+    if any([c.lower() for c in cols] == [unit.lower()] for cols in facts.unique):
+        return []
+    if engine == "sqlite":
+        return [("sqlite windows", f"privacy unit {unit}: bounded by per-unit windows")]
+    if engine != "postgresql":
+        return []
+    if any(cols and cols[0].lower() == unit.lower() for cols in facts.indexed):
+        return [("", f"privacy unit {unit}: an index leads with it (per-unit sorts are small)")]
+    index = f"{t.sql_name}_{unit}_dpgate".lower()
+    return [("index", f"no index leads with {unit}: CREATE INDEX {index} ON {where} ({unit})")]
 
 
 def _constraint_notes(facts: TableFacts) -> list[tuple[str, str]]:

@@ -40,14 +40,16 @@ class TableFacts:
     """One declared table as found in the catalogue.
 
     ``unique``: column lists the database keeps unique (primary key, unique constraints
-    and indexes); ``sorting_key``: ClickHouse's primary/sorting key, which orders rows
-    but keeps nothing unique; ``checks``: CHECK constraint texts; ``unread``: what the
-    engine could not tell, each with its reason.
+    and indexes); ``indexed``: the column lists of every index, unique or not (SQLite and
+    PostgreSQL; empty where not read); ``sorting_key``: ClickHouse's primary/sorting key,
+    which orders rows but keeps nothing unique; ``checks``: CHECK constraint texts;
+    ``unread``: what the engine could not tell, each with its reason.
     """
 
     found: bool
     columns: tuple[ColumnFacts, ...] = ()
     unique: tuple[tuple[str, ...], ...] = ()
+    indexed: tuple[tuple[str, ...], ...] = ()
     sorting_key: tuple[str, ...] = ()
     checks: tuple[str, ...] = ()
     unread: tuple[str, ...] = ()
@@ -132,10 +134,10 @@ def _read_reflected(engine: sa.Engine, t: TableConfig) -> TableFacts:
             lambda: inspector.get_unique_constraints(t.sql_name, schema=t.schema),
         )
     ]
+    indexes = optional("indexes", lambda: inspector.get_indexes(t.sql_name, schema=t.schema))
+    indexed = [tuple(str(c) for c in i.get("column_names") or [] if c is not None) for i in indexes]
     unique += [
-        tuple(str(c) for c in i.get("column_names") or [])
-        for i in optional("indexes", lambda: inspector.get_indexes(t.sql_name, schema=t.schema))
-        if i.get("unique")
+        tuple(str(c) for c in i.get("column_names") or []) for i in indexes if i.get("unique")
     ]
     checks = [
         str(c["sqltext"])
@@ -149,6 +151,7 @@ def _read_reflected(engine: sa.Engine, t: TableConfig) -> TableFacts:
         found=True,
         columns=columns,
         unique=tuple(dict.fromkeys(u for u in unique if u)),
+        indexed=tuple(dict.fromkeys(i for i in [*unique, *indexed] if i)),
         checks=tuple(checks),
         unread=tuple(unread),
     )

@@ -7,9 +7,10 @@ released number or an error:
 - NaN: every comparison with NaN is false there, so the clamp ``CASE WHEN x < lower …
   WHEN x > upper …`` lets NaN through, and ``CAST(nan AS Int64)`` then raises — an error
   that says a person's row holds NaN. PostgreSQL, DuckDB and Spark order NaN above every
-  number. The table is read through a projection that turns NaN into +∞ in every real
-  column, so comparisons, clamps and orderings see what those engines see (SQLite stores
-  NaN as NULL: no NaN is ever read there).
+  number. Each stored table is read through a projection that turns NaN into +∞ in every
+  real column it declares (each table of a join with its own columns), so comparisons,
+  clamps and orderings see what those engines see (SQLite stores NaN as NULL: no NaN is
+  ever read there).
 - ROUND rounds halves to even on floats (``round(2.5) = 2``); SQLite, DuckDB and Spark
   round them away from zero, and the SUM of a measure with a ``resolution`` rounds each
   value to its grid. ROUND becomes ``trunc(x) + (|x − trunc(x)| ≥ ½ ? sign(x) : 0)``,
@@ -26,13 +27,21 @@ Every other engine's statement is returned untouched.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlglot import exp
 
 from gateway.config import TableConfig
 
 
-def for_engine(query: exp.Query, table: TableConfig, dialect: str) -> exp.Query:
-    """``query`` (compiled for ``table``) as ``dialect``'s engine must run it."""
+def for_engine(
+    query: exp.Query,
+    table: TableConfig,
+    dialect: str,
+    stored: Sequence[TableConfig] | None = None,
+) -> exp.Query:
+    """``query`` (compiled for ``table``) as ``dialect``'s engine must run it. ``stored``:
+    the tables it reads (a join's: each with its own columns), ``table`` alone if None."""
     if dialect in ("spark", "databricks"):
         return _big_literals_as_doubles(_windows_ordered(query))
     if dialect == "trino":
@@ -43,11 +52,14 @@ def for_engine(query: exp.Query, table: TableConfig, dialect: str) -> exp.Query:
         return query
     if dialect != "clickhouse":
         return query
-    reals = [name for name, c in table.columns.items() if c.type == "real"]
-    if reals:
-        for source in list(query.find_all(exp.Table)):
-            if source.name == table.sql_name:
-                source.replace(_without_nan(source, table, reals))
+    sources = list(query.find_all(exp.Table))
+    for read in stored if stored is not None else (table,):
+        reals = [name for name, c in read.columns.items() if c.type == "real"]
+        if not reals:
+            continue
+        for source in sources:
+            if source.name == read.sql_name and (source.db or None) == (read.schema or None):
+                source.replace(_without_nan(source, read, reals))
     for node in list(query.find_all(exp.Round)):
         node.replace(_half_away_from_zero(node))
     for div in list(query.find_all(exp.IntDiv)):

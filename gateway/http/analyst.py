@@ -271,15 +271,16 @@ def budget() -> Response:
 
 @bp.get("/v1/schema")
 @document(
-    summary="The public metadata of the protected tables",
+    summary="The public metadata of the protected tables the caller may read",
+    description="Only the tables granted to one of the caller's groups (or open to every "
+    "analyst) are listed; an admin sees every table.",
     auth="analyst",
     responses={200: ref("Schema")},
     errors=(Unauthenticated, Forbidden, LedgerUnavailable),
     tags=["analyst"],
 )
 def schema() -> Response:
-    current_principal()
-    return jsonify(gateway().schema())
+    return jsonify(gateway().schema(current_principal()))
 
 
 @bp.get("/v1/queries")

@@ -39,12 +39,14 @@ def create_app(config: Config, *, gateway: Gateway | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = 1_000_000
     app.extensions["dpgate"] = gateway or Gateway(config)
 
+    from gateway.http import admin_access
     from gateway.http.admin import admin_bp
     from gateway.http.analyst import bp as analyst_bp
     from gateway.http.console import install_console
     from gateway.http.ops import install_operations
 
     app.register_blueprint(analyst_bp)
+    assert admin_access.__all__ == []  # imported for its routes, which are on admin_bp
     app.register_blueprint(admin_bp, url_prefix="/v1/admin")
     install_operations(app)
     install_console(app)

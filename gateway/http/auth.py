@@ -71,7 +71,9 @@ def require_admin() -> None:
         if str(exc).startswith("admin "):
             raise
         raise Forbidden("an analyst key cannot use the admin endpoints") from None
-    except Unauthenticated:
+    except Unauthenticated as exc:
+        if "reason" in exc.detail:  # a token refused: say why (gateway.sso)
+            raise
         if gateway().config.admin_key is None:
             raise Unauthenticated(
                 "the admin endpoints are disabled: DPGATE_ADMIN_KEY is not set"

@@ -2,6 +2,7 @@
 
     codec.py     protocol v3 framing: frontend messages decoded (bounded), backend encoded
     scram.py     SCRAM-SHA-256 against the key's verifier (budget.keys)
+    password.py  password login (postgres_wire.login: password): an API key or SSO token
     rewrite.py   where a statement goes (session / catalogue / pipeline); catalogue SQL
                  rewritten onto the emulated catalogue
     catalog.py   pg_catalog and information_schema emulated from the config only

@@ -93,7 +93,7 @@ class Observer:
         try:
             self._hit("address", session.peer)
             self._hit("analyst", session.user)
-            release = self.gateway.query(session.user, request)
+            release = self.gateway.query(session.user, request, session.groups)
             outcome_name = "cached" if release.cached else "answered"
             if not release.cached and release.privacy.mechanism != "none":
                 epsilon = request.epsilon

@@ -25,6 +25,8 @@ import socket
 import ssl
 import threading
 import time
+from collections import OrderedDict
+from dataclasses import replace
 from pathlib import Path
 
 from gateway import metrics
@@ -41,6 +43,8 @@ log = logging.getLogger("dpgate.pgwire")
 TOO_MANY = "sorry, too many clients already"
 #: How long the accept loop pauses when the process is out of file descriptors.
 ACCEPT_BACKOFF_S = 0.05
+#: Emulated catalogues kept for distinct sets of readable tables (each a DuckDB database).
+MAX_CATALOGS = 16
 
 
 class WireServer:
@@ -54,8 +58,16 @@ class WireServer:
         self.wire = wire
         self.gateway = gateway or Gateway(config)
         self.catalog = Catalog(self.gateway.config)
+        # the catalogues of analysts who may read only some tables (gateway.access)
+        self._catalogs: OrderedDict[frozenset[str], Catalog] = OrderedDict()
+        self._catalogs_lock = threading.Lock()
         self.observe = Observer(self.gateway, config)
         self.tls: ssl.SSLContext | None = None
+        if wire.login == "password" and (wire.tls is None or not wire.tls.require):
+            log.warning(
+                "postgres_wire.login is password without tls.require: clients may send "
+                "their API key or token in clear text"
+            )
         if wire.tls is not None:
             self.tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
             self.tls.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -72,6 +84,24 @@ class WireServer:
         self.column_types = {n: next(iter(k)) for n, k in kinds.items() if len(k) == 1}
         self._listener: socket.socket | None = None
         self._stopped = threading.Event()
+
+    def catalog_for(self, readable: frozenset[str]) -> Catalog:
+        """The emulated catalogue of the tables ``readable``: the others are not in it at
+        all (names, OIDs: as if they were not declared)."""
+        gw = self.gateway
+        if readable == gw.access.all_tables:
+            return self.catalog
+        with self._catalogs_lock:
+            found = self._catalogs.get(readable)
+            if found is not None:
+                self._catalogs.move_to_end(readable)
+                return found
+        catalog = Catalog(replace(gw.config, tables=gw.access.tables_of(readable)))
+        with self._catalogs_lock:
+            self._catalogs[readable] = catalog
+            if len(self._catalogs) > MAX_CATALOGS:
+                self._catalogs.popitem(last=False)
+        return catalog
 
     # -- sessions --------------------------------------------------------------------------
 

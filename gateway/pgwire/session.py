@@ -42,6 +42,8 @@ from gateway.errors import (
     UnknownColumn,
     UnsupportedQuery,
 )
+from gateway.errors import LedgerUnavailable as GatewayLedgerUnavailable
+from gateway.identity import Principal
 from gateway.pgwire import codec
 from gateway.pgwire.catalog import CatalogError, CatalogResult
 from gateway.pgwire.catalog_tables import REPORTED
@@ -122,6 +124,7 @@ class Session(SessionCommands):
         self._write = write
         self.peer = peer
         self.user = ""
+        self.groups: frozenset[str] = frozenset()  # an SSO token's groups claim
         self.process_id = 0
         self.secret = 0
         self.settings: dict[str, str] = {}
@@ -180,6 +183,63 @@ class Session(SessionCommands):
             self._dispatch(message)
 
     def _authenticate(self, startup: codec.Startup, login_slot: Callable[[], bool]) -> bool:
+        user = startup.parameters.get("user", "")
+        self.user = user
+        for key, value in startup.parameters.items():
+            if key == "options":
+                self._startup_options(value)
+            elif key not in ("user", "database"):
+                self.settings[key] = value
+        try:
+            self.server.observe.check_address(self.peer)
+        except GatewayError as e:
+            self.send_error(e)
+            return False
+        if self.server.wire.login == "password":
+            logged_in = self._password_login(user)
+        else:
+            logged_in = self._scram_login(user)
+        if logged_in is None:
+            return False
+        disabled, server_final = logged_in
+        if disabled:
+            error = Forbidden(f"analyst '{user}' is disabled")
+            self.server.observe.connection(self.peer, user, error.code)
+            self.send(codec.error_response("28000", error.message, severity="FATAL"))
+            self.flush()
+            return False
+        if not login_slot():
+            self.server.observe.connection(self.peer, user, "too_many_clients")
+            self.send(
+                codec.error_response("53300", "sorry, too many clients already", severity="FATAL")
+            )
+            self.flush()
+            return False
+        if server_final is not None:
+            self.send(codec.authentication(12, server_final.encode("ascii")))
+        self.send(codec.authentication(0))
+        self.server.observe.connection(self.peer, user, "ok")
+        for name in REPORTED:
+            self.send(codec.parameter_status(name, self._setting(name) or ""))
+        self.process_id, self.secret = self.server.register(self)
+        self.send(codec.backend_key_data(self.process_id, self.secret))
+        self.send(codec.ready_for_query(self.status))
+        return True
+
+    def _login_failed(self, user: str, message: str) -> None:
+        self.server.observe.connection(self.peer, user, "unauthenticated")
+        self.send(codec.error_response("28P01", message, severity="FATAL"))
+        self.flush()
+
+    def _ledger_down(self) -> None:
+        self.send(
+            codec.error_response("58000", "the ledger database is unavailable", severity="FATAL")
+        )
+        self.flush()
+
+    def _scram_login(self, user: str) -> tuple[bool, str | None] | None:
+        """SCRAM-SHA-256 with the analyst's API key: (disabled, SASLFinal's data), or
+        ``None`` once the refusal was sent."""
         from gateway.pgwire.scram import (
             MECHANISM,
             ScramExchange,
@@ -188,33 +248,11 @@ class Session(SessionCommands):
             parse_client_first,
         )
 
-        user = startup.parameters.get("user", "")
-        self.user = user
-        for key, value in startup.parameters.items():
-            if key == "options":
-                self._startup_options(value)
-            elif key not in ("user", "database"):
-                self.settings[key] = value
-        failure = Unauthenticated(
-            f'password authentication failed for user "{user[:64]}": the password is the '
-            "analyst's API key (a key made before dpgate served PostgreSQL clients must be "
-            "rotated first: dpgate key rotate NAME)"
-        )
-        try:
-            self.server.observe.check_address(self.peer)
-        except GatewayError as e:
-            self.send_error(e)
-            return False
         try:
             login = self.server.gateway.ledger.scram_login(user) if user else None
         except LedgerUnavailable:
-            self.send(
-                codec.error_response(
-                    "58000", "the ledger database is unavailable", severity="FATAL"
-                )
-            )
-            self.flush()
-            return False
+            self._ledger_down()
+            return None
         verifier = login[1] if login is not None else mock_verifier(user)
         self.send(codec.sasl_mechanisms(MECHANISM))
         self.flush()
@@ -237,33 +275,39 @@ class Session(SessionCommands):
             if login is None:
                 raise ScramFailed("no such analyst")
         except (ScramFailed, codec.ProtocolViolation, UnicodeDecodeError):
-            self.server.observe.connection(self.peer, user, "unauthenticated")
-            self.send(codec.error_response("28P01", failure.message, severity="FATAL"))
-            self.flush()
-            return False
-        analyst = login[0]
-        if analyst.disabled:
-            error = Forbidden(f"analyst '{analyst.name}' is disabled")
-            self.server.observe.connection(self.peer, user, error.code)
-            self.send(codec.error_response("28000", error.message, severity="FATAL"))
-            self.flush()
-            return False
-        if not login_slot():
-            self.server.observe.connection(self.peer, user, "too_many_clients")
-            self.send(
-                codec.error_response("53300", "sorry, too many clients already", severity="FATAL")
-            )
-            self.flush()
-            return False
-        self.send(codec.authentication(12, server_final.encode("ascii")))
-        self.send(codec.authentication(0))
-        self.server.observe.connection(self.peer, user, "ok")
-        for name in REPORTED:
-            self.send(codec.parameter_status(name, self._setting(name) or ""))
-        self.process_id, self.secret = self.server.register(self)
-        self.send(codec.backend_key_data(self.process_id, self.secret))
-        self.send(codec.ready_for_query(self.status))
-        return True
+            self._login_failed(user, _failure(user))
+            return None
+        return login[0].disabled, server_final
+
+    def _password_login(self, user: str) -> tuple[bool, str | None] | None:
+        """A password sent in the clear (``postgres_wire.login: password``): the analyst's
+        API key, or an SSO token naming the analyst ``user`` (``gateway.pgwire.password``).
+        (disabled, None), or ``None`` once the refusal was sent."""
+        from gateway.pgwire.password import check_password
+
+        self.send(codec.authentication(3))
+        self.flush()
+        try:
+            message = codec.read_message(self.stream)
+            if not isinstance(message, codec.PasswordData):
+                raise codec.ProtocolViolation("expected a password message")
+            password = message.body.rstrip(b"\0").decode("utf-8")
+        except (codec.ProtocolViolation, UnicodeDecodeError):
+            self._login_failed(user, _failure(user))
+            return None
+        try:
+            principal = check_password(self.server.gateway, user, password)
+        except (LedgerUnavailable, GatewayLedgerUnavailable):
+            self._ledger_down()
+            return None
+        except Forbidden:
+            return True, None
+        except Unauthenticated as e:
+            reason = e.detail.get("reason")
+            self._login_failed(user, _failure(user) if reason is None else e.message)
+            return None
+        self.groups = principal.groups
+        return False, None
 
     def _startup_options(self, options: str) -> None:
         for match in re.finditer(r"(?:-c\s*|--)([\w.]+)=(\S+)", options):
@@ -526,7 +570,7 @@ class Session(SessionCommands):
         except Exception:  # a construct the rewriter does not know
             raise UnsupportedQuery(_CATALOG_UNSUPPORTED, construct="catalog") from None
         try:
-            result: CatalogResult = self.server.catalog.run(rewritten)
+            result: CatalogResult = self.server.catalog_for(self._readable()).run(rewritten)
         except CatalogError as e:
             raise _catalog_error(str(e)) from None
         columns = [(name, duckdb_type_oid(kind)) for name, kind in result.columns]
@@ -534,12 +578,19 @@ class Session(SessionCommands):
 
     def _describe_query(self, sql: str) -> Outcome:
         """A pipeline query's columns, from its plan: no data read, nothing charged."""
-        plan = self.server.gateway.analyze(sql)
+        plan = self.server.gateway.analyze(sql, self._readable())
         if isinstance(plan, ProbePlan):
             columns = [(n, value_type_oid(t)[0]) for n, t in plan.columns]
         else:
             columns = [(n, value_type_oid(t)[0]) for n, t in plan.result_columns]
         return Outcome(columns, [], "SELECT 0")
+
+    def _readable(self) -> frozenset[str]:
+        """The tables this session's analyst may read now (grants change without a
+        reconnect: read from the ledger each time)."""
+        return self.server.gateway.readable(
+            Principal(self.user, is_admin=False, groups=self.groups)
+        )
 
     def _request(self, sql: str) -> QueryRequest:
         defaults = self.server.gateway.config.privacy
@@ -594,6 +645,14 @@ def _catalog_error(engine_message: str) -> GatewayError:
             "this catalogue query took too long and was stopped", construct="catalog"
         )
     return UnsupportedQuery(_CATALOG_UNSUPPORTED, construct="catalog")
+
+
+def _failure(user: str) -> str:
+    return (
+        f'password authentication failed for user "{user[:64]}": the password is the '
+        "analyst's API key (a key made before dpgate served PostgreSQL clients must be "
+        "rotated first: dpgate key rotate NAME)"
+    )
 
 
 class InFailedTransaction(InvalidRequest):

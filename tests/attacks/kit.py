@@ -155,9 +155,11 @@ def write_config(
     statement_timeout_ms: int | None = None,
     extra_columns: str = "",
     schema: str | None = None,
+    rows: int | None = None,
 ) -> Path:
     """The default config over `people` (in ``schema``, if given); ``extra_columns`` are
-    YAML lines that declare more columns."""
+    YAML lines that declare more columns; ``rows`` declares the table's row count (public:
+    the cost model then sets each query's deadline instead of the 250 ms fallback)."""
     extra = f", statement_timeout_ms: {statement_timeout_ms}" if statement_timeout_ms else ""
     path = root / "dpgate.yaml"
     path.write_text(
@@ -165,7 +167,8 @@ def write_config(
             url=database_url,
             database_extra=extra,
             extra_columns=extra_columns,
-            table_extra=f"\n    schema: {schema}" if schema else "",
+            table_extra=(f"\n    schema: {schema}" if schema else "")
+            + (f"\n    rows: {rows}" if rows is not None else ""),
         )
     )
     return path

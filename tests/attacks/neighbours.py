@@ -16,7 +16,7 @@ sensitivity.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 
 import budget
-from gateway.compile import CompiledQuery
+from gateway.compile import CompiledQuery, compile_plan
 from gateway.config import Config, parse_config
 from gateway.pipeline import Gateway
 from gateway.plan import QueryPlan
@@ -60,6 +60,30 @@ def compile_all(config: Config, sqls: Iterable[str]) -> dict[str, Compiled]:
             assert isinstance(plan, QueryPlan), sql
             out[sql] = Compiled(sql, plan, gateway.compile(plan))
         return out
+    finally:
+        gateway.engine.dispose()
+        ledger.close()
+
+
+def compile_bypassing_the_refusal(config: Config, sql: str) -> Compiled:
+    """``sql`` compiled as a gateway over ``config``'s database would, but with none of
+    its privacy-unit paths refused as differently stored (``JoinKeys.mismatched``): the
+    bounded statement dpgate ran before that refusal, to show the attack it stops."""
+    ledger = budget.Ledger.from_url(config.ledger.url)
+    gateway = Gateway(config, ledger=ledger)
+    try:
+        assert gateway.join_keys.mismatched, "nothing here is refused: no attack to show"
+        plan = gateway.planner.analyze(sql)
+        assert isinstance(plan, QueryPlan), sql
+        keys = replace(gateway.join_keys, mismatched=frozenset())
+        compiled = compile_plan(
+            plan,
+            gateway.config.tables[plan.table],
+            gateway.dialect,
+            unit_unique=plan.table in gateway.unique_units,
+            join_keys=keys,
+        )
+        return Compiled(sql, plan, compiled)
     finally:
         gateway.engine.dispose()
         ledger.close()

@@ -17,11 +17,17 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+import budget
+from gateway.errors import UnsupportedQuery
+from gateway.join_keys import key_type_problems
+from gateway.pipeline import Gateway
+from gateway.plan import QueryRequest
 from tests.attacks.neighbours import (
     Compiled,
     answers,
     assert_within_sensitivity,
     compile_all,
+    compile_bypassing_the_refusal,
     config_for,
 )
 from tests.conftest import POSTGRES_URL, drop_postgres_schema, postgres_schema_url
@@ -566,3 +572,83 @@ def test_duckdb_a_collated_unique_unit_is_not_unique(tmp_path: Path) -> None:
     # one person under the column's collation: every spelling of them is removed
     people = [[("people", "pid", p)] for p in ("a", "b", "c")]
     _check_every_person(url, queries, people)
+
+
+# -- a privacy-unit path between differently stored columns: refused -------------------------
+
+
+@pytest.mark.parametrize(
+    "unit_type, visit_type, units, visits",
+    [
+        # two DECIMAL persons in visits, one DOUBLE person in patients equal to both
+        ("DOUBLE", "DECIMAL(38, 37)", ["0.1"], ["0.1", "0.1000000000000000000000001"]),
+        # two VARCHAR persons in visits, one NOCASE person in patients equal to both
+        ("VARCHAR COLLATE NOCASE", "VARCHAR", ["k"], ["k", "K"]),
+    ],
+)
+def test_duckdb_a_privacy_unit_path_between_storage_types_is_refused(
+    unit_type: str, visit_type: str, units: list[str], visits: list[str], tmp_path: Path
+) -> None:
+    """Bounding after the join keeps each *anchor* unit's rows bounded, but here the join
+    hands one patient's row to two visit persons: removing that patient moves both. The
+    query is refused (free, from the config and the catalogue); compiled anyway, the
+    attack shows."""
+    pytest.importorskip("duckdb_engine")
+    url = f"duckdb:///{tmp_path / 'u.duckdb'}"
+    writer = sa.create_engine(url)
+    with writer.begin() as conn:
+        conn.execute(sa.text(f"CREATE TABLE patients (pid {unit_type}, x INTEGER)"))
+        conn.execute(sa.text(f"CREATE TABLE visits (pid {visit_type}, c INTEGER)"))
+        for u in units:
+            conn.execute(
+                sa.text(f"INSERT INTO patients VALUES (CAST(:u AS {unit_type.split()[0]}), 1)"),
+                {"u": u},
+            )
+        for v in visits:
+            conn.execute(
+                sa.text(f"INSERT INTO visits VALUES (CAST(:v AS {visit_type}), 1)"), {"v": v}
+            )
+    writer.dispose()
+    declared = "text" if "VARCHAR" in unit_type else "real"
+    tables = {
+        "patients": {
+            "privacy_unit": "pid",
+            "columns": {
+                "pid": {"type": declared},
+                "x": {"type": "integer", "lower": 0, "upper": 1},
+            },
+        },
+        "visits": {
+            "columns": {
+                "pid": {"type": declared},
+                "c": {"type": "integer", "lower": 0, "upper": 1},
+            },
+            "references": {"pid": "patients.pid"},
+        },
+    }
+    sql = "SELECT COUNT(*), SUM(p.x) FROM visits v JOIN patients p ON p.pid = v.pid"
+    config = config_for(url, tables, tmp_path / "ledger.db")
+    with pytest.raises(UnsupportedQuery, match="privacy unit is not supported") as refused:
+        compile_all(config, [sql])
+    assert refused.value.detail["construct"].startswith("privacy-unit path")
+    assert compile_all(config, ["SELECT COUNT(*) FROM visits"])  # each table alone: answered
+    reader = sa.create_engine(url)
+    try:  # `dpgate config check` names the reference and says it is refused
+        problems = key_type_problems(reader, config.tables)
+    finally:
+        reader.dispose()
+    assert any(p.startswith("tables.visits.references.pid:") and "refused" in p for p in problems)
+    ledger = budget.Ledger.from_url(config.ledger.url)
+    gateway = Gateway(config, ledger=ledger)
+    try:  # through the pipeline: refused before anything is charged
+        ledger.create_analyst("eve", 10.0, 1e-6)
+        request = QueryRequest(sql=sql, epsilon=1.0, delta=0.0, mechanism="laplace")
+        with pytest.raises(UnsupportedQuery):
+            gateway.query("eve", request)
+        assert ledger.budget_status("eve").rho_spent == 0
+    finally:
+        gateway.engine.dispose()
+        ledger.close()
+    bypassed = compile_bypassing_the_refusal(config, sql)
+    with pytest.raises(AssertionError, match="more than its sensitivity"):
+        _check_every_person(url, {sql: bypassed}, [[("patients", "pid", units[0])]])
