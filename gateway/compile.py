@@ -37,6 +37,7 @@ from sqlglot import exp
 from gateway import dialects
 from gateway.compile_joins import joined, multiplies, with_row_unit
 from gateway.compile_values import (
+    bucket_index,
     clamped_value,
     fraction_literal,
     histogram_input,
@@ -69,6 +70,9 @@ class CompiledQuery:
     n_keys: int
     n_measures: int
     has_unit_count: bool
+    #: With quantiles, every row ends with three more columns (quantile, bucket, count):
+    #: NULL on the aggregate rows, set on the rows of each quantile's fine histogram.
+    n_histograms: int = 0
 
 
 def compile_plan(
@@ -119,17 +123,20 @@ def compile_plan(
         )
     if keys:
         query = query.group_by(*[exp.column(f"k{i}", quoted=True) for i in range(len(keys))])
-    query = for_engine(query, table, dialect, plan.join.tables if plan.join else None)
+    histograms = [o.quantile for o in plan.outputs if o.quantile is not None]
+    statement: exp.Query = _with_histograms(query, plan, len(keys)) if histograms else query
+    statement = for_engine(statement, table, dialect, plan.join.tables if plan.join else None)
     # The tree is this call's own (no node of the plan is in it), so the generator may
     # work on it in place: copying it cost a third of compiling.
-    sql = query.sql(dialect=dialects.dialect(dialect), copy=False)
+    sql = statement.sql(dialect=dialects.dialect(dialect), copy=False)
     if isinstance(domain, exp.Column) and domain.name == _DOMAIN_MARK:
-        sql = _with_domain_filter(sql, table, dialect, query)
+        sql = _with_domain_filter(sql, table, dialect, statement)
     return CompiledQuery(
         sql=sql,
         n_keys=len(plan.group_keys),
         n_measures=len(plan.measures),
         has_unit_count=selection,
+        n_histograms=len(histograms),
     )
 
 
@@ -164,9 +171,10 @@ def _domain_placeholder(table: TableConfig, dialect: str) -> exp.Expr | None:
 
 
 def _with_domain_filter(sql: str, table: TableConfig, dialect: str, query: exp.Expr) -> str:
-    """``sql`` with the domain filter's SQL in place of its placeholder."""
+    """``sql`` with the domain filter's SQL in place of its placeholders."""
     _, mark, filter_sql = _domain_sql[(id(table), dialect)]
-    if sql.count(mark) != 1:  # e.g. a comment quoting it: generate the filter in place
+    placed = sum(1 for c in query.find_all(exp.Column) if c.name == _DOMAIN_MARK)
+    if sql.count(mark) != placed:  # e.g. a comment quoting it: generate the filter in place
         for node in list(query.find_all(exp.Column)):
             if node.name == _DOMAIN_MARK:
                 node.replace(exp.Paren(this=row_filter(table)))
@@ -398,6 +406,58 @@ class _Bounded:
                 )
             )
         return query
+
+
+#: The bounded rows a statement with quantiles aggregates twice (CTE name).
+BOUNDED_ROWS = "dp_bounded"
+
+
+def _with_histograms(query: exp.Select, plan: QueryPlan, n_keys: int) -> exp.Query:
+    """``query`` followed (UNION ALL) by one branch per quantile output: over the same
+    rows, kept by the same bounding, the exact count of each (group, bucket) of the
+    quantile's grid that holds a value. Rows of the first branch end with three NULLs, of
+    the others with the quantile's number, the bucket and its count. One statement: the
+    database scans once where it can (the bounded rows are a CTE both branches read)."""
+    source = query.args["from_"].this
+    if isinstance(source, exp.Subquery) and isinstance(source.this, exp.Select):
+        shared: exp.Select | None = source.this
+        query.set(
+            "from_",
+            exp.From(
+                this=exp.Table(this=exp.to_identifier(BOUNDED_ROWS), alias=source.args["alias"])
+            ),
+        )
+    else:
+        shared = None
+    n_values = len(query.expressions) - n_keys
+    nothing = exp.Null()  # typed by the other branch (a CAST would make ClickHouse's
+    # supertype of its UInt64 counts and Int64 sums a String)
+    branches = [query.select(*_aliased([nothing.copy() for _ in range(3)], "h"), copy=False)]
+    quantiles = [o for o in plan.outputs if o.quantile is not None]
+    for q, o in enumerate(quantiles):
+        assert o.quantile is not None
+        count = query.expressions[n_keys + o.measures[-1]].this  # COUNT(value) of the measure
+        bucket = bucket_index(count.this, o.quantile)
+        group = [e.this.copy() for e in query.expressions[:n_keys]]
+        branch = exp.select(
+            *_aliased(group, "k"),
+            *_aliased([nothing.copy() for _ in range(n_values)], "m"),
+            exp.alias_(exp.Literal.number(q), "h0", quoted=True),
+            exp.alias_(bucket, "h1", quoted=True),
+            exp.alias_(count.copy(), "h2", quoted=True),
+        ).from_(query.args["from_"].copy(), copy=False)
+        for join in query.args.get("joins") or []:
+            branch = branch.join(join.copy(), copy=False)
+        where = query.args.get("where")
+        if where is not None:
+            branch.set("where", where.copy())
+        branches.append(branch.group_by(*[g.copy() for g in group], bucket.copy(), copy=False))
+    union: exp.Query = branches[0]
+    for branch in branches[1:]:
+        union = exp.union(union, branch, distinct=False, copy=False)
+    if shared is not None:
+        union = union.with_(BOUNDED_ROWS, as_=shared, copy=False)
+    return union
 
 
 def _read_bounded(

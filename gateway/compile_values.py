@@ -1,5 +1,5 @@
 """The per-row values measures aggregate: clamped columns, their squares, and the
-indicators of a quantile's histogram (gateway/compile.py builds the statement around them).
+bucket of a quantile's fine histogram (gateway/compile.py builds the statement around them).
 
 Every literal is exact on every backend (integers, or dyadic rationals written as the
 doubles that equal them), so the same rows give the same integers on SQLite, PostgreSQL
@@ -13,20 +13,40 @@ from fractions import Fraction
 from sqlglot import exp
 
 from gateway.config import TableConfig
-from gateway.plan import Measure
+from gateway.plan import Measure, QuantileGrid
 from gateway.portable import data_type
 
 
 def histogram_input(m: Measure) -> exp.Expr:
-    """1 where the column is below the measure's grid edge (NULL elsewhere, so COUNT
-    skips it), or the column itself for the count of values. Edges lie strictly inside
-    the declared bounds, so comparing the raw value is comparing the clamped one."""
+    """The quantile's column itself (COUNT of it is the number of values; its bucket is
+    ``bucket_index`` of it)."""
     assert isinstance(m.expression, exp.Column)
-    value = exp.column(m.expression.name, quoted=True)
-    if m.threshold is None:
-        return value
-    below = exp.LT(this=value, expression=fraction_literal(m.threshold))
-    return exp.Case(ifs=[exp.If(this=below, true=exp.Literal.number(1))])
+    return exp.column(m.expression.name, quoted=True)
+
+
+def bucket_index(value: exp.Expr, grid: QuantileGrid) -> exp.Expr:
+    """The bucket of ``grid`` a row's ``value`` falls in: ⌊(clamp(value) − lower)/width⌋,
+    NULL for NULL. The clamp (NaN goes to the upper bound, as every comparison orders it
+    there) keeps it in 0 … buckets (the upper bound itself can land one past the last
+    bucket; the gateway counts it in the last). The width is a power of two, so the
+    scaling is exact in doubles, and FLOOR is monotone: the buckets keep the values'
+    order on every backend."""
+    lower, upper = number_literal(float(grid.lower)), number_literal(float(grid.upper))
+    clamped = exp.Case(
+        ifs=[
+            exp.If(this=exp.LT(this=value.copy(), expression=lower), true=lower.copy()),
+            exp.If(this=exp.GT(this=value.copy(), expression=upper), true=upper.copy()),
+        ],
+        default=value.copy(),
+    )
+    if grid.integral:
+        offset: exp.Expr = exp.Sub(
+            this=exp.Cast(this=clamped, to=data_type("BIGINT")), expression=lower.copy()
+        )
+        return exp.Cast(this=offset, to=data_type("BIGINT"))
+    shifted = exp.Sub(this=exp.Cast(this=clamped, to=data_type("DOUBLE")), expression=lower.copy())
+    scaled = exp.Mul(this=exp.Paren(this=shifted), expression=fraction_literal(1 / grid.width))
+    return exp.Cast(this=exp.Floor(this=scaled), to=data_type("BIGINT"))
 
 
 def squares_input(m: Measure, table: TableConfig) -> exp.Expr:

@@ -83,13 +83,13 @@ def describe(planned: PlannedQuery) -> dict[str, Any]:
             }
             for m, n in zip([m for m in plan.measures if m.noised], calibration.noises, strict=True)
         ],
-        # quantiles: a bucket of a public grid chosen by permute-and-flip at this ε
+        # quantiles: a bucket of a public grid chosen by the exponential mechanism at this ε
         "choices": [
             {
                 "output": o.name,
                 "quantile": float(o.quantile.p),
                 "epsilon": float(epsilon),
-                "buckets": len(o.quantile.values),
+                "buckets": o.quantile.buckets,
             }
             for o, epsilon in zip(
                 [o for o in plan.outputs if o.quantile is not None],

@@ -11,7 +11,7 @@ ratio, HAVING, ORDER BY, LIMIT), so they cost nothing more.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from gateway.dialects import dialect
 from gateway.plan import Measure, OutputColumn, QueryPlan
 from gateway.quantiles import (
     choose_quantile,
+    histogram_of,
     quantile_accuracy,
     released_quantile,
     spread_interval,
@@ -81,6 +82,15 @@ def add_noise(
 ) -> NoisyCells:
     """Noise every measure of every released cell (post-processing comes later)."""
     nk, nm = compiled.n_keys, compiled.n_measures
+    histograms: dict[tuple[int, Row], list[tuple[Any, Any]]] = {}
+    if compiled.n_histograms:
+        aggregate_rows = []
+        for r in exact_rows:
+            if r[-3] is None:
+                aggregate_rows.append(r)
+            else:
+                histograms.setdefault((int(r[-3]), tuple(r[:nk])), []).append((r[-2], r[-1]))
+        exact_rows = aggregate_rows
     by_key = {tuple(r[:nk]): r for r in exact_rows}
     zeros = (0,) * nm
     selected: dict[int, list[int]] = {}
@@ -117,7 +127,7 @@ def add_noise(
         draws = sample(noise, n) if n else []
         noisy_measures.append([int(exact[i][j] or 0) + draws[i] for i in range(n)])
     per_cell = [[noisy_measures[j][i] for j in range(noised)] for i in range(n)]
-    chosen = [_choices(plan, calibration, exact[i]) for i in range(n)]
+    chosen = [_choices(plan, calibration, keys[i], histograms) for i in range(n)]
     # Each row carries, past its outputs, the 95% intervals of its AVG, VARIANCE and
     # STDDEV outputs: they need the cell's noisy parts, which post-processing does not keep.
     all_rows = [
@@ -154,14 +164,19 @@ def centred(plan: QueryPlan, exact: list[Row]) -> list[Row]:
     return out
 
 
-def _choices(plan: QueryPlan, calibration: QueryCalibration, exact: Row) -> dict[int, Any]:
-    """The quantile outputs of one cell, each chosen from its exact histogram counts."""
+def _choices(
+    plan: QueryPlan,
+    calibration: QueryCalibration,
+    key: Row,
+    histograms: Mapping[tuple[int, Row], Sequence[tuple[Any, Any]]],
+) -> dict[int, Any]:
+    """The quantile outputs of one cell, each chosen from its exact fine histogram."""
     chosen: dict[int, Any] = {}
     quantiles = [(i, o) for i, o in enumerate(plan.outputs) if o.quantile is not None]
-    for (i, o), epsilon in zip(quantiles, calibration.choices, strict=True):
+    for q, ((i, o), epsilon) in enumerate(zip(quantiles, calibration.choices, strict=True)):
         assert o.quantile is not None
-        value = choose_quantile(o.quantile, [exact[j] for j in o.measures], epsilon)
-        chosen[i] = released_quantile(o, value)
+        histogram = histogram_of(histograms.get((q, key), ()), o.quantile.buckets)
+        chosen[i] = released_quantile(o, choose_quantile(o.quantile, histogram, epsilon))
     return chosen
 
 

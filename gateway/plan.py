@@ -50,10 +50,11 @@ class Measure:
       ``resolution`` and summed as integers (the released value is noisy sum × resolution);
     - ``sum_squares``: SUM of the square of ``expr`` clamped to [lower, upper], on the
       grid ``resolution`` of the squares (for VARIANCE and STDDEV);
-    - ``histogram``: the *exact* number of rows whose ``expr`` is not NULL and, with a
-      ``threshold``, below it — one cumulative count of a quantile's public grid. It is
-      never noised nor released: a quantile's bucket is chosen from these counts by
-      permute-and-flip (``gateway/quantiles.py``). A plan lists these measures last.
+    - ``histogram``: the *exact* number of rows whose ``expr`` (a quantile's column) is
+      not NULL. It is never noised nor released; the statement also returns that
+      column's fine histogram over the quantile's grid (``gateway/compile.py``), from
+      which the exponential mechanism chooses a bucket (``gateway/quantiles.py``). A plan
+      lists these measures last.
 
     ``center`` (grid units, a ``sum`` of an AVG only): the measure is Σ(round(v/g) − c),
     computed from the exact SUM and the AVG's own count of the same rows
@@ -67,7 +68,6 @@ class Measure:
     lower: float | None = None
     upper: float | None = None
     resolution: Fraction = Fraction(1)
-    threshold: Fraction | None = None
     center: int = 0
 
     @property
@@ -99,8 +99,7 @@ class OutputColumn:
     for avg, none for a group key (``group_index`` says which) or a literal.
     ``hidden`` columns are computed for HAVING / ORDER BY but not returned.
     ``quantile``: (sum, sum of squares, count) for the variance kinds; for a quantile, its
-    ``histogram`` measures (the cumulative counts, then the count of values) and the grid
-    its bucket is chosen on.
+    ``histogram`` measure (the count of values) and the grid its bucket is chosen on.
     """
 
     name: str
@@ -117,15 +116,36 @@ class OutputColumn:
 class QuantileGrid:
     """The public grid a quantile's bucket is chosen on (from the declared bounds only).
 
-    ``p`` is the quantile (0 for MIN, 1/2 for MEDIAN, 1 for MAX). Bucket j covers
-    [edges[j−1], edges[j]) with the declared lower and upper bounds at the ends, and is
-    released as ``values[j]``; ``rows_per_unit`` is the enforced contribution bound.
+    ``p`` is the quantile (0 for MIN, 1/2 for MEDIAN, 1 for MAX). Bucket j of the
+    ``buckets`` covers [lower + j·width, lower + (j+1)·width), the last one up to ``upper``
+    included; the database computes each row's bucket (``gateway/compile_values.py``) and
+    returns the exact count of each non-empty one. ``rows_per_unit`` is the enforced
+    contribution bound.
     """
 
     p: Fraction
-    edges: tuple[Fraction, ...]
-    values: tuple[Fraction, ...]
+    lower: Fraction
+    upper: Fraction
+    width: Fraction
+    buckets: int
     rows_per_unit: int
+
+    @property
+    def integral(self) -> bool:
+        """Each bucket is one whole number (an integer column with width 1)."""
+        return (
+            self.width == 1
+            and self.lower.denominator == 1
+            and (self.upper - self.lower + 1 == self.buckets)
+        )
+
+    def value(self, j: int) -> Fraction:
+        """The released value of bucket j: the number itself for a whole-number bucket,
+        otherwise the middle of the bucket's part of [lower, upper]."""
+        start = self.lower + j * self.width
+        if self.integral:
+            return start
+        return (start + min(start + self.width, self.upper)) / 2
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,13 @@
-"""Releasing quantiles and spread: a bucket chosen by permute-and-flip, and VARIANCE /
-STDDEV as post-processing of noisy sums, with their accuracy.
+"""Releasing quantiles and spread: a bucket of a fine histogram chosen by the exponential
+mechanism, and VARIANCE / STDDEV as post-processing of noisy sums, with their accuracy.
 
 - A quantile (PERCENTILE_CONT, MEDIAN, MIN, MAX) of one cell is the value of the bucket
-  of its public grid (``gateway/analyze/quantiles.py``) that ``mechanisms.permute_and_flip``
-  picks from the cell's exact cumulative counts, with the query's share ε_c for it. Its
-  accuracy is a *rank* interval, computed from public values only
-  (``mechanisms.rank_halfwidth``): with 95% probability the chosen bucket holds a value
-  whose position among the cell's bounded, clamped values is within ± r of the target
-  position p·(n − 1).
+  of its public grid (``gateway/analyze/quantiles.py``, up to 65,536 buckets) that
+  ``mechanisms.choose_bucket`` picks from the cell's exact bucket counts, with the query's
+  share ε_c for it. Its accuracy is a *rank* interval, computed from public values only
+  (``mechanisms.fine_rank_halfwidth``): with 95% probability the chosen bucket holds a
+  value whose position among the cell's bounded, clamped values is within ± r of the
+  target position p·(n − 1).
 - VARIANCE / STDDEV of one cell from its noisy count n, sum S and sum of squares Q (of the
   clamped column): var_pop = Q/n − (S/n)², var_samp = (Q − S²/n)/(n − 1), clamped to
   [0, the largest variance the bounds allow]. Its 95% interval is conservative, not
@@ -20,33 +20,45 @@ STDDEV as post-processing of noisy sums, with their accuracy.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
 from gateway.plan import Measure, OutputColumn, QuantileGrid, QueryPlan
 from mechanisms import (
     Noise,
+    choose_bucket,
+    fine_rank_halfwidth,
     halfwidth,
-    permute_and_flip,
     quantile_sensitivity,
-    quantile_utilities,
-    rank_halfwidth,
 )
 
 Interval = tuple[float, float]
+#: One cell's fine histogram: bucket → exact count of values (empty buckets absent).
+Histogram = Mapping[int, int]
 
 
-def choose_quantile(grid: QuantileGrid, counts: Sequence[int], epsilon: Fraction) -> Fraction:
-    """The released value of one cell: ``counts`` are its exact histogram measures (values
-    below each inner edge, then the number of values). ε-DP (add/remove one unit) for the
-    cell; over all cells a unit's rows are at most ``grid.rows_per_unit``, so the choices
-    of all cells together are ε-DP too (``mechanisms.permute_and_flip``: each cell's loss
-    is ε times the unit's share of rows there)."""
-    below, n = [int(c or 0) for c in counts[:-1]], int(counts[-1] or 0)
-    utilities = quantile_utilities(below, n, grid.p)
-    index = permute_and_flip(utilities, epsilon, quantile_sensitivity(grid.p, grid.rows_per_unit))
-    return grid.values[index]
+def choose_quantile(grid: QuantileGrid, histogram: Histogram, epsilon: Fraction) -> Fraction:
+    """The released value of one cell from its exact fine histogram. ε-DP (add/remove one
+    unit) for the cell; over all cells a unit's rows are at most ``grid.rows_per_unit``,
+    and each row is in one cell, so the choices of all cells together are ε-DP too
+    (parallel composition over the cells, each cell's utilities moving by the unit's rows
+    there, at most ``grid.rows_per_unit``: ``mechanisms.choose_bucket``)."""
+    sensitivity = quantile_sensitivity(grid.p, grid.rows_per_unit)
+    index = choose_bucket(histogram, grid.buckets, grid.p, sensitivity, epsilon)
+    return grid.value(index)
+
+
+def histogram_of(rows: Sequence[tuple[Any, Any]], buckets: int) -> dict[int, int]:
+    """(bucket, count) rows of the statement as a histogram; the upper bound itself (one
+    past the last bucket when the span is a whole number of buckets) counts in the last."""
+    out: dict[int, int] = {}
+    for bucket, count in rows:
+        if bucket is None or not count:
+            continue
+        j = min(max(int(bucket), 0), buckets - 1)
+        out[j] = out.get(j, 0) + int(count)
+    return out
 
 
 def released_quantile(o: OutputColumn, value: Fraction) -> int | float:
@@ -56,16 +68,16 @@ def released_quantile(o: OutputColumn, value: Fraction) -> int | float:
 def quantile_accuracy(grid: QuantileGrid, epsilon: Fraction) -> dict[str, Any]:
     """The rank interval of a quantile output (public: no data involved)."""
     sensitivity = quantile_sensitivity(grid.p, grid.rows_per_unit)
-    r = rank_halfwidth(epsilon, sensitivity, len(grid.values))
-    widths = {float(b - a) for a, b in zip(grid.values, grid.values[1:], strict=False)}
+    r = fine_rank_halfwidth(epsilon, sensitivity, grid.buckets)
+    within = f"within ±{r}" if r is not None else "not bounded at this ε"
     return {
         "quantile": float(grid.p),
         "rank_ci95_halfwidth": r,
-        "buckets": len(grid.values),
-        "bucket_width": max(widths) if widths else 0.0,
+        "buckets": grid.buckets,
+        "bucket_width": float(grid.width),
         "note": (
-            f"with 95% probability the released bucket holds a value whose rank is within "
-            f"±{r} of the target rank p·(n−1) among the group's bounded values"
+            f"with 95% probability the released bucket holds a value whose rank is {within} "
+            f"of the target rank p·(n−1) among the group's bounded values"
         ),
     }
 

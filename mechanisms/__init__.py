@@ -21,6 +21,7 @@ from mechanisms.calibration import (
     tail_probability,
     zcdp_epsilon,
 )
+from mechanisms.histogram_quantile import choose_bucket, fine_rank_halfwidth
 from mechanisms.pool import POOLS
 from mechanisms.selection import (
     calibrate_with_choices,
@@ -53,6 +54,8 @@ __all__ = [
     "calibrate_query",
     "calibrate_query_rho",
     "calibrate_with_choices",
+    "choose_bucket",
+    "fine_rank_halfwidth",
     "grid_center",
     "grid_resolution",
     "grid_sensitivity",

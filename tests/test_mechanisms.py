@@ -73,6 +73,8 @@ def test_public_api_is_pinned() -> None:
             "tail_probability",
             # private selection (quantiles)
             "calibrate_with_choices",
+            "choose_bucket",
+            "fine_rank_halfwidth",
             "permute_and_flip",
             "quantile_sensitivity",
             "quantile_utilities",

@@ -23,7 +23,7 @@ from gateway.errors import AuditRefused
 from gateway.pipeline import Gateway
 from gateway.plan import QueryPlan, QueryRequest
 from gateway.quantiles import spread_interval, spread_value
-from mechanisms import calibrate_with_choices, quantile_utilities
+from mechanisms import calibrate_with_choices, fine_rank_halfwidth, quantile_utilities
 
 
 def _ages(gw: Gateway, where: str = "1 = 1") -> list[int]:
@@ -43,14 +43,18 @@ def test_a_median_over_http_is_within_the_bounds_with_its_rank_interval(
     accuracy = body["accuracy"]["m"]
     assert accuracy["quantile"] == 0.5
     assert accuracy["buckets"] == 101  # one bucket per declared age
-    # (2Δ/ε)(ln 101 + ln 20) with Δ = 1/2 (one row per patient, p = 1/2)
-    assert accuracy["rank_ci95_halfwidth"] == math.ceil(math.log(101) + math.log(20) + 0.5)
+    # levels of Δ = 1/2 ranks (one row per patient, p = 1/2) up to ln(20·101)/ln(e^(ε/2))
+    # past the best bucket's (at most ⌈1/Δ⌉ = 2)
+    level = math.ceil(math.log(20 * 101) / 0.5) + 2
+    assert accuracy["rank_ci95_halfwidth"] in (math.ceil(level / 2), math.ceil(level / 2) + 1)
+    assert accuracy["rank_ci95_halfwidth"] == fine_rank_halfwidth(Fraction(1), Fraction(1, 2), 101)
     assert body["privacy"]["epsilon"] == 1.0
 
 
 def test_a_released_median_is_close_in_rank_to_the_true_one(make_gateway: Any) -> None:
-    """At ε = 10 a bucket whose rank gap is G is chosen with probability at most
-    101·exp(−10·G/(2·½)); G = 2 makes that below 1e-6 (the false-alarm rate)."""
+    """At ε = 10 a bucket whose rank gap G exceeds 2 has level ⌈G/Δ⌉ ≥ 5 (Δ = ½), the
+    best one at most 1, so it is chosen with probability at most 101·exp(−(10/2)·(5 − 1))
+    ≈ 2e-7, below the false-alarm rate 1e-6."""
     gw = make_gateway(privacy={"max_epsilon_per_query": 10.0})
     gw.ledger.create_analyst("ann", 100.0, 1e-6)
     ages = _ages(gw)
@@ -214,14 +218,18 @@ def test_stddev_over_http(ask: Callable[..., Any]) -> None:
 
 
 def test_the_grid_is_public_and_bounded() -> None:
+    """Up to MAX_BUCKETS buckets of a power-of-two width from the lower bound, covering
+    the declared range; every released value lies inside the bounds (issue 38)."""
     grid = quantile_grid("real", 2.0, 20.0, Fraction(1, 2), 1)
-    assert len(grid.values) <= MAX_BUCKETS + 1
-    assert all(2 < e < 20 and (e * 2**10).denominator == 1 for e in grid.edges)
-    assert grid.values[0] > 2 and grid.values[-1] < 20
+    assert grid.buckets <= MAX_BUCKETS and grid.buckets > MAX_BUCKETS // 2
+    assert grid.width.numerator == 1 and grid.width.denominator & (grid.width.denominator - 1) == 0
+    assert 2 + (grid.buckets - 1) * grid.width < 20 <= 2 + grid.buckets * grid.width
+    assert 2 < grid.value(0) < grid.value(1) and grid.value(grid.buckets - 1) < 20
     wide = quantile_grid("integer", 0, 200000, Fraction(1), 3)
-    assert len(wide.values) <= MAX_BUCKETS + 1 and all(e.denominator == 1 for e in wide.edges)
+    assert (wide.width, wide.buckets) == (4, 50000) and not wide.integral
+    assert wide.value(wide.buckets - 1) == Fraction(199998)  # the middle of [199996, 200000]
     ages = quantile_grid("integer", 0, 100, Fraction(0), 1)
-    assert ages.values == tuple(Fraction(a) for a in range(101))
+    assert ages.integral and [ages.value(j) for j in range(ages.buckets)] == list(range(101))
 
 
 def test_quantile_utilities_score_the_bucket_holding_the_target_rank() -> None:
@@ -303,3 +311,24 @@ def test_quantiles_with_the_rest_of_the_language(
     assert status == 200, body
     assert body["rows"]
     assert body["privacy"]["epsilon"] > 0
+
+
+def test_the_cost_model_counts_the_rows_a_quantiles_histogram_can_return(
+    gateway: Gateway,
+) -> None:
+    """The mechanism weighs every returned (group, bucket) before the release moment, so
+    the deadline must cover the most there can be — from public facts only."""
+    from gateway.cost_model import histogram_rows
+
+    def plan_of(sql: str) -> QueryPlan:
+        plan = analyze(sql, gateway.config.tables)
+        assert isinstance(plan, QueryPlan)
+        return plan
+
+    assert histogram_rows(plan_of("SELECT COUNT(*) FROM patients"), 12_000) == 0
+    assert histogram_rows(plan_of("SELECT MEDIAN(age) FROM patients"), 12_000) == 101
+    by_sex = plan_of("SELECT sex, MEDIAN(age), MAX(age) FROM patients GROUP BY sex")
+    assert histogram_rows(by_sex, 12_000) == 2 * 2 * 101
+    assert histogram_rows(by_sex, 150) == 2 * 150  # never more than the rows
+    by_zip = plan_of("SELECT zip, MEDIAN(age) FROM patients GROUP BY zip")  # not public
+    assert histogram_rows(by_zip, 12_000) == 12_000

@@ -112,8 +112,9 @@ def test_the_deadline_follows_the_querys_cost(
     assert count is not None and median is not None and bounded is not None
     # a plain count on the demo's 12,000 patients: well under the old fixed 250 ms
     assert count < 250
-    # a quantile's grid and a table read through its per-person bound cost more
-    assert median > 2 * count
+    # a quantile's fine histogram (a second branch of its statement) costs at least a
+    # count; a table read through its per-person bound costs more
+    assert median >= count
     assert bounded > 2 * count
     # the release moment waits for more when more statements are in flight (public)
     planned = gw.planner.plan(request("SELECT COUNT(*) FROM patients"))

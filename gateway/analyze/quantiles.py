@@ -1,13 +1,15 @@
 """Pass 4b: quantiles (PERCENTILE_CONT, MEDIAN, MIN, MAX) and spread (VARIANCE, STDDEV).
 
 A quantile of a bounded numeric column is released by choosing one bucket of a *public*
-grid: its edges come from the declared bounds alone (``quantile_grid``), never from the
-data. The database computes, after the usual per-unit contribution bounding, the exact
-number of values below each inner edge (``histogram`` measures) and the number of values;
-only those counts leave it, and permute-and-flip picks the bucket from them
-(``mechanisms.selection``, ``gateway/quantiles.py``). MIN and MAX are the quantiles 0 and
-1: the released value is a grid value whose rank is close to the first (last) one, which
-is not the same as the smallest (largest) value when few rows are at the ends.
+grid of up to ``MAX_BUCKETS`` buckets: its edges come from the declared bounds alone
+(``quantile_grid``), never from the data. The database computes, after the usual
+per-unit contribution bounding, the number of values (a ``histogram`` measure) and the
+exact count of every non-empty bucket (one more branch of the same statement, grouped by
+the bucket: ``gateway/compile.py``); only those counts leave it, and the exponential
+mechanism picks the bucket from them (``mechanisms.histogram_quantile``,
+``gateway/quantiles.py``). MIN and MAX are the quantiles 0 and 1: the released value is a
+grid value whose rank is close to the first (last) one, which is not the same as the
+smallest (largest) value when few rows are at the ends.
 
 VARIANCE and STDDEV are post-processing of a noisy COUNT, a noisy SUM and a noisy sum of
 squares of the clamped column (``sum_squares``); see ``gateway/quantiles.py``.
@@ -34,10 +36,11 @@ from gateway.plan import Measure, OutputKind, QuantileGrid
 QUANTILE_AGGREGATES = (exp.WithinGroup, exp.Median, exp.Min, exp.Max)
 SPREAD_AGGREGATES = (exp.Stddev, exp.StddevPop, exp.StddevSamp, exp.Variance, exp.VariancePop)
 
-#: A quantile's grid has at most this many buckets (one cumulative count each, computed in
-#: the one aggregate statement): an integer column with at most this many values gets one
-#: bucket per value, anything else buckets of a power-of-two width.
-MAX_BUCKETS = 128
+#: A quantile's grid has at most this many buckets: an integer column with at most this
+#: many values gets one bucket per value, anything else buckets of a power-of-two width.
+#: The statement returns one row per non-empty bucket (per group), so this bounds what a
+#: quantile brings back; its error from the grid is a quarter of a bucket on average.
+MAX_BUCKETS = 1 << 16
 
 _SPREAD_KINDS: dict[type[exp.Expr], OutputKind] = {
     exp.Stddev: "stddev_samp",
@@ -51,52 +54,40 @@ _SPREAD_KINDS: dict[type[exp.Expr], OutputKind] = {
 def quantile_measures(
     node: exp.Expr, table: TableConfig, alias: str, grouped: bool
 ) -> tuple[list[Measure], QuantileGrid]:
-    """The histogram measures of one quantile call (cumulative counts below each inner
-    edge of its grid, then the count of values) and the grid."""
+    """The measure of one quantile call (the count of values; the statement brings its
+    fine histogram beside it) and the grid."""
     name, p, arg = _quantile_call(node)
     column = bounded_column(arg, table, alias, name)
     col = table.columns[column.name]
     rows, _ = contribution_bounds(table, grouped)
     grid = quantile_grid(col.type, float(col.lower or 0.0), float(col.upper or 0.0), p, rows)
-    sensitivity = uniform_sensitivity(rows)  # of each count; they are never noised
-    measures = [
-        Measure("histogram", sensitivity, expression=column, threshold=edge) for edge in grid.edges
-    ]
-    measures.append(Measure("histogram", sensitivity, expression=column))
-    return measures, grid
+    sensitivity = uniform_sensitivity(rows)  # of the count; it is never noised
+    return [Measure("histogram", sensitivity, expression=column)], grid
 
 
 def quantile_grid(ctype: str, lower: float, upper: float, p: Fraction, rows: int) -> QuantileGrid:
     """The public grid of a column declared [lower, upper] (a function of the schema only).
 
     An integer column with at most ``MAX_BUCKETS`` values: one bucket per value, released
-    as itself. Otherwise buckets are cut at the multiples of w = 2^k (the smallest power of
-    two with at most ``MAX_BUCKETS`` − 1 widths in the range, at least 1 for integers)
-    strictly inside the bounds, and each is released as its midpoint. Edges are dyadic
-    rationals, exact as SQL literals on every backend.
+    as itself. Otherwise buckets of width w = 2^k from the lower bound (the smallest power
+    of two with at most ``MAX_BUCKETS`` buckets in the range, at least 1 for integers),
+    each released as the middle of its part of [lower, upper]. Widths and bounds are
+    exact as SQL literals on every backend.
     """
     lo, hi = Fraction(lower), Fraction(upper)
-    if ctype == "integer" and hi - lo + 1 <= MAX_BUCKETS:
-        values = tuple(lo + i for i in range(int(hi - lo) + 1))
-        return QuantileGrid(p, values[1:], values, rows)
     span = hi - lo
-    k = math.ceil(math.log2(span / (MAX_BUCKETS - 1))) if span > 0 else 0
+    if ctype == "integer" and span + 1 <= MAX_BUCKETS:
+        return QuantileGrid(p, lo, hi, Fraction(1), int(span) + 1, rows)
+    k = math.ceil(math.log2(span / MAX_BUCKETS)) if span > 0 else 0
     width = Fraction(2) ** k
-    while span / width > MAX_BUCKETS - 1:  # guard the float log against rounding
+    while span / width > MAX_BUCKETS:  # guard the float log against rounding
         width *= 2
-    while width > 1 and span / (width / 2) <= MAX_BUCKETS - 1:
+    while span / (width / 2) <= MAX_BUCKETS and span > 0:
         width /= 2
     if ctype == "integer":
         width = max(width, Fraction(1))
-    first = math.floor(lo / width) + 1
-    edges = []
-    e = first * width
-    while e < hi:
-        edges.append(e)
-        e += width
-    ends = [lo, *edges, hi]
-    values = tuple((ends[i] + ends[i + 1]) / 2 for i in range(len(ends) - 1))
-    return QuantileGrid(p, tuple(edges), values, rows)
+    buckets = max(1, math.ceil(span / width))
+    return QuantileGrid(p, lo, hi, width, buckets, rows)
 
 
 def _quantile_call(node: exp.Expr) -> tuple[str, Fraction, exp.Expr]:

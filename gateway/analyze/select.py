@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 from sqlglot import exp
 
@@ -72,8 +71,6 @@ class _Builder:
     def measure(self, m: Measure) -> int:
         shown = m.expression.sql(dialect=dialect(None)) if m.expression is not None else ""
         key = f"{m.kind}:{shown}"
-        if m.threshold is not None:
-            key += f"<{m.threshold}"
         if m.center:
             key += f"{_CENTRED}{m.center}"
         if key in self.measure_keys:
@@ -111,11 +108,11 @@ class _Builder:
         """A quantile (chosen on a public grid) or a VARIANCE / STDDEV output."""
         if isinstance(node, QUANTILE_AGGREGATES):
             ms, grid = quantile_measures(node, self.table, self.alias, self.grouped)
-            integral = grid.values == tuple(Fraction(int(v)) for v in grid.values)
+            integral = grid.integral and isinstance(node, exp.Min | exp.Max)
             out = OutputColumn(
                 name=name,
                 kind="quantile",
-                type="integer" if integral and isinstance(node, exp.Min | exp.Max) else "real",
+                type="integer" if integral else "real",
                 measures=tuple(self.measure(m) for m in ms),
                 hidden=hidden,
                 quantile=grid,

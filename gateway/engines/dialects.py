@@ -35,11 +35,11 @@ from gateway.config import TableConfig
 
 
 def for_engine(
-    query: exp.Select,
+    query: exp.Query,
     table: TableConfig,
     dialect: str,
     stored: Sequence[TableConfig] | None = None,
-) -> exp.Select:
+) -> exp.Query:
     """``query`` (compiled for ``table``) as ``dialect``'s engine must run it. ``stored``:
     the tables it reads (a join's: each with its own columns), ``table`` alone if None."""
     if dialect in ("spark", "databricks"):
@@ -67,7 +67,7 @@ def for_engine(
     return query
 
 
-def _windows_ordered(query: exp.Select) -> exp.Select:
+def _windows_ordered(query: exp.Query) -> exp.Query:
     """Spark refuses ROW_NUMBER() without an ORDER BY. A window that picks any of a
     unit's rows is ordered by the unit itself — the same value on every row of its
     partition, so still any row (``gateway/compile.py``, ``counts_only``)."""
@@ -85,7 +85,7 @@ def _windows_ordered(query: exp.Select) -> exp.Select:
 _DECIMAL_DIGITS = 38
 
 
-def _big_literals_as_doubles(query: exp.Select) -> exp.Select:
+def _big_literals_as_doubles(query: exp.Query) -> exp.Query:
     """Integer literals too long for Spark's DECIMAL, written as doubles. They are powers
     of two (the grid of a SUM, ``gateway/compile.py``) or bounds the config holds as
     floats: the double literal is the same number, exactly."""

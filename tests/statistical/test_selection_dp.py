@@ -1,4 +1,6 @@
-"""Statistical DP test of the quantile selection (permute-and-flip), false-alarm rate ≤ 1e-6.
+"""Statistical DP test of permute-and-flip (``mechanisms.permute_and_flip``, the selection
+quantiles used before the fine histogram of ``mechanisms.histogram_quantile``, kept as a
+general private selection), false-alarm rate ≤ 1e-6.
 
 The neighbours are the values (0, 0, 1) and (0, 0, 1, 1) on the grid {0, 1, 2, 3} (one
 row per unit, the median): for them permute-and-flip's privacy loss is exactly ε (the
@@ -15,9 +17,7 @@ from fractions import Fraction
 
 import pytest
 
-from gateway.analyze.quantiles import quantile_grid
-from gateway.quantiles import choose_quantile
-from mechanisms import quantile_sensitivity, quantile_utilities
+from mechanisms import permute_and_flip, quantile_sensitivity, quantile_utilities
 from mechanisms.exact import bernoulli_exp_neg
 
 from .dp_harness import check_release
@@ -26,18 +26,21 @@ pytestmark = pytest.mark.slow
 
 N = 20_000
 EPSILON = Fraction(1)
-GRID = quantile_grid("integer", 0, 3, Fraction(1, 2), 1)
+EDGES = (1, 2, 3)  # the grid {0, 1, 2, 3}
+P = Fraction(1, 2)
 DB0 = (0, 0, 1)
 DB1 = (0, 0, 1, 1)
 
 
 def _counts(values: Sequence[int]) -> list[int]:
-    return [sum(v < e for v in values) for e in GRID.edges] + [len(values)]
+    return [sum(v < e for v in values) for e in EDGES] + [len(values)]
 
 
 def _release(epsilon: Fraction) -> object:
     def release(values: Sequence[int]) -> int:
-        return int(choose_quantile(GRID, _counts(values), epsilon))
+        counts = _counts(values)
+        utilities = quantile_utilities(counts[:-1], counts[-1], P)
+        return permute_and_flip(utilities, epsilon, quantile_sensitivity(P, 1))
 
     return release
 
@@ -47,9 +50,9 @@ def _fixed_order_release(values: Sequence[int]) -> int:
     longer ε-DP — on DB1 bucket {1} is best and always accepted before bucket {0} is
     visited, which DB0 releases with probability ≈ 0.49."""
     counts = _counts(values)
-    utilities = quantile_utilities(counts[:-1], counts[-1], GRID.p)
+    utilities = quantile_utilities(counts[:-1], counts[-1], P)
     best = max(utilities)
-    delta = quantile_sensitivity(GRID.p, GRID.rows_per_unit)
+    delta = quantile_sensitivity(P, 1)
     for j, u in reversed(list(enumerate(utilities))):
         if bernoulli_exp_neg(EPSILON * (best - u) / (2 * delta)):
             return j

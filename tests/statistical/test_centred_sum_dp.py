@@ -1,0 +1,127 @@
+"""Statistical DP test of the centred sum an AVG noises (``gateway/noising.py``,
+``centred``), false-alarm rate ≤ 1e-6 per test.
+
+An AVG's sum is Σ(x − c) for the grid point c nearest the middle of the bounds, noised
+for the sensitivity of the centred values, max(|lower − c|, |upper − c|) — 50 for
+[0, 100], half the uncentred 100. The neighbours differ by one person whose value (10⁹)
+the SQL clamps to the upper bound, the far end from c: the centred sum moves by exactly
+50. Everything up to the noise is the gateway's own: analysis, calibration at ε, the
+compiled statement on SQLite, ``centred``; the release is that exact centred sum plus a
+draw of the calibrated noise (the AVG's ratio is post-processing of it). A gateway that
+calibrates for the centred sensitivity but forgets to centre is refuted by the same test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.config import parse_config
+from gateway.execute import run_aggregate
+from gateway.noising import centred
+from gateway.pipeline import Gateway
+from gateway.plan import QueryPlan, QueryRequest
+from mechanisms import Noise, sample
+from tests.statistical.dp_harness import check_release
+
+pytestmark = pytest.mark.slow
+
+EPSILON = 1.0
+UPPER = 100
+SQL = "SELECT AVG(value) FROM people"
+
+
+def _gateway(root: Path, name: str, extra: bool) -> Gateway:
+    db = root / f"{name}.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE people (pid INTEGER PRIMARY KEY, value INTEGER)")
+        pid = itertools.count(1)
+        rows = [(next(pid), v) for v in (10, 40, 50, 60, 70)]
+        if extra:
+            rows.append((next(pid), 10**9))
+        conn.executemany("INSERT INTO people VALUES (?, ?)", rows)
+    raw: dict[str, Any] = {
+        "database": {"url": f"sqlite:///{db}"},
+        "ledger": {"url": f"sqlite:///{root / (name + '-ledger.db')}"},
+        "audit": {"mode": "off"},
+        "tables": {
+            "people": {
+                "privacy_unit": "pid",
+                "columns": {
+                    "pid": {"type": "integer"},
+                    "value": {"type": "integer", "lower": 0, "upper": UPPER},
+                },
+            }
+        },
+    }
+    return Gateway(parse_config(raw))
+
+
+@pytest.fixture(scope="module")
+def sides(tmp_path_factory: pytest.TempPathFactory) -> tuple[Gateway, Gateway]:
+    root = tmp_path_factory.mktemp("centred")
+    return _gateway(root, "d0", extra=False), _gateway(root, "d1", extra=True)
+
+
+def _exact_sum(gw: Gateway, centre: bool) -> tuple[int, Noise]:
+    """The AVG's exact sum as the gateway noises it (centred unless told otherwise), and
+    the noise the gateway calibrates for it at ε."""
+    plan = gw.analyze(SQL)
+    assert isinstance(plan, QueryPlan)
+    (avg,) = plan.outputs
+    s = avg.measures[0]
+    assert plan.measures[s].center == 50  # the middle of [0, 100]
+    calibration = gw.planner.calibrate(plan, QueryRequest(SQL, EPSILON, 0.0, "laplace"))
+    compiled = gw.compile(plan)
+    rows = [tuple(r) for r in run_aggregate(gw.engine, compiled.sql, timeout_ms=60_000)]
+    exact = centred(plan, rows) if centre else rows
+    return int(exact[0][s]), calibration.noises[s]
+
+
+def _release_many(centre: bool) -> Callable[[Gateway, int], list[int]]:
+    def release_many(gw: Gateway, k: int) -> list[int]:
+        value, noise = _exact_sum(gw, centre)
+        return [value + z for z in sample(noise, k)]
+
+    return release_many
+
+
+def test_the_centred_sum_of_an_avg_is_epsilon_dp(sides: tuple[Gateway, Gateway]) -> None:
+    many = _release_many(centre=True)
+    (t0, noise), (t1, _) = _exact_sum(sides[0], True), _exact_sum(sides[1], True)
+    assert (t0, t1) == (230 - 5 * 50, 230 + 100 - 6 * 50)  # moves by 50, not 100
+    # calibrated for 50 at the sum's half of ε (the count has the other half)
+    assert noise == Noise("laplace", Fraction(50) / (Fraction(EPSILON) / 2))
+    # the AVG's ε is split between its sum and its count: the sum alone is ε/2-DP
+    result = check_release(
+        lambda gw: many(gw, 1)[0],
+        sides[0],
+        sides[1],
+        epsilon=EPSILON / 2,
+        n=20_000,
+        noise=noise,
+        true_values=(t0, t1),
+        release_many=many,
+    )
+    assert not result.rejected, result.summary()
+
+
+def test_a_sum_calibrated_as_centred_but_not_centred_is_refuted(
+    sides: tuple[Gateway, Gateway],
+) -> None:
+    many = _release_many(centre=False)
+    result = check_release(
+        lambda gw: many(gw, 1)[0],
+        sides[0],
+        sides[1],
+        epsilon=EPSILON / 2,
+        n=20_000,
+        release_many=many,
+    )
+    assert result.rejected, result.summary()
