@@ -419,3 +419,46 @@ def test_what_the_pages_say_is_tidy(served: Served, watched: Watched) -> None:
     w.shot("22-spend-axis")
     sign_out(w)
     w.assert_clean(key, served.admin_key)
+
+
+def test_a_table_not_granted_to_the_analyst_is_not_in_the_console(
+    served: Served, watched: Watched
+) -> None:
+    """Table grants (issue 39) in the console: a table granted only to a group the analyst
+    is not in is missing from the schema tree and refused exactly as an undeclared table,
+    for free; adding the analyst to the group shows it again, without a restart."""
+    page, key, admin = watched.page, served.analyst_key, served.admin_key
+    status, body = served.call(
+        "POST", "/v1/admin/grants", {"table": "visits", "group": "cardiology"}, key=admin
+    )
+    assert status == 201, body
+    try:
+        sign_in(watched, served, key)
+        tree = page.locator("#schema-tree")
+        tree.get_by_text("patients", exact=True).wait_for()
+        assert tree.get_by_text("visits", exact=True).count() == 0
+
+        before = budget(served, key)
+        page.get_by_label("SQL").fill("SELECT COUNT(*) AS n FROM visits")
+        page.get_by_role("button", name="Run", exact=True).click()
+        refusal = page.get_by_role("alert").filter(has_text="unknown_table")
+        refusal.wait_for()
+        assert "Nothing was spent" in refusal.inner_text()
+        watched.shot("14-table-not-granted")
+        # The page's words are the API's, and the API's are an undeclared table's.
+        hidden = served.call("POST", "/v1/query", {"sql": "SELECT COUNT(*) FROM visits"}, key)[1]
+        never = served.call("POST", "/v1/query", {"sql": "SELECT COUNT(*) FROM vizits"}, key)[1]
+        assert hidden["error"]["code"] == never["error"]["code"] == "unknown_table"
+        assert hidden["error"]["message"].replace("visits", "vizits") == never["error"]["message"]
+        assert budget(served, key) == before
+        sign_out(watched)
+    finally:
+        status, body = served.call(
+            "POST", "/v1/admin/groups/cardiology/members", {"analyst": "alice"}, key=admin
+        )
+        assert status == 201, body
+
+    sign_in(watched, served, key)
+    page.locator("#schema-tree").get_by_text("visits", exact=True).wait_for(timeout=5000)
+    sign_out(watched)
+    watched.assert_clean(key, admin)
