@@ -63,6 +63,18 @@ def _refusal(result: Any) -> Any:
             "SELECT COUNT(*) FROM patients WHERE age > 40",
             "age = 40",
         ),
+        # a prefix's complement is NOT LIKE (it was once said as "zip <> '94%'")
+        (
+            "SELECT COUNT(*) FROM patients WHERE city = 'Sopron'",
+            "SELECT COUNT(*) FROM patients WHERE city = 'Sopron' AND zip LIKE '94%'",
+            "city = 'Sopron' AND zip NOT LIKE '94%'",
+        ),
+        # a longer prefix inside a shorter one: both conditions, not just the inner one
+        (
+            "SELECT COUNT(*) FROM patients WHERE zip LIKE '9%'",
+            "SELECT COUNT(*) FROM patients WHERE zip LIKE '9%' AND zip NOT LIKE '94%'",
+            "(zip LIKE '9%' AND zip NOT LIKE '94%')",
+        ),
     ],
 )
 def test_a_refusal_names_the_group_as_a_where_clause(
@@ -73,6 +85,8 @@ def test_a_refusal_names_the_group_as_a_where_clause(
     assert not decision.allowed
     assert decision.groups == (group,)
     assert f"WHERE {group}" in decision.reason and "directly" in decision.reason
+    # the clause is one the analyst can send: asked directly, it is its own group
+    assert not refused(alice.ask(f"SELECT COUNT(*) FROM patients WHERE {group}", 1.0))
 
 
 def test_asking_the_named_group_directly_lets_the_query_through(alice: Session) -> None:

@@ -118,23 +118,52 @@ def _subject(dim: Dimension) -> str:
 def _categorical(
     dim: Dimension, subject: str, values: list[Piece], chosen: np.ndarray
 ) -> list[str]:
-    named = [p.sample for p in dim.pieces if p.sample is not None and p.sample is not OTHER]
-    if any(p.sample is OTHER for p in values) or any(isinstance(p.sample, Prefix) for p in values):
-        # "any value not named": say which named values are left out
-        left_out = [
-            p.sample
-            for p, c in zip(dim.pieces, chosen, strict=True)
-            if not c and p.sample is not None and p.sample is not OTHER
-        ]
+    named = [p.sample for p in dim.pieces if _is_named(p)]
+    unnamed = [(p, c) for p, c in zip(dim.pieces, chosen, strict=True) if _is_unnamed(p)]
+    kept = [p.sample for p in values if _is_named(p)]
+    if unnamed and all(c for _, c in unnamed):
+        # every value not named is in: say which named values are left out
+        left_out = [v for v in named if v not in kept]
         if not left_out:
             return [f"{subject} IS NOT NULL"] if dim.nullable else []
         return [_not_in(subject, left_out)]
-    kept = [p.sample for p in values]
-    if not kept:
-        return []
-    if dim.declared is not None and len(kept) > len(named) / 2 and len(kept) < len(named):
-        return [_not_in(subject, [v for v in named if v not in kept])]
-    return [_in(subject, kept)]
+    out = [_in(subject, kept)] if kept else []
+    if not any(c for _, c in unnamed):
+        if dim.declared is not None and len(kept) > len(named) / 2 and len(kept) < len(named):
+            return [_not_in(subject, [v for v in named if v not in kept])]
+        return out
+    prefixes = [p.sample.text for p, _ in unnamed if isinstance(p.sample, Prefix)]
+    for piece, c in unnamed:
+        if c:
+            out.append(_unnamed_piece(subject, piece, prefixes, named))
+    return out
+
+
+def _is_named(p: Piece) -> bool:
+    return p.sample is not None and p.sample is not OTHER and not isinstance(p.sample, Prefix)
+
+
+def _is_unnamed(p: Piece) -> bool:
+    return p.sample is OTHER or isinstance(p.sample, Prefix)
+
+
+def _unnamed_piece(subject: str, piece: Piece, prefixes: list[str], named: list[Any]) -> str:
+    """The values of a piece that no named value covers: those starting with its prefix
+    and with no longer prefix seen (``Prefix``), or those matching no prefix (``OTHER``),
+    in both cases none of the named values."""
+    if isinstance(piece.sample, Prefix):
+        text = piece.sample.text
+        parts = [f"{subject} LIKE {_literal(piece.sample)}"]
+        longer = [q for q in prefixes if q != text and q.startswith(text)]
+        within = [v for v in named if isinstance(v, str) and v.startswith(text)]
+    else:
+        parts, longer, within = [], prefixes, named
+    parts += [f"{subject} NOT LIKE {_literal(Prefix(q))}" for q in longer]
+    if within:
+        parts.append(_not_in(subject, within))
+    if not parts:
+        return f"{subject} IS NOT NULL"
+    return parts[0] if len(parts) == 1 else "(" + " AND ".join(parts) + ")"
 
 
 def _ordered(dim: Dimension, subject: str, chosen: np.ndarray, *, date: bool) -> list[str]:
