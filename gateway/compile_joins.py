@@ -96,6 +96,14 @@ def _lookups(join: JoinPlan, keys: JoinKeys, dialect: str) -> list[_Lookup]:
                 "check` names the difference)",
                 construct="privacy-unit path between differently stored columns",
             )
+        if ref in keys.uncomparable:
+            shown = {t.name.lower(): t.name for t in join.tables}
+            raise UnsupportedQuery(
+                f"the join of {shown[parent]}.{column} to {shown[lookup]} is not supported: "
+                "the database stores the two columns as types it cannot compare (the "
+                "admin's `dpgate config check` names them)",
+                construct="join between columns of types the database cannot compare",
+            )
         if ref in keys.unique:
             mode = "unique"
         elif dialect == "sqlite":

@@ -69,6 +69,10 @@ class JoinKeys:
     #: Privacy-unit paths whose two columns the catalogue shows stored differently (type
     #: or collation): a query joining through one is refused.
     mismatched: frozenset[RefKey] = frozenset()
+    #: References the engine cannot join at all (ClickHouse: two types with no common
+    #: type, e.g. Int64 and Float64 — NO_COMMON_TYPE): every query joining through one
+    #: would fail at the database and be charged, so it is refused, free, instead.
+    uncomparable: frozenset[RefKey] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -244,6 +248,8 @@ def join_keys_by_schema(
     unique: set[RefKey] = set()
     consistent: set[RefKey] = set()
     mismatched: set[RefKey] = set()
+    uncomparable: set[RefKey] = set()
+    clickhouse = engine_kind(engine) == "clickhouse"
     for key, t in tables.items():
         for r in t.references:
             mine, theirs = columns(key), columns(r.table)
@@ -256,6 +262,8 @@ def join_keys_by_schema(
             alike = a.type == b.type and a.collation == b.collation and a.collation != "?"
             if name != "sqlite" and not tables[r.table].public and _differ(a, b, t, r.column):
                 mismatched.add(ref)
+            if clickhouse and not clickhouse_joinable(a.type, b.type):
+                uncomparable.add(ref)
             if not proving:
                 continue  # ClickHouse, Spark: no key is unique, no join proven
             if name == "sqlite":
@@ -274,7 +282,27 @@ def join_keys_by_schema(
         unique=frozenset(unique),
         consistent=frozenset(consistent),
         mismatched=frozenset(mismatched),
+        uncomparable=frozenset(uncomparable),
     )
+
+
+_CLICKHOUSE_FAMILIES = (
+    frozenset({"Int8", "Int16", "Int32", "Int64"}),
+    frozenset({"UInt8", "UInt16", "UInt32", "UInt64"}),
+    frozenset({"Float32", "Float64"}),
+    frozenset({"String", "FixedString"}),
+)
+
+
+def clickhouse_joinable(a: str, b: str) -> bool:
+    """Whether ClickHouse joins columns of these two storage types (Nullable and
+    LowCardinality already stripped): the same type, or two of one family, whose common
+    type is exact. Anything else (Int64 against Float64, a number against a String) has
+    no common type and fails at the database; deliberately conservative."""
+    if a == b:
+        return True
+    base = (a.split("(")[0], b.split("(")[0])
+    return any(base[0] in f and base[1] in f for f in _CLICKHOUSE_FAMILIES)
 
 
 def _differ(a: StoredColumn, b: StoredColumn, t: TableConfig, column: str) -> bool:
@@ -386,6 +414,17 @@ def key_type_problems(engine: sa.Engine, tables: Mapping[str, TableConfig]) -> l
                     f"{_shown(a)} but {tables[r.table].name}.{r.target} as {_shown(b)}; this "
                     "privacy-unit path could join one person's rows to another's, so queries "
                     "joining through it are refused (store both alike)"
+                )
+            elif (
+                differ
+                and engine_kind(engine) == "clickhouse"
+                and not clickhouse_joinable(a.type, b.type)
+            ):
+                problems.append(
+                    f"tables.{t.name}.references.{r.column}: {t.name}.{r.column} is stored as "
+                    f"{_shown(a)} but {tables[r.table].name}.{r.target} as {_shown(b)}; "
+                    "ClickHouse has no common type to join them on, so queries joining "
+                    "through it are refused (store both alike)"
                 )
             elif differ:
                 other = tables[r.table].name

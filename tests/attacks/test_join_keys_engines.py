@@ -402,6 +402,61 @@ def test_a_privacy_unit_path_between_different_types_is_refused(
         _check_every_person(kind, url, database, {sql: bypassed}, people)
 
 
+def test_a_lookup_join_the_engine_cannot_compare_is_refused_free(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """ClickHouse joins an Int64 to a Float64 lookup key not at all (NO_COMMON_TYPE): each
+    query through that reference would fail at the database and be charged (invariant 9:
+    what is accepted runs). It is refused when compiled, before anything is charged, and
+    `dpgate config check` says so; a lookup stored alike is answered."""
+    url = engines.url("clickhouse", tmp_path_factory)
+    database = engines.new_database("uncomparable")
+    _create("clickhouse", tmp_path_factory, database, "look", "k Float64, g String", [(5.0, "a")])
+    _create("clickhouse", tmp_path_factory, database, "alike", "k Int32, g String", [(5, "a")])
+    people = [(p, 5, 1) for p in range(1, 5)]
+    _create(
+        "clickhouse", tmp_path_factory, database, "people", "pid Int64, k Int64, x Int64", people
+    )
+    lookup = {
+        "public": True,
+        "key": "k",
+        "columns": {"k": {"type": "integer"}, "g": {"type": "text"}},
+    }
+    tables = {
+        "people": {
+            "schema": database,
+            "privacy_unit": "pid",
+            "columns": {
+                "pid": {"type": "integer"},
+                "k": {"type": "integer"},
+                "x": {"type": "integer", "lower": 0, "upper": 1},
+            },
+            "references": {"k": "look.k"},
+        },
+        "look": {"schema": database, **lookup},
+    }
+    sql = "SELECT l.g, COUNT(*) FROM people p JOIN look l ON p.k = l.k GROUP BY l.g"
+    with pytest.raises(UnsupportedQuery, match="cannot compare"):
+        _compile(url, tables, [sql], tmp_path)
+    reader = open_protected_engine(url, statement_timeout_ms=600_000)
+    try:
+        problems = key_type_problems(reader, config_for(url, tables, tmp_path / "l2.db").tables)
+    finally:
+        reader.dispose()
+    assert any(p.startswith("tables.people.references.k:") and "refused" in p for p in problems)
+    # Int64 against Int32 has an exact common type: compiled, and it runs
+    tables["people"]["references"] = {"k": "alike.k"}
+    tables["alike"] = {"schema": database, **lookup}
+    alike = sql.replace("look", "alike")
+    compiled = _compile(url, tables, [alike], tmp_path)[alike]
+    reader = open_protected_engine(url, statement_timeout_ms=600_000)
+    try:
+        rows = run_aggregate(reader, compiled.compiled.sql, timeout_ms=600_000)
+    finally:
+        reader.dispose()
+    assert rows  # the statement ran (its rows are the compiled statement's raw cells)
+
+
 def test_a_join_reads_each_tables_real_columns_with_nan_as_the_others_engines_do(
     engine: tuple[str, str, pytest.TempPathFactory], tmp_path: Path
 ) -> None:
