@@ -30,7 +30,7 @@ import re
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -100,6 +100,9 @@ t_analysts = schema.analysts
 
 T = TypeVar("T")
 
+#: Queued outcome rows kept to be written again after a ledger outage (each holds its
+#: released answer); beyond this many, an outcome stays pending (its charge stands).
+MAX_UNRECORDED = 10_000
 # Rows summed past the latest checkpoint before a charge writes a new one.
 CHECKPOINT_EVERY = 256
 # A server ledger's connection pool per process: a serving worker runs 16 request
@@ -170,6 +173,9 @@ class Ledger:
         # (``commit(wait=False)``): a read that looks for one waits for the queue first.
         self._unsettled: Counter[str] = Counter()
         self._unsettled_lock = threading.Lock()
+        # Queued outcome rows whose batch failed (the ledger was away): written again by
+        # ``record_unrecorded`` once it is back, oldest first.
+        self._unrecorded: deque[Callable[[Connection], None]] = deque()
         # Rows after the latest global checkpoint when this process last summed them
         # (a hint: when to try for a new one on PostgreSQL; ``_spent_global``).
         self._global_rows_seen = CHECKPOINT_EVERY
@@ -1153,17 +1159,50 @@ class Ledger:
                 self._unsettled[key] -= 1
                 if self._unsettled[key] <= 0:
                     del self._unsettled[key]
+            if not ok and isinstance(value, sa.exc.IntegrityError):
+                return  # the outcome was written meanwhile
             if not ok:
+                with self._unsettled_lock:
+                    kept = len(self._unrecorded) < MAX_UNRECORDED
+                    if kept:
+                        self._unrecorded.append(settle)
                 log.error(
-                    "the outcome of query %s was not recorded (%s): its charge stands, "
-                    "its answer will not be reused",
+                    "the outcome of query %s was not recorded (%s): its charge stands; %s",
                     reservation.id,
                     type(value).__name__,
+                    "it is written again once the ledger is back"
+                    if kept
+                    else "too many are waiting, it stays pending",
                 )
 
         with self._unsettled_lock:
             self._unsettled[key] += 1
         self.write(settle, durable=False, wait=False, savepoint=False, on_done=done)
+
+    @property
+    def unrecorded(self) -> int:
+        """How many queued outcome rows wait to be written again (their batch failed)."""
+        return len(self._unrecorded)
+
+    def record_unrecorded(self) -> int:
+        """Write again the queued outcome rows whose batch failed, oldest first; stops at
+        the first that fails again (the ledger is still away). Returns how many remain.
+        A row written meanwhile (the reservation already has its outcome) is dropped."""
+        while True:
+            with self._unsettled_lock:
+                if not self._unrecorded:
+                    return 0
+                settle = self._unrecorded[0]
+            try:
+                self.write(settle, durable=False, savepoint=False)
+            except sa.exc.IntegrityError:
+                pass  # recorded meanwhile
+            except Exception:  # still away: keep it for the next try
+                with self._unsettled_lock:
+                    return len(self._unrecorded)
+            with self._unsettled_lock:
+                if self._unrecorded and self._unrecorded[0] is settle:
+                    self._unrecorded.popleft()
 
     def _await_outcome(self, query_key: str | None = None) -> None:
         """Before reading outcomes: let this process's queued ones (of ``query_key``, or

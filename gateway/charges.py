@@ -103,8 +103,11 @@ class Charges:
         self._pending_lock = threading.Lock()
 
     def settle_pending(self) -> int:
-        """Write the outcomes a failed ledger could not take, oldest first; stops at the
+        """Write the outcomes a failed ledger could not take — the ledger's own queued
+        rows whose batch failed first, then this pipeline's — oldest first; stops at the
         first that fails again (the ledger is still away). Returns how many remain."""
+        if self.ledger.unrecorded and self.ledger.record_unrecorded():
+            return len(self._pending) + self.ledger.unrecorded
         while True:
             with self._pending_lock:
                 if not self._pending:
@@ -143,7 +146,7 @@ class Charges:
         self, analyst: str, request: QueryRequest, cost: PrivacyCost, query_key: str
     ) -> Reservation:
         """Durably charge ``cost`` (raises ``BudgetExhausted`` and nothing is charged)."""
-        if self._pending:
+        if self._pending or self.ledger.unrecorded:
             self.settle_pending()
         with ledger_errors():
             return self.ledger.reserve(
