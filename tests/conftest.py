@@ -20,6 +20,7 @@ import yaml
 from flask import Flask
 from flask.testing import FlaskClient
 
+import gateway.pipeline as pipeline_module
 from gateway.config import Config, parse_config
 from gateway.demo.hospital import build, config_yaml
 
@@ -243,3 +244,18 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     for name in [n for n in sys.modules if n.split(".")[0] in roots]:
         sys.modules.pop(name).__dict__.clear()
     gc.collect()
+
+
+@pytest.fixture
+def exact(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[list[tuple[Any, ...]]]]:
+    """The exact rows of every statement the pipeline runs (before noise)."""
+    seen: list[list[tuple[Any, ...]]] = []
+    real = pipeline_module.run_aggregate
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        rows = real(*args, **kwargs)
+        seen.append([tuple(r) for r in rows])
+        return rows
+
+    monkeypatch.setattr(pipeline_module, "run_aggregate", recording)
+    yield seen

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-import gateway.pipeline as pipeline_module
 from gateway.config import ConfigError, parse_config
 from gateway.demo.hospital import config_yaml
 from gateway.errors import DatabaseUnavailable, GatewayError
@@ -177,21 +176,6 @@ def build_gateway(make_gateway: Callable[..., Gateway]) -> Callable[..., Gateway
         return gw
 
     return factory
-
-
-@pytest.fixture
-def exact(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[list[tuple[Any, ...]]]]:
-    """The exact rows of every statement the pipeline runs (before noise)."""
-    seen: list[list[tuple[Any, ...]]] = []
-    real = pipeline_module.run_aggregate
-
-    def recording(*args: Any, **kwargs: Any) -> Any:
-        rows = real(*args, **kwargs)
-        seen.append([tuple(r) for r in rows])
-        return rows
-
-    monkeypatch.setattr(pipeline_module, "run_aggregate", recording)
-    yield seen
 
 
 def _answer(
