@@ -306,7 +306,11 @@ def test_fuzzed_frames_never_crash_or_hang_the_server(wire: tuple[WireServer, in
     analyst = threading.Thread(target=honest, daemon=True)
     analyst.start()
     started = time.monotonic()
-    for i in range(150):
+    # At least 150 fuzzed connections, and on until the honest session has had ten answers
+    # beside them (a fast machine fuzzes 150 in well under the session's first second).
+    i = -1
+    while i < 149 or (len(latencies) < 10 and time.monotonic() - started < 50):
+        i += 1
         logged_in = i % 2 == 0
         sock = _login(port, key) if logged_in else socket.create_connection(("127.0.0.1", port))
         sock.settimeout(5)
@@ -339,7 +343,7 @@ def test_fuzzed_frames_never_crash_or_hang_the_server(wire: tuple[WireServer, in
     assert time.monotonic() - started < 60
     fuzzing.clear()
     analyst.join(30)
-    assert not failures and len(latencies) > 10, failures
+    assert not failures and len(latencies) >= 10, failures
     assert max(latencies) < 5.0, max(latencies)  # a stall, not scheduling noise
     with connect(port, key) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
