@@ -185,7 +185,7 @@ def privacy_profile_test(
     return ProfileResult(worst > 0, worst_name, worst, eps_lb, len(events), min(n0, n1))
 
 
-def _noise_pmf_abs(noise: Noise, top: int) -> npt.NDArray[np.float64]:
+def noise_pmf_abs(noise: Noise, top: int) -> npt.NDArray[np.float64]:
     """P(|X| = j), j = 0..top, of the claimed noise (float64 is ample for a test)."""
     j = np.arange(top + 1, dtype=np.float64)
     if noise.mechanism == "laplace":
@@ -201,11 +201,28 @@ def noise_scale_test(errors: Ints, noise: Noise, *, alpha: float = DEFAULT_ALPHA
     """Refute "errors are distributed as ``noise``" when errors are too concentrated."""
     scale = float(noise.scale)
     top = int(60 * scale + 60)
-    pmf = _noise_pmf_abs(noise, top)
+    return concentration_test(np.abs(errors), noise_pmf_abs(noise, top), alpha=alpha)
+
+
+def concentration_thresholds(pmf: npt.NDArray[np.float64]) -> list[int]:
+    """The distances h the concentration test asks about: the claimed quartiles."""
     cdf = np.cumsum(pmf)
-    mags = np.abs(errors)
+    return sorted({int(np.searchsorted(cdf, q)) for q in (0.25, 0.5, 0.75)})
+
+
+def concentration_test(
+    mags: Ints, pmf: npt.NDArray[np.float64], *, alpha: float = DEFAULT_ALPHA
+) -> ScaleResult:
+    """Refute "the distances ``mags`` (≥ 0) are distributed as ``pmf`` (P(distance = j),
+    j = 0, 1, …) or less concentrated": for h at the claimed quartiles, a one-sided
+    Clopper–Pearson lower bound at level alpha/#h on P(distance ≤ h) above the claimed
+    P(distance ≤ h) rejects. False alarm ≤ alpha for any mechanism whose distances are
+    stochastically at least as large as claimed (each bound covers with probability
+    ≥ 1 − alpha/#h; union bound)."""
+    top = pmf.size - 1
+    cdf = np.cumsum(pmf)
     n = mags.size
-    hs = sorted({int(np.searchsorted(cdf, q)) for q in (0.25, 0.5, 0.75)})
+    hs = concentration_thresholds(pmf)
     level = alpha / len(hs)
     worst, worst_name = -math.inf, ""
     for h in hs:
@@ -217,10 +234,39 @@ def noise_scale_test(errors: Ints, noise: Noise, *, alpha: float = DEFAULT_ALPHA
                 f"P(|err|<={h}) claimed {cdf[h]:.4f}, seen {observed / n:.4f}",
             )
     j = np.arange(top + 1, dtype=np.float64)
+    mags = np.minimum(mags, top)
     mean = float((j * pmf).sum())
     sd = math.sqrt(float((j * j * pmf).sum()) - mean * mean)
     mae_z = (float(mags.mean()) - mean) / (sd / math.sqrt(n))
     return ScaleResult(worst > 0, worst_name, worst, mae_z, n)
+
+
+def concentration_power(
+    pmf: npt.NDArray[np.float64],
+    true_pmf: npt.NDArray[np.float64],
+    n: int,
+    *,
+    alpha: float = DEFAULT_ALPHA,
+) -> float:
+    """A lower bound on the probability that ``concentration_test`` rejects when n
+    distances are drawn from ``true_pmf`` while ``pmf`` is claimed: the exact binomial
+    probability that its best single threshold h alone rejects (the least count whose
+    Clopper–Pearson lower bound exceeds the claim, then the binomial tail above it)."""
+    cdf, true_cdf = np.cumsum(pmf), np.cumsum(true_pmf)
+    hs = concentration_thresholds(pmf)
+    level = alpha / len(hs)
+    best = 0.0
+    for h in hs:
+        lo, hi = 0, n + 1  # least x with cp_lower(x, n, level) > cdf[h] (monotone in x)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if cp_lower(mid, n, level) > float(cdf[h]):
+                hi = mid
+            else:
+                lo = mid + 1
+        if lo <= n:
+            best = max(best, float(stats.binom.sf(lo - 1, n, float(true_cdf[h]))))
+    return best
 
 
 def check_release(

@@ -8,7 +8,11 @@ the SQL clamps to the upper bound, the far end from c: the centred sum moves by 
 50. Everything up to the noise is the gateway's own: analysis, calibration at ε, the
 compiled statement on SQLite, ``centred``; the release is that exact centred sum plus a
 draw of the calibrated noise (the AVG's ratio is post-processing of it). A gateway that
-calibrates for the centred sensitivity but forgets to centre is refuted by the same test.
+calibrates for the centred sensitivity but forgets to centre is refuted by the same test,
+and so is one that noises the centred sum with 0.9× the calibrated noise: at 20,000
+releases a side the harness's scale test (``dp_harness.noise_scale_test``, false alarm
+≤ 1e-6) refutes that with probability ≥ 1 − 1e-6 (the exact binomial power of its best
+threshold alone, ``test_the_power_at_0_9x_noise``).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from gateway.noising import centred
 from gateway.pipeline import Gateway
 from gateway.plan import QueryPlan, QueryRequest
 from mechanisms import Noise, sample
-from tests.statistical.dp_harness import check_release
+from tests.statistical.dp_harness import check_release, concentration_power, noise_pmf_abs
 
 pytestmark = pytest.mark.slow
 
@@ -84,9 +88,12 @@ def _exact_sum(gw: Gateway, centre: bool) -> tuple[int, Noise]:
     return int(exact[0][s]), calibration.noises[s]
 
 
-def _release_many(centre: bool) -> Callable[[Gateway, int], list[int]]:
+def _release_many(
+    centre: bool, noise_factor: Fraction = Fraction(1)
+) -> Callable[[Gateway, int], list[int]]:
     def release_many(gw: Gateway, k: int) -> list[int]:
         value, noise = _exact_sum(gw, centre)
+        noise = Noise(noise.mechanism, noise.scale * noise_factor)
         return [value + z for z in sample(noise, k)]
 
     return release_many
@@ -125,3 +132,28 @@ def test_a_sum_calibrated_as_centred_but_not_centred_is_refuted(
         release_many=many,
     )
     assert result.rejected, result.summary()
+
+
+def test_the_centred_sum_with_0_9x_noise_is_refuted(sides: tuple[Gateway, Gateway]) -> None:
+    many = _release_many(centre=True, noise_factor=Fraction(9, 10))
+    (t0, noise), (t1, _) = _exact_sum(sides[0], True), _exact_sum(sides[1], True)
+    result = check_release(
+        lambda gw: many(gw, 1)[0],
+        sides[0],
+        sides[1],
+        epsilon=EPSILON / 2,
+        n=20_000,
+        noise=noise,
+        true_values=(t0, t1),
+        release_many=many,
+    )
+    assert result.rejected, result.summary()
+
+
+def test_the_power_at_0_9x_noise() -> None:
+    scale = Fraction(50) / (Fraction(EPSILON) / 2)
+    top = int(60 * scale + 60)
+    claimed = noise_pmf_abs(Noise("laplace", scale), top)
+    sharper = noise_pmf_abs(Noise("laplace", scale * Fraction(9, 10)), top)
+    # the scale test sees both sides' errors: 2 × 20,000
+    assert concentration_power(claimed, sharper, 40_000) >= 1 - 1e-6
