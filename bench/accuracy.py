@@ -168,10 +168,14 @@ def score(
     m = len(per_release)
     mae = sum(per_release) / m if m else math.nan
     var = sum((x - mae) ** 2 for x in per_release) / (m - 1) if m > 1 else math.nan
+    k = len(kept)
+    kept_mean = sum(kept) / k if k else math.nan
+    kept_var = sum((x - kept_mean) ** 2 for x in kept) / (k - 1) if k > 1 else math.nan
     return {
         "mae": mae,
         "se": math.sqrt(var / m) if m > 1 else math.nan,
-        "groups_kept": sum(kept) / len(kept) if kept else math.nan,
+        "groups_kept": kept_mean,
+        "groups_kept_se": math.sqrt(kept_var / k) if k > 1 else math.nan,
         "groups": len(exact),
         "releases": len(answers),
     }
@@ -294,7 +298,8 @@ def table(data: Dataset) -> dict[str, dict[str, Any]]:
 
 def verdict(systems: dict[str, Any]) -> str:
     """dpgate against the best peer: holds iff its MAE ≤ the peer's + 2 standard errors
-    of the difference (and, for partition selection, it keeps at least as many groups)."""
+    of the difference (and, for partition selection, it keeps at least as many groups as
+    the peer that keeps the most, within 2 standard errors of that difference)."""
     mine = systems.get("dpgate")
     peers = {k: v for k, v in systems.items() if k != "dpgate" and "error" not in v}
     if not mine or "error" in mine or not peers:
@@ -304,8 +309,9 @@ def verdict(systems: dict[str, Any]) -> str:
     z = (mine["mae"] - best["mae"]) / se if se > 0 else math.inf
     ok = mine["mae"] <= best["mae"] + 2 * se
     if mine["groups"] > 1:
-        most = max(v["groups_kept"] for v in peers.values())
-        ok = ok and mine["groups_kept"] >= most - 1e-9
+        most = max(peers.values(), key=lambda v: v["groups_kept"])
+        kept_se = math.sqrt(mine["groups_kept_se"] ** 2 + most["groups_kept_se"] ** 2)
+        ok = ok and mine["groups_kept"] >= most["groups_kept"] - 2 * kept_se
     return f"{'holds' if ok else 'FAILS'} (best {name.split()[0]}, z = {z:+.1f})"
 
 
@@ -323,7 +329,7 @@ def render(data: Dataset, t: dict[str, dict[str, Any]]) -> str:
             if "error" in s:
                 lines.append(f"| {name} | {system} | | refused: {s['error']} | | | | |")
                 continue
-            kept = f"{s['groups_kept']:.1f} of {s['groups']}" if s["groups"] > 1 else ""
+            kept = f"{s['groups_kept']:.2f} of {s['groups']}" if s["groups"] > 1 else ""
             lines.append(
                 f"| {name} | {system} | {s['releases']} | {s['mae']:.4g} ± {s['se']:.2g} | "
                 f"{kept} | {s['ms']:.3g} | {s['cpu_ms']:.3g} | "
