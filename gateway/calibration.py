@@ -3,7 +3,8 @@
 
 The release deadline of a query is the cost model's estimate of its statement
 (``gateway/cost_model.py``) times a margin, and the estimate rests on per-row costs of
-the engine (``execution.row_ns``, ``char_ns``, ``sort_ns``, ``join_ns``, ``base_ms``) and
+the engine (``execution.row_ns``, ``char_ns``, ``sort_ns``, ``join_ns``, ``group_ns``,
+``base_ms``) and
 declared row counts (``tables.<t>.rows``). Built-in figures fit a loaded 2-core machine
 running SQLite; this module measures them where the gateway will run:
 
@@ -51,7 +52,7 @@ from gateway.cost_model import EngineCosts
 #: Runs of each statement after its warm-up run; the median is kept.
 REPEAT = 5
 #: The per-row coefficients, in the order of the fit's columns.
-COEFFICIENTS = ("row_ns", "char_ns", "sort_ns", "join_ns")
+COEFFICIENTS = ("row_ns", "char_ns", "sort_ns", "join_ns", "group_ns")
 #: Conditions in the long WHERE of the per-character shape (each a comparison of a
 #: bounded column with a literal: the analyst's cheapest per-row work, written out long).
 LONG_WHERE_TERMS = 24
@@ -69,6 +70,7 @@ class Shape:
     windows: int  # window functions in the statement (sorts)
     largest: int  # rows of the largest table it reads (what a window sorts)
     ms: float  # median running time
+    group_keys: int = 0  # GROUP BY keys of the analyst's query
 
     def features(self) -> list[float]:
         """Nanoseconds per unit of each coefficient (``COEFFICIENTS``), as in
@@ -79,6 +81,7 @@ class Shape:
             float(self.rows * len(self.sql)),
             self.windows * self.largest * math.log2(max(2, self.largest)),
             joins * self.rows,
+            float(self.rows * self.group_keys),
         ]
 
 
@@ -139,6 +142,7 @@ def measure(
                     windows=statement.upper().count(" OVER ("),
                     largest=max(counts[key], lookup),
                     ms=_timed(run, statement, repeat),
+                    group_keys=1 if " GROUP BY " in sql.upper() else 0,
                 )
             )
     fitted = fit(shapes, base_ms)
@@ -201,7 +205,7 @@ def fit(shapes: Sequence[Shape], base_ms: float) -> EngineCosts:
     ``base_ms`` best in relative error, the per-row cost then raised until the model's
     estimate reaches every measured time: the margin is left for load and jitter only."""
     if not shapes:
-        return EngineCosts(row_ns=0, char_ns=0, sort_ns=0, join_ns=0, base_ms=base_ms)
+        return EngineCosts(row_ns=0, char_ns=0, sort_ns=0, join_ns=0, base_ms=base_ms, group_ns=0)
     a = np.array([s.features() for s in shapes], dtype=float)
     y = np.array([max(0.0, s.ms - base_ms) * 1e6 for s in shapes])
     weight = 1 / np.maximum(y, 1e3)  # relative error, a microsecond at least
@@ -209,7 +213,7 @@ def fit(shapes: Sequence[Shape], base_ms: float) -> EngineCosts:
     best_err = math.inf
     used = [j for j in range(a.shape[1]) if a[:, j].any()]
     # the non-negative least-squares solution is the best of the unconstrained fits on
-    # the subsets of columns whose solution is non-negative (four columns: 15 subsets)
+    # the subsets of columns whose solution is non-negative (five columns: 31 subsets)
     for k in range(1, len(used) + 1):
         for cols in itertools.combinations(used, k):
             sub = a[:, cols] * weight[:, None]
@@ -227,8 +231,10 @@ def fit(shapes: Sequence[Shape], base_ms: float) -> EngineCosts:
     # every shape reads rows: the per-row cost is raised until each shape is covered
     deficit = (y - a @ coef) / np.maximum(a[:, 0], 1)
     coef[0] += max(0.0, float(np.max(deficit)))
-    row, char, sort, join = (float(c) for c in coef)
-    return EngineCosts(row_ns=row, char_ns=char, sort_ns=sort, join_ns=join, base_ms=base_ms)
+    row, char, sort, join, group = (float(c) for c in coef)
+    return EngineCosts(
+        row_ns=row, char_ns=char, sort_ns=sort, join_ns=join, base_ms=base_ms, group_ns=group
+    )
 
 
 def rounded_up(costs: EngineCosts) -> EngineCosts:
@@ -240,6 +246,7 @@ def rounded_up(costs: EngineCosts) -> EngineCosts:
         sort_ns=power_of_two_up(costs.sort_ns),
         join_ns=power_of_two_up(costs.join_ns),
         base_ms=power_of_two_up(costs.base_ms),
+        group_ns=power_of_two_up(costs.group_ns),
     )
 
 
@@ -257,7 +264,7 @@ def round_rows_up(n: int) -> int:
 
 
 def _per_row(costs: EngineCosts) -> list[float]:
-    return [costs.row_ns, costs.char_ns, costs.sort_ns, costs.join_ns]
+    return [costs.row_ns, costs.char_ns, costs.sort_ns, costs.join_ns, costs.group_ns]
 
 
 def _timed(run: Callable[[str], object], sql: str, repeat: int) -> float:

@@ -421,6 +421,18 @@ class Gateway:
         """Execute a reserved query, noise it, post-audit it in its ticket's turn
         (``gateway.lanes``), post-process it and record it."""
         plan, calibration = planned.plan, planned.calibration
+        slots = self.timing.slots if clock.starts_at is not None else None
+
+        def run_in_slot(engine: sa.Engine, sql: str, *, timeout_ms: int) -> Any:
+            # in its slot of the public schedule (gateway.timing.StatementSlots)
+            if slots is None:
+                return run_aggregate(engine, sql, timeout_ms=timeout_ms)
+            with slots.enter(clock.starts_at):
+                if clock.statement_until is not None:  # what is left after the wait
+                    left = int((clock.statement_until - time.monotonic()) * 1000)
+                    timeout_ms = max(1, min(timeout_ms, left))
+                return run_aggregate(engine, sql, timeout_ms=timeout_ms)
+
         try:
             exact = run_aggregate_until(
                 self.engine,
@@ -428,7 +440,7 @@ class Gateway:
                 timeout_ms=clock.statement_timeout_ms,
                 until=clock.statement_until,
                 query_id=reservation.id,
-                run=run_aggregate,
+                run=run_in_slot,
             )
         except DatabaseUnavailable:
             lane.done(ticket)

@@ -31,7 +31,7 @@ from gateway.cost_model import ENGINE_COSTS
 from gateway.errors import DatabaseUnavailable
 from gateway.pipeline import CHARGED_FAILURE_MESSAGE, Gateway
 from gateway.plan import QueryRequest
-from gateway.timing import FALLBACK_DEADLINE_MS
+from gateway.timing import FALLBACK_DEADLINE_MS, StatementSlots
 
 DEADLINE = {"timing": "deadline"}
 DASHBOARD = [
@@ -263,6 +263,68 @@ def test_a_dashboard_of_one_analyst_overlaps_and_is_audited_in_ticket_order(
     moments = [r for r in releases if r is not None]
     assert len(moments) == len(DASHBOARD)
     assert all(b - a >= 0.002 - 1e-9 for a, b in itertools.pairwise(moments))
+
+
+def test_statements_share_the_cpus_on_a_public_schedule(
+    make_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dashboard fired at once: at most one statement per CPU runs at a time, so the
+    first chart's statement is not slowed by the charts that arrived after its deadline
+    was fixed; each statement's slot starts, by the public schedule, when an earlier
+    reservation ends (never when a statement really ended), and its release moment
+    follows from that start."""
+    monkeypatch.setattr("gateway.cost_model.cpu_count", lambda: 2)
+    recorder = Statements()
+    monkeypatch.setattr(gateway.pipeline, "run_aggregate", recorder)
+    gw = make_gateway(execution={**DEADLINE, "min_deadline_ms": 2000}, audit={"mode": "refuse"})
+    assert gw.timing.slots.slots == 2
+    gw.ledger.create_analyst("dana", 100.0, 1e-6)
+    clocks: list[Any] = []
+    start = gw.timing.start
+
+    def starting(*a: Any, **k: Any) -> Any:
+        clock = start(*a, **k)
+        clocks.append(clock)
+        return clock
+
+    gw.timing.start = starting  # type: ignore[method-assign]
+    barrier = threading.Barrier(len(DASHBOARD))
+
+    def chart(sql: str) -> Any:
+        barrier.wait()
+        return gw.query("dana", request(sql, epsilon=1.0))
+
+    with ThreadPoolExecutor(len(DASHBOARD)) as pool:
+        answers = list(pool.map(chart, DASHBOARD))
+    assert all(a.rows for a in answers)
+    assert recorder.most_at_once() <= 2, recorder.spans
+    # two slots, each reserved for a statement's whole allowance (2 s here): the third
+    # ticket's slot starts when the first reservation ends, though every statement ended
+    # long before (it ran early, in a slot that was really free)
+    first, second, third = clocks[:3]
+    assert third.starts_at >= min(first.statement_until, second.statement_until) - 1e-9
+    assert third.release_at >= third.starts_at + 2.0
+    assert max(end for _, end in recorder.spans) < third.starts_at
+
+
+def test_a_statement_slot_is_taken_at_its_public_start_whatever_still_runs() -> None:
+    """A statement abandoned at its deadline may run on in the background: the next one
+    enters its slot at its public start anyway, so the late one cannot delay it."""
+    slots = StatementSlots(1)
+    entered = threading.Event()
+    with slots.enter(None):
+        at = time.monotonic() + 0.2
+
+        def later() -> None:
+            with slots.enter(at):
+                entered.set()
+
+        waiter = threading.Thread(target=later)
+        waiter.start()
+        assert not entered.wait(0.1)  # the slot is busy and its start is not yet due
+        assert entered.wait(2.0)  # due: it enters beside the late statement
+        assert time.monotonic() >= at
+        waiter.join()
 
 
 def test_a_differencing_pair_fired_at_once_is_still_caught(
