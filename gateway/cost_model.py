@@ -128,8 +128,8 @@ class CostModel:
         expressions (its length stands for them: domain filters, a quantile's bucket, a
         LIKE's pattern), and grouping it by each GROUP BY key; per window function (the
         read bound of a table whose unit is not unique), a sort of the largest table
-        read; per lookup, reading it and one probe per anchor row; per row a quantile's histogram can return, its share of the
-        mechanism's work (``histogram_rows``)."""
+        read; per lookup, reading it and one probe per anchor row; per row a quantile's
+        histogram can return, its share of the mechanism's work (``histogram_rows``)."""
         anchor = self.tables.get(plan.table)
         if anchor is None or anchor.rows is None:
             return None
