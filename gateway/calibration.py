@@ -38,8 +38,10 @@ import itertools
 import math
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,6 +99,15 @@ class Calibration:
     suggested: EngineCosts  # rounded up to powers of two: what to put in the config
     load: float  # the machine's 1-minute load average when measuring
     cpus: int
+    #: the slowest run of any shape with one copy per CPU running at once, over the
+    #: suggested model's estimate of it (``concurrent_spread``); 0: not measured
+    spread: float = 0.0
+
+    def suggested_margin(self) -> float:
+        """``execution.deadline_margin`` to declare: the measured ``spread``, with a
+        quarter more for what the measurement did not meet, rounded up to a half (at
+        least 1)."""
+        return max(1.0, math.ceil(2 * 1.25 * self.spread) / 2)
 
     def suggested_rows(self, table: str) -> int:
         """``tables.<t>.rows`` to declare: the count rounded up to two significant digits."""
@@ -104,8 +115,13 @@ class Calibration:
 
     def estimate_ms(self, shape: Shape, costs: EngineCosts) -> float:
         """The model's estimate of ``shape`` with ``costs`` (as ``CostModel`` computes it)."""
-        ns = sum(f * c for f, c in zip(shape.features(), _per_row(costs), strict=True))
-        return costs.base_ms + ns / 1e6
+        return estimate_ms(shape, costs)
+
+
+def estimate_ms(shape: Shape, costs: EngineCosts) -> float:
+    """The model's estimate of ``shape`` with ``costs`` (as ``CostModel`` computes it)."""
+    ns = sum(f * c for f, c in zip(shape.features(), _per_row(costs), strict=True))
+    return costs.base_ms + ns / 1e6
 
 
 def measure(
@@ -146,16 +162,50 @@ def measure(
                 )
             )
     fitted = fit(shapes, base_ms)
+    suggested = rounded_up(fitted)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     return Calibration(
         engine=engine,
         counts=counts,
         shapes=tuple(shapes),
         base_ms=base_ms,
         fitted=fitted,
-        suggested=rounded_up(fitted),
+        suggested=suggested,
         load=_load(),
-        cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1,
+        cpus=cpus,
+        spread=concurrent_spread(shapes, suggested, run, cpus, repeat),
     )
+
+
+def concurrent_spread(
+    shapes: Sequence[Shape],
+    costs: EngineCosts,
+    run: Callable[[str], object],
+    copies: int,
+    repeat: int,
+) -> float:
+    """How much slower than the model's estimate a statement runs when the machine is as
+    busy as dpgate makes it: each shape run ``repeat`` times by ``copies`` threads at
+    once (one statement slot per CPU, ``gateway.timing.StatementSlots``); the slowest
+    run of any shape over its estimate with ``costs``."""
+    worst = 0.0
+    n = max(1, copies)
+    for shape in shapes:
+        barrier = threading.Barrier(n)
+
+        def runs(statement: str, start_together: threading.Barrier = barrier) -> list[float]:
+            start_together.wait()
+            out = []
+            for _ in range(max(1, repeat)):
+                start = time.perf_counter()
+                run(statement)
+                out.append((time.perf_counter() - start) * 1000)
+            return out
+
+        with ThreadPoolExecutor(n) as pool:
+            walls = [w for ws in pool.map(runs, [shape.sql] * n) for w in ws]
+        worst = max(worst, max(walls) / max(estimate_ms(shape, costs), 1e-3))
+    return worst
 
 
 def shape_queries(

@@ -75,6 +75,9 @@ def test_measure_prints_config_that_loads_and_counts_every_table(
         assert suggested["tables"][table]["rows"] >= count
     db.close()
     coefficients = suggested["execution"]
+    # the margin, from the slowest of one run per CPU at once: at least 1, in halves
+    margin = coefficients.pop("deadline_margin")
+    assert margin >= 1 and 2 * margin == int(2 * margin)
     assert set(coefficients) == {"row_ns", "char_ns", "sort_ns", "join_ns", "group_ns", "base_ms"}
     for value in coefficients.values():
         assert value > 0 and power_of_two_up(value) == value  # rounded to powers of two

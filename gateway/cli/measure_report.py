@@ -84,6 +84,14 @@ def measure_lines(cfg: Config, cal: Calibration) -> list[str]:
         "of two; the margin, execution.deadline_margin, is left for load):"
     )
     lines.append("execution:")
+    margin = cal.suggested_margin()
+    note = f"   # configured {ex.deadline_margin:g}" + (
+        " (lower)" if ex.deadline_margin < margin else ""
+    )
+    lines.append(
+        f"  deadline_margin: {margin:g}{note}   # slowest of {cal.cpus} concurrent runs: "
+        f"{cal.spread:.2f} x the suggested model, at load {cal.load:.1f}"
+    )
     for name in ("row_ns", "char_ns", "sort_ns", "join_ns", "group_ns", "base_ms"):
         value = getattr(s, name)
         now = getattr(configured, name)
