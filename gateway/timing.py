@@ -68,6 +68,12 @@ FALLBACK_DEADLINE_MS = 250
 #: post-audit waits for the previous ticket's, which is done by that ticket's own release
 #: moment less the time it kept for its ledger commit.
 RELEASE_GAP_S = 0.002
+#: An analyst's own misses stretch their later deadlines (``ReleaseTiming.observe``):
+#: each miss multiplies the stretch by ``STRETCH_ON_MISS`` (up to ``MAX_STRETCH``), each
+#: answer released on time by ``STRETCH_ON_TIME`` (down to 1).
+STRETCH_ON_MISS = 2.0
+STRETCH_ON_TIME = 0.9
+MAX_STRETCH = 8.0
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,7 @@ class ReleaseTiming:
         self.model = model
         self._lock = threading.Lock()
         self._pending: list[float] = []  # release moments not yet past
+        self._stretch: dict[str, float] = {}  # analysts whose misses stretch deadlines
         cpus = model.cpus if model is not None else 1
         #: when each statement slot's public reservation ends (``time.monotonic()``)
         self._slot_free = [0.0] * max(1, cpus)
@@ -153,15 +160,54 @@ class ReleaseTiming:
         return self.execution.timing != "off"
 
     def deadline_ms(
-        self, plan: QueryPlan, table: TableConfig, sql: str, in_flight: int = 1
+        self,
+        plan: QueryPlan,
+        table: TableConfig,
+        sql: str,
+        in_flight: int = 1,
+        *,
+        analyst: str | None = None,
     ) -> float | None:
-        """The deadline of the plan's statement ``sql`` (plus what follows it) with
-        ``in_flight`` queries in this process, or ``None`` when timing is off."""
-        statement, kept = self._deadline(plan, table, sql, in_flight)
+        """The deadline of the plan's statement ``sql`` (plus what follows it) for
+        ``analyst`` with ``in_flight`` queries in this process, or ``None`` when timing is
+        off."""
+        statement, kept = self._deadline(plan, table, sql, in_flight, self.stretch(analyst))
         return None if statement is None else float(math.ceil(statement + kept))
 
+    def stretch(self, analyst: str | None) -> float:
+        """How much ``analyst``'s own earlier misses stretch their statements' deadlines
+        (1: none, or no analyst)."""
+        if analyst is None:
+            return 1.0
+        with self._lock:
+            return self._stretch.get(analyst, 1.0)
+
+    def observe(self, analyst: str, missed: bool) -> None:
+        """Record, at its release moment, whether ``analyst``'s query missed its deadline
+        (a charged failure or a late answer, which the analyst has just seen) or was
+        released on time: later deadlines of that analyst stretch after a miss and shrink
+        back with answers on time. A function of outcomes released to that analyst only:
+        another analyst's deadlines never move with it (docs/privacy.md, "Timing")."""
+        if not self.active:
+            return
+        with self._lock:
+            now = self._stretch.get(analyst, 1.0)
+            if missed:
+                now = min(MAX_STRETCH, now * STRETCH_ON_MISS)
+            else:
+                now = max(1.0, now * STRETCH_ON_TIME)
+            if now > 1.0:
+                self._stretch[analyst] = now
+            else:
+                self._stretch.pop(analyst, None)
+
     def _deadline(
-        self, plan: QueryPlan, table: TableConfig, sql: str, in_flight: int
+        self,
+        plan: QueryPlan,
+        table: TableConfig,
+        sql: str,
+        in_flight: int,
+        stretch: float = 1.0,
     ) -> tuple[float | None, float]:
         """(ms the statement may run from its slot's start, ms kept after it for noising,
         post-audit and commit); ``(None, 0)`` when timing is off."""
@@ -183,7 +229,7 @@ class ReleaseTiming:
         beside = min(in_flight, len(self._slot_free) + 1)
         statement = max(
             float(ex.min_deadline_ms),
-            estimate * self.model.load_factor(beside, load) * ex.deadline_margin,
+            estimate * self.model.load_factor(beside, load) * ex.deadline_margin * stretch,
         )
         # the work after the statement shares the CPU with every query in flight
         kept = ex.post_ms * self.model.load_factor(in_flight, load)
@@ -197,27 +243,36 @@ class ReleaseTiming:
         statement_timeout_ms: int,
         *,
         after: float | None = None,
+        analyst: str | None = None,
     ) -> ReleaseClock:
-        """Fix the release moment of a query ready to run its statement now; ``after`` is
-        the release moment of the previous ticket of its audit scope (``None``: none)."""
+        """Fix the release moment of a query of ``analyst`` ready to run its statement
+        now; ``after`` is the release moment of the previous ticket of its audit scope
+        (``None``: none)."""
         if not self.active:
             return ReleaseClock(release_at=None, statement_timeout_ms=statement_timeout_ms)
         now = time.monotonic()
         with self._lock:
             self._pending = [t for t in self._pending if t > now]
-            statement, kept = self._deadline(plan, table, sql, len(self._pending) + 1)
-            assert statement is not None
+            in_flight = len(self._pending) + 1
+            # the public schedule (slots, queries in flight) takes the unstretched
+            # deadline: one analyst's misses move no other analyst's release moment
+            scheduled, kept = self._deadline(plan, table, sql, in_flight)
+            stretch = 1.0 if analyst is None else self._stretch.get(analyst, 1.0)
+            statement, _ = self._deadline(plan, table, sql, in_flight, stretch)
+            assert statement is not None and scheduled is not None
             slot = min(range(len(self._slot_free)), key=self._slot_free.__getitem__)
             starts_at = max(now, self._slot_free[slot])
-            release_at = starts_at + (statement + kept) / 1000
+            earliest = 0.0
             if after is not None:
                 # room for this one's post-audit once the previous ticket's is done
-                beside = min(len(self._pending) + 1, len(self._slot_free) + 1)
+                beside = min(in_flight, len(self._slot_free) + 1)
                 factor = 1.0 if self.model is None else self.model.load_factor(beside)
-                release_at = max(release_at, after + RELEASE_GAP_S * factor)
+                earliest = after + RELEASE_GAP_S * factor
+            release_at = max(starts_at + (statement + kept) / 1000, earliest)
+            on_schedule = max(starts_at + (scheduled + kept) / 1000, earliest)
             until = release_at - kept / 1000
-            self._slot_free[slot] = until
-            self._pending.append(release_at)
+            self._slot_free[slot] = on_schedule - kept / 1000
+            self._pending.append(on_schedule)
         return ReleaseClock(
             release_at=release_at,
             statement_timeout_ms=max(1, min(statement_timeout_ms, int((until - now) * 1000))),

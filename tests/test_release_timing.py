@@ -437,6 +437,57 @@ def test_a_query_whose_declared_rows_understate_the_table_misses_and_stays_charg
     assert gw.ledger.budget_status("erin").rho_spent == pytest.approx(0.1**2 / 2)
 
 
+def test_an_analysts_own_misses_stretch_their_deadlines_and_no_one_elses(
+    make_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch, idle_machine: None
+) -> None:
+    """A statement made slow on purpose misses its deadline (charged); the analyst who saw
+    that failure gets twice the statement allowance next (the dry run shows it), another
+    analyst's deadline and the public schedule do not move, and answers released on time
+    bring it back down."""
+    gw = make_gateway(execution=DEADLINE)
+    for name in ("erin", "finn"):
+        gw.ledger.create_analyst(name, 100.0, 1e-6)
+    sql = "SELECT COUNT(*) FROM patients"
+
+    def dry(analyst: str) -> int:
+        release = gw.query(analyst, QueryRequest(sql, 0.1, 0.0, "laplace", dry_run=True))
+        return int(release.extra["release_deadline_ms"])
+
+    base = dry("erin")
+    assert base == dry("finn")
+    real = gateway.execute.run_aggregate
+
+    def slow(engine: Any, sql: str, *, timeout_ms: int) -> Any:
+        time.sleep(0.3)
+        return real(engine, sql, timeout_ms=timeout_ms)
+
+    monkeypatch.setattr(gateway.pipeline, "run_aggregate", slow)
+    with pytest.raises(DatabaseUnavailable):
+        gw.query("erin", request(sql, epsilon=0.2))
+    monkeypatch.setattr(gateway.pipeline, "run_aggregate", real)
+    stretched = dry("erin")
+    kept = gw.config.execution.post_ms
+    assert stretched - kept == pytest.approx(2 * (base - kept), abs=1)
+    assert dry("finn") == base
+    # the schedule others are given takes the unstretched deadline
+    planned = gw.planner.plan(request(sql))
+    plan = planned.plan  # type: ignore[union-attr]
+    compiled = gw._compile(planned)  # type: ignore[arg-type]
+    table = gw.config.tables["patients"]
+    before = list(gw.timing._slot_free)
+    clock = gw.timing.start(plan, table, compiled.sql, 10_000, analyst="erin")
+    assert clock.starts_at is not None and clock.statement_until is not None
+    (reserved,) = [b for a, b in zip(before, gw.timing._slot_free, strict=True) if a != b]
+    assert reserved - clock.starts_at == pytest.approx((base - kept) / 1000, abs=2e-3)
+    assert clock.statement_until - clock.starts_at == pytest.approx(
+        (stretched - kept) / 1000, abs=2e-3
+    )
+    # answered on time (a generous deadline for a loaded machine): it shrinks back
+    for _ in range(10):
+        gw.timing.observe("erin", missed=False)
+    assert dry("erin") == base
+
+
 def test_the_machines_load_moves_no_deadline_unless_the_admin_asks(
     make_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:
