@@ -26,7 +26,9 @@ queries failed, alike for both secrets), concurrent pair 49-56% (B's time 50%, A
 order 49%), and the neighbours' KS p = 0.39 (Fisher p = 0.066 on 130 against 111 misses).
 With an analyst's own misses stretching their later deadlines too, at load 31-33: padded
 55% (146 of 256 failed), concurrent pair 47-53%, neighbours KS p = 0.0021 (D = 0.185;
-53 against 41 misses, Fisher p = 0.19): above α, but the misses — more on the victim's
+53 against 41 misses, Fisher p = 0.19), then 0.18 and 0.068 in two more runs at load
+21-24 (51 against 42 and 43 against 37 misses, the victim's server the faster): above
+α, but the misses — more on the victim's
 server in every run so far, the residual of docs/privacy.md — now also move later
 response times of the same analyst.
 """
