@@ -11,9 +11,10 @@ database gets a release moment fixed before its statement starts, from public fa
 predictable transactions — each has a deadline fixed in advance and a default outcome
 when it misses it):
 
-- its statement's **slot**: at most ``cpus`` statements of this process run at once
-  (``StatementSlots``), on a public schedule — each slot is reserved from a statement's
-  public start to its ``statement_until``, and the next statement given that slot starts
+- its statement's **slot** (when the cost model sizes its deadline): at most ``cpus``
+  such statements of this process run at once (``StatementSlots``), on a public
+  schedule — each slot is reserved from a statement's public start to its
+  ``statement_until``, and the next statement given that slot starts
   (by the schedule) when the reservation ends, not when the statement really ended. So a
   statement shares the CPUs with at most ``cpus - 1`` others whatever arrives after it,
   and its deadline can be sized for that; it may start earlier when a slot is really
@@ -52,7 +53,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from gateway.config import ExecutionConfig, TableConfig
-from gateway.cost_model import CostModel, machine_load
+from gateway.cost_model import CostModel, cpu_count, machine_load
 from gateway.plan import QueryPlan
 
 #: Under a fixed ``deadline_ms``, the statement may use this share of it; the rest is
@@ -150,7 +151,7 @@ class ReleaseTiming:
         self._lock = threading.Lock()
         self._pending: list[float] = []  # release moments not yet past
         self._stretch: dict[str, float] = {}  # analysts whose misses stretch deadlines
-        cpus = model.cpus if model is not None else 1
+        cpus = model.cpus if model is not None else cpu_count()
         #: when each statement slot's public reservation ends (``time.monotonic()``)
         self._slot_free = [0.0] * max(1, cpus)
         self.slots = StatementSlots(len(self._slot_free))
@@ -260,8 +261,12 @@ class ReleaseTiming:
             stretch = 1.0 if analyst is None else self._stretch.get(analyst, 1.0)
             statement, _ = self._deadline(plan, table, sql, in_flight, stretch)
             assert statement is not None and scheduled is not None
+            # Only statements the cost model sizes take a slot: a fixed or fallback
+            # deadline is a worst case chosen for any concurrency, and reserving a slot
+            # for all of it would hold the others back for nothing.
+            scheduling = self._model_sized(plan, table, sql)
             slot = min(range(len(self._slot_free)), key=self._slot_free.__getitem__)
-            starts_at = max(now, self._slot_free[slot])
+            starts_at = max(now, self._slot_free[slot]) if scheduling else now
             earliest = 0.0
             if after is not None:
                 # room for this one's post-audit once the previous ticket's is done
@@ -271,12 +276,19 @@ class ReleaseTiming:
             release_at = max(starts_at + (statement + kept) / 1000, earliest)
             on_schedule = max(starts_at + (scheduled + kept) / 1000, earliest)
             until = release_at - kept / 1000
-            self._slot_free[slot] = on_schedule - kept / 1000
+            if scheduling:
+                self._slot_free[slot] = on_schedule - kept / 1000
             self._pending.append(on_schedule)
         return ReleaseClock(
             release_at=release_at,
             statement_timeout_ms=max(1, min(statement_timeout_ms, int((until - now) * 1000))),
             statement_until=until,
             deadline_ms=math.ceil((release_at - now) * 1000),
-            starts_at=starts_at,
+            starts_at=starts_at if scheduling else None,
         )
+
+    def _model_sized(self, plan: QueryPlan, table: TableConfig, sql: str) -> bool:
+        """Whether the cost model sets this statement's deadline (not a fixed one)."""
+        if deadline_ms(self.execution, table) is not None or self.model is None:
+            return False
+        return self.model.statement_ms(plan, sql) is not None

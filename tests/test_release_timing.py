@@ -327,6 +327,21 @@ def test_a_statement_slot_is_taken_at_its_public_start_whatever_still_runs() -> 
         waiter.join()
 
 
+def test_a_fixed_deadline_takes_no_slot(make_gateway: Callable[..., Gateway]) -> None:
+    """A fixed (or fallback) deadline is a worst case chosen for any concurrency: its
+    statements take no slot, so many at once do not push each other's release moments."""
+    gw = make_gateway(execution={**DEADLINE, "deadline_ms": 300})
+    planned = gw.planner.plan(request("SELECT COUNT(*) FROM patients"))
+    plan = planned.plan  # type: ignore[union-attr]
+    sql = gw._compile(planned).sql  # type: ignore[arg-type]
+    table = gw.config.tables["patients"]
+    for _ in range(8):
+        now = time.monotonic()
+        clock = gw.timing.start(plan, table, sql, 10_000)
+        assert clock.starts_at is None and clock.release_at is not None
+        assert clock.release_at - now == pytest.approx(0.3, abs=0.05)
+
+
 def test_a_differencing_pair_fired_at_once_is_still_caught(
     make_gateway: Callable[..., Gateway],
 ) -> None:
