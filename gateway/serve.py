@@ -164,7 +164,10 @@ def _factory(spec: str, config: Config) -> Callable[[], Flask]:
         _fail([f"cannot load the application {spec}: {type(e).__name__}: {e}"])
 
     def build() -> Flask:
+        from gateway.heap import freeze_startup_heap
+
         app: Flask = create_app(config)
+        freeze_startup_heap()  # a full collection no longer walks the startup heap
         return app
 
     return build

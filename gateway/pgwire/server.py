@@ -265,7 +265,10 @@ def serve(config: Config, host: str, address_file: Path | None = None) -> None:
     ``address_file``: where to write the address bound (``HOST PORT``), once listening,
     for the HTTP workers' readiness check (``gateway.pgwire.probe``).
     """
+    from gateway.heap import freeze_startup_heap
+
     server = WireServer(config)
+    freeze_startup_heap()  # a full collection no longer walks the startup heap
     bound = server.bind(host)
     if address_file is not None:
         partial = address_file.with_name(address_file.name + ".partial")
