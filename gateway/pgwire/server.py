@@ -167,11 +167,16 @@ class WireServer:
         threading.Thread(target=self.handle, args=(ticket,), daemon=True).start()
 
     def shutdown(self) -> None:
+        """Stop ``serve_forever`` (it returns: closing a socket does not wake a thread
+        blocked in its ``accept()`` on Linux, shutting it down does) and close the
+        catalogue."""
         self._stopped.set()
-        self.catalog.close()
         if self._listener is not None:
             with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
                 self._listener.close()
+        self.catalog.close()
 
     # -- one connection ----------------------------------------------------------------
 
