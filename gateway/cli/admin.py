@@ -184,20 +184,25 @@ def analyst_list(config_path: str, as_json: bool) -> None:
         _print_statuses(open_ledger(config_path).list_analysts(), as_json)
 
 
+ANALYST_DISABLE_HELP = "Disable analyst NAME: their key is refused; their ledger entries stay."
+ADMIN_DISABLE_HELP = "Disable admin NAME: their key is refused."
+
+
 def _add_toggles(
     group: click.Group,
     kind: str,
-    update: Callable[[budget.Ledger, str, bool, budget.AdminCaller], object],
+    update: Callable[..., object],
     disable_help: str,
 ) -> None:
     """The ``disable NAME`` and ``enable NAME`` commands of ``group`` (analysts, admins):
-    ``update`` sets the named one's flag in the ledger, as the caller."""
+    ``update`` (``Ledger.update_analyst``, ``Ledger.update_admin``) sets the named one's
+    flag in the ledger, as the caller."""
 
     def toggle(disabled: bool) -> Callable[..., None]:
         def command(name: str, config_path: str, actor: str | None) -> None:
             caller = _caller(actor, f"{kind} {'disable' if disabled else 'enable'}")
             with _ledger_errors():
-                update(open_ledger(config_path), name, disabled, caller)
+                update(open_ledger(config_path), name, disabled=disabled, caller=caller)
             click.echo(f"{kind} {name} {'disabled' if disabled else 'enabled'}")
 
         return click.argument("name")(CONFIG_OPTION(ACTOR_OPTION(command)))
@@ -206,14 +211,7 @@ def _add_toggles(
     group.command("enable", help=f"Enable a disabled {kind} again.")(toggle(False))
 
 
-_add_toggles(
-    analyst_group,
-    "analyst",
-    lambda ledger, name, disabled, caller: ledger.update_analyst(
-        name, disabled=disabled, caller=caller
-    ),
-    "Disable analyst NAME: their key is refused; their ledger entries stay.",
-)
+_add_toggles(analyst_group, "analyst", budget.Ledger.update_analyst, ANALYST_DISABLE_HELP)
 
 
 @click.group("key")
@@ -495,14 +493,7 @@ def admin_list(config_path: str, as_json: bool) -> None:
         click.echo(f"{a.name}  {a.role}{'  (disabled)' if a.disabled else ''}")
 
 
-_add_toggles(
-    admin_group,
-    "admin",
-    lambda ledger, name, disabled, caller: ledger.update_admin(
-        name, disabled=disabled, caller=caller
-    ),
-    "Disable admin NAME: their key is refused.",
-)
+_add_toggles(admin_group, "admin", budget.Ledger.update_admin, ADMIN_DISABLE_HELP)
 
 
 ADMIN_COMMANDS: tuple[click.Command, ...] = (
