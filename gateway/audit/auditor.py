@@ -28,6 +28,7 @@ from sqlglot import exp
 from gateway.audit.components import Extension, TableKnowledge, add_noise_terms
 from gateway.audit.confidence import CountNoise, noise_quantile
 from gateway.audit.describe import describe_region
+from gateway.audit.heap import retain_freed_memory
 from gateway.audit.knowledge import Knowledge, RowInfo
 from gateway.audit.normalise import Undecidable
 from gateway.audit.predicates import DimensionKey, Formula, FormulaBuilder, conj
@@ -158,6 +159,7 @@ class Auditor:
         # scopes beyond ``max_bytes`` wait on disk, exactly as they were (``resident``)
         self._resident = ResidentScopes(max_bytes)
         self._lock = threading.Lock()
+        retain_freed_memory()  # the span's arrays: reused, not page-faulted afresh
 
     # -- public interface -------------------------------------------------------------
 
