@@ -35,6 +35,8 @@ from gateway.audit.predicates import DimensionKey, Formula, FormulaBuilder, conj
 from gateway.audit.resident import ResidentScopes
 from gateway.audit.space import SpaceTooLarge
 from gateway.audit.span import (
+    DOUBT_TOL,
+    ZERO_TOL,
     Block,
     Doubt,
     coefficients,
@@ -631,6 +633,32 @@ def _in_old_span(old: Knowledge, region: np.ndarray) -> bool:
     return True
 
 
+def _in_old_spans(old: Knowledge, cols: np.ndarray, locals_: list[np.ndarray]) -> list[bool] | None:
+    """``_in_old_span`` of many regions (atom masks over ``cols``) at once: one residual
+    per old block for all of them. None when a region is in doubt in a block the one by
+    one test might not reach (it stops at a block that does not hold its region): the
+    caller then tests them one by one, exactly as before."""
+    if not locals_:
+        return []
+    masks = np.zeros((len(locals_), old.space.n_atoms), dtype=bool)
+    for i, local in enumerate(locals_):
+        masks[i, cols[local]] = True
+    out = np.ones(len(locals_), dtype=bool)
+    owners = old.block_of
+    free = owners[: old.space.n_atoms] < 0
+    out &= ~np.any(masks & free[None, :], axis=1)
+    for block in old.blocks:
+        sub = masks[:, block.cols]
+        hit = out & np.any(sub, axis=1)
+        if not hit.any():
+            continue
+        res = np.abs(block.residual(sub[hit].astype(float)))
+        if np.any((res >= ZERO_TOL) & (res < DOUBT_TOL)):
+            return None
+        out[np.nonzero(hit)[0][~np.all(res < ZERO_TOL, axis=-1)]] = False
+    return out.tolist()
+
+
 def _statistics_apart(kn: Knowledge, block: Block) -> list[str]:
     """The statistics a block's answers release, when no one statistic is released by
     all of them (empty: they share one, or release unknown ones — one span for all)."""
@@ -711,14 +739,21 @@ def _part_candidates(
         )
         seen: set[bytes] = set()
         counts = _sub_block(new, block, "count") if apart else None
-        for name, local in searched:
-            if np.any(np.all(block.asked == local[None, :], axis=1)):
-                continue  # released directly, with its own noise
+        direct = {row.tobytes() for row in block.asked} if searched else set()
+        searched = [(name, local) for name, local in searched if local.tobytes() not in direct]
+        # (what is not released directly: with its own noise, it is no candidate)
+        plain = [j for j, (name, _) in enumerate(searched) if name is None]
+        spans = _in_old_spans(old, block.cols, [searched[j][1] for j in plain])
+        old_spans = {} if spans is None else dict(zip(plain, spans, strict=True))
+        for j, (name, local) in enumerate(searched):
             region = np.zeros(new.space.n_atoms, dtype=bool)
             region[block.cols[local]] = True
-            known = (
-                _in_old_span(old, region) if name is None else _in_old_sub_span(old, region, name)
-            )
+            if name is not None:
+                known = _in_old_sub_span(old, region, name)
+            elif j in old_spans:
+                known = old_spans[j]
+            else:
+                known = _in_old_span(old, region)
             if known or local.tobytes() in seen:
                 continue
             seen.add(local.tobytes())
