@@ -1,14 +1,16 @@
 """The auditor's fast path decides exactly as a straightforward computation.
 
 Issue 32 made the audit of a new query cheaper (bench/README.md, "the audit's price and
-precision"): the span's dense update writes in place, the noise quantile evaluates each
-distinct term once, and the candidate regions' "determined before?" test runs on all of
-them at once. None of that may change a decision. Here seeded random histories of
-overlapping boxes (age × income, with GROUP BY sex and conditions on disease, on the
-demo schema) are audited twice: by the auditor as it is, and by the same auditor with
-the straightforward computations put back (the loop over noise terms, the basis update
-through an outer product, the regions tested one by one). Every pre-audit and post-audit
-must agree: allowed or not, the reason, the queries combined and the groups named.
+precision"): the span's dense update writes in place, the noise quantile evaluates its
+terms at once, the candidate regions' "determined before?" test runs on all of them at
+once, and a size that clears k with a cheap upper bound on the confidence margin is not
+sized with the margin itself. None of that may change a decision. Here seeded random
+histories of overlapping boxes (age × income, with GROUP BY sex and conditions on
+disease, on the demo schema) are audited twice: by the auditor as it is, and by the same
+auditor with the straightforward computations put back (the loop over noise terms, every
+margin computed in full, the basis update through an outer product, the regions tested
+one by one). Every pre-audit and post-audit must agree: allowed or not, the reason, the
+queries combined and the groups named.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from gateway.analyze import analyze
 from gateway.audit import AnsweredCell, AnsweredQuery, Auditor, CountNoise
 from gateway.audit import auditor as auditor_module
 from gateway.audit import span as span_module
-from gateway.audit.confidence import _GRID, noise_quantile
+from gateway.audit.confidence import _GRID, noise_quantile, quantile_upper_bound
 from gateway.config import TableConfig, parse_config, with_nullability
 from gateway.demo.hospital import NULLABLE, config_yaml
 from gateway.plan import QueryPlan
@@ -156,6 +158,8 @@ def test_fast_path_decides_as_the_straightforward_computation(
     queries = history(seed, 70)
     fast = decisions(tables, queries)
     monkeypatch.setattr(auditor_module, "noise_quantile", reference_noise_quantile)
+    # no shortcut: every margin computed in full
+    monkeypatch.setattr(auditor_module, "quantile_upper_bound", lambda *args: math.inf)
     monkeypatch.setattr(auditor_module, "_in_old_spans", lambda *args: None)
     monkeypatch.setattr(span_module.Block, "insert", reference_insert)
     reference = decisions(tables, queries)
@@ -166,7 +170,7 @@ def test_fast_path_decides_as_the_straightforward_computation(
     assert sum(1 for d in fast if d[0] == "post" and d[2]) >= 20
 
 
-def test_noise_quantile_is_the_loop_over_terms_bit_for_bit() -> None:
+def test_noise_quantile_is_the_loop_over_terms_bit_for_bit_and_bounded_above() -> None:
     rng = random.Random(7)
     for _ in range(500):
         terms = [
@@ -180,7 +184,9 @@ def test_noise_quantile_is_the_loop_over_terms_bit_for_bit() -> None:
             for _ in range(rng.choice([1, 2, 5, 40, 300]))
         ]
         alpha = rng.choice([1e-3, 1e-6, 0.05])
-        assert noise_quantile(terms, alpha) == reference_noise_quantile(terms, alpha)
+        exact = noise_quantile(terms, alpha)
+        assert exact == reference_noise_quantile(terms, alpha)
+        assert quantile_upper_bound(terms, alpha) >= exact
 
 
 def test_regions_tested_at_once_are_those_tested_one_by_one(

@@ -26,7 +26,7 @@ import numpy as np
 from sqlglot import exp
 
 from gateway.audit.components import Extension, TableKnowledge, add_noise_terms
-from gateway.audit.confidence import CountNoise, noise_quantile
+from gateway.audit.confidence import CountNoise, noise_quantile, quantile_upper_bound
 from gateway.audit.describe import describe_region
 from gateway.audit.heap import retain_freed_memory
 from gateway.audit.knowledge import Knowledge, RowInfo
@@ -810,7 +810,10 @@ def _findings(
         noise: dict[tuple[str, int], tuple[float, CountNoise]] | None = {}
         for i in np.nonzero(known)[0]:
             noise = add_noise_terms(noise, float(coefs[i]), bc.member_info[i].noise)
-        margin = math.inf if noise is None else noise_quantile(list(noise.values()), alpha)
+        # the confidence margin of ``noise``, computed only where a decision needs it
+        # exactly: a size that clears k with ``quantile_upper_bound`` (no smaller) clears
+        # it with the margin itself, for a fraction of the cost
+        margin: float | None = math.inf if noise is None else None
         extra = 0.0
         bounds: set[int] = set()
         for i in np.nonzero(used & bc.member_pending)[0]:
@@ -847,16 +850,26 @@ def _findings(
             upper_direct = float(np.min(bc.counts[supersets])) if supersets.any() else math.inf
             # the post-audit's margin will include this query's own noise (public: its
             # calibration), so count it in now
-            full = margin
+            full_terms = None if noise is None else list(noise.values())
             if pending_noise is not None and noise is not None and pending_used:
                 with_new = dict(noise)
                 for i in np.nonzero(used & bc.member_pending)[0]:
                     source = ("", bc.member_info[i].cell)
                     with_new[source] = (float(coefs[i]), pending_noise)
-                full = noise_quantile(list(with_new.values()), alpha)
+                full_terms = list(with_new.values())
             # refuse before spending only when the answer cannot help: even at its upper
             # bound, the confidence bound (with every noise it will carry) stays below k
-            small = min(upper - full, upper_direct) < k
+            if full_terms is None:
+                small = min(upper - math.inf, upper_direct) < k
+            elif (
+                observe is None
+                and upper_direct >= k
+                and math.isfinite(upper)
+                and upper - quantile_upper_bound(full_terms, alpha) >= k
+            ):
+                small = False  # then upper − full ≥ k too
+            else:
+                small = min(upper - noise_quantile(full_terms, alpha), upper_direct) < k
             if small and upper_direct < upper:
                 best = int(np.nonzero(supersets)[0][np.argmin(bc.counts[supersets])])
                 direct = {block.asked_ids[best]}
@@ -868,7 +881,17 @@ def _findings(
                 for j in np.nonzero(subsets)[0]
             ]
             small = not lows or max(lows) < k
+        elif (
+            margin is None
+            and observe is None
+            and noise is not None
+            and estimate - quantile_upper_bound(list(noise.values()), alpha) >= k
+        ):
+            small = False  # then estimate − margin ≥ k too
         else:
+            if margin is None:
+                assert noise is not None
+                margin = noise_quantile(list(noise.values()), alpha)
             small = estimate - margin < k
         waits = pre and not small and open_groups is not None and len(open_groups) < MAX_FINDINGS
         if waits and open_groups is not None and pending_used:
@@ -876,6 +899,8 @@ def _findings(
             open_groups.append(describe_region(new.space, block.cols[local]))
         if observe is not None:
             terms = None if noise is None else tuple(noise.values())
+            if margin is None:
+                margin = noise_quantile(list(noise.values()), alpha) if noise else 0.0
             observe(Sizing(pre, upper if pre else estimate, margin, terms, small))
         if small:
             rows = (

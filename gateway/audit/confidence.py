@@ -44,6 +44,22 @@ class CountNoise:
 def noise_quantile(terms: Sequence[tuple[float, CountNoise]], alpha: float) -> float:
     """A ``q`` with P(Σ cᵢ·Nᵢ ≥ q) ≤ ``alpha`` for independent noises (``terms``: pairs
     (cᵢ, noise of Nᵢ)); 0 when there is no noise, ``inf`` for an unknown scale."""
+    return _quantile(terms, alpha, 1)
+
+
+def quantile_upper_bound(terms: Sequence[tuple[float, CountNoise]], alpha: float) -> float:
+    """A number no smaller than ``noise_quantile(terms, alpha)``, for a sixteenth of its
+    cost: the same bound minimised over every sixteenth point of the grid (a minimum
+    over fewer points), plus a margin of 1e-9 (relative and absolute) for the last bits
+    of the arithmetic. A size whose bound clears k with it clears k with the exact one."""
+    q = _quantile(terms, alpha, 16)
+    return q + 1e-9 * abs(q) + 1e-9
+
+
+def _quantile(terms: Sequence[tuple[float, CountNoise]], alpha: float, step: int) -> float:
+    """The Chernoff bound minimised over every ``step``-th point of the grid. Every
+    term's log E[exp(c·t·N)] is one row of a matrix, added up in the terms' order (a
+    sum down the rows: bit for bit the sums of a loop over the terms, which it was)."""
     laplace = [(abs(c), n.scale) for c, n in terms if n.mechanism == "laplace" and c]
     variance = sum(c * c * n.scale * n.scale for c, n in terms if n.mechanism == "gaussian")
     if any(not math.isfinite(b) or b < 0 for _, b in laplace):
@@ -53,18 +69,14 @@ def noise_quantile(terms: Sequence[tuple[float, CountNoise]], alpha: float) -> f
     if not laplace:
         return math.sqrt(2 * variance * log_alpha)
     t_max = min(1 / (c * b) for c, b in laplace)
-    t = _GRID * t_max
-    # log E[exp(c·t·N)] on the grid once per distinct (c, b) — a combination's terms
-    # mostly share a few —, then added up in the terms' order (bit for bit the sums of
-    # one loop computing every term)
-    distinct = list(dict.fromkeys(laplace))
-    where = {cb: i for i, cb in enumerate(distinct)}
-    p = np.array([math.exp(-1 / b) for _, b in distinct])[:, None]
-    s = np.array([c for c, _ in distinct])[:, None] * t[None, :]
-    each = np.array([2 * math.log1p(-float(q)) for q in p[:, 0]])[:, None]
-    each = each - np.log1p(-p * np.exp(s))
-    each = each - np.log1p(-p * np.exp(-s))
-    log_mgf = 0.5 * variance * t * t
-    for row in each[[where[cb] for cb in laplace]]:
-        np.add(log_mgf, row, out=log_mgf)
+    t = (_GRID * t_max)[::step]
+    # p and log(1 − p)² depend on the scale alone: once per scale
+    per_scale = {b: math.exp(-1 / b) for b in dict.fromkeys(b for _, b in laplace)}
+    p = np.array([per_scale[b] for _, b in laplace])[:, None]
+    first = np.array([2 * math.log1p(-per_scale[b]) for _, b in laplace])[:, None]
+    s = np.array([c for c, _ in laplace])[:, None] * t[None, :]
+    rows = np.empty((len(laplace) + 1, len(t)))
+    rows[0] = 0.5 * variance * t * t
+    rows[1:] = first - np.log1p(-p * np.exp(s)) - np.log1p(-p * np.exp(-s))
+    log_mgf = np.sum(rows, axis=0)
     return float(np.min((log_alpha + log_mgf) / t))
