@@ -60,22 +60,33 @@ def _quantile(terms: Sequence[tuple[float, CountNoise]], alpha: float, step: int
     """The Chernoff bound minimised over every ``step``-th point of the grid. Every
     term's log E[exp(c·t·N)] is one row of a matrix, added up in the terms' order (a
     sum down the rows: bit for bit the sums of a loop over the terms, which it was)."""
-    laplace = [(abs(c), n.scale) for c, n in terms if n.mechanism == "laplace" and c]
-    variance = sum(c * c * n.scale * n.scale for c, n in terms if n.mechanism == "gaussian")
-    if any(not math.isfinite(b) or b < 0 for _, b in laplace):
+    coefs: list[float] = []  # the Laplace terms' |cᵢ| and scales bᵢ (cᵢ ≠ 0)
+    scales: list[float] = []
+    squares: list[float] = []  # the Gaussian terms' cᵢ²σᵢ²
+    for c, n in terms:
+        if n.mechanism == "laplace":
+            if c:
+                coefs.append(abs(c))
+                scales.append(n.scale)
+        elif n.mechanism == "gaussian":
+            squares.append(c * c * n.scale * n.scale)
+    variance = sum(squares)
+    b = np.array(scales, dtype=float)
+    if not np.all(np.isfinite(b) & (b >= 0)):
         return math.inf
-    laplace = [(c, b) for c, b in laplace if b > 0]
+    c = np.array(coefs, dtype=float)[b > 0]
+    b = b[b > 0]
     log_alpha = math.log(1 / alpha)
-    if not laplace:
+    if not len(b):
         return math.sqrt(2 * variance * log_alpha)
-    t_max = min(1 / (c * b) for c, b in laplace)
-    t = (_GRID * t_max)[::step]
+    t = (_GRID * float(np.min(1 / (c * b))))[::step]
     # p and log(1 − p)² depend on the scale alone: once per scale
-    per_scale = {b: math.exp(-1 / b) for b in dict.fromkeys(b for _, b in laplace)}
-    p = np.array([per_scale[b] for _, b in laplace])[:, None]
-    first = np.array([2 * math.log1p(-per_scale[b]) for _, b in laplace])[:, None]
-    s = np.array([c for c, _ in laplace])[:, None] * t[None, :]
-    rows = np.empty((len(laplace) + 1, len(t)))
+    distinct, which = np.unique(b, return_inverse=True)
+    ps = [math.exp(-1 / float(x)) for x in distinct]
+    p = np.array(ps)[which][:, None]
+    first = np.array([2 * math.log1p(-q) for q in ps])[which][:, None]
+    s = c[:, None] * t[None, :]
+    rows = np.empty((len(c) + 1, len(t)))
     rows[0] = 0.5 * variance * t * t
     rows[1:] = first - np.log1p(-p * np.exp(s)) - np.log1p(-p * np.exp(-s))
     log_mgf = np.sum(rows, axis=0)
