@@ -63,13 +63,13 @@ def _quantile(terms: Sequence[tuple[float, CountNoise]], alpha: float, step: int
     coefs: list[float] = []  # the Laplace terms' |cᵢ| and scales bᵢ (cᵢ ≠ 0)
     scales: list[float] = []
     squares: list[float] = []  # the Gaussian terms' cᵢ²σᵢ²
-    for c, n in terms:
+    for coef, n in terms:
         if n.mechanism == "laplace":
-            if c:
-                coefs.append(abs(c))
+            if coef:
+                coefs.append(abs(coef))
                 scales.append(n.scale)
         elif n.mechanism == "gaussian":
-            squares.append(c * c * n.scale * n.scale)
+            squares.append(coef * coef * n.scale * n.scale)
     variance = sum(squares)
     b = np.array(scales, dtype=float)
     if not np.all(np.isfinite(b) & (b >= 0)):
