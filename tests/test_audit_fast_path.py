@@ -15,6 +15,7 @@ queries combined and the groups named.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Sequence
@@ -162,6 +163,12 @@ def test_fast_path_decides_as_the_straightforward_computation(
     monkeypatch.setattr(auditor_module, "quantile_upper_bound", lambda *args: math.inf)
     monkeypatch.setattr(auditor_module, "_in_old_spans", lambda *args: None)
     monkeypatch.setattr(span_module.Block, "insert", reference_insert)
+    block_counts = auditor_module._BlockCounts.of  # noise terms through add_noise_terms
+    monkeypatch.setattr(
+        auditor_module._BlockCounts,
+        "of",
+        staticmethod(lambda *a: dataclasses.replace(block_counts(*a), own_noise=False)),
+    )
     reference = decisions(tables, queries)
     assert fast == reference
     # the histories reach the paths that matter: refusals that name groups, answers

@@ -808,8 +808,15 @@ def _findings(
         estimate = float(coefs[known] @ bc.member_counts[known])
         unknown = bool(np.any(used & bc.member_unknown))
         noise: dict[tuple[str, int], tuple[float, CountNoise]] | None = {}
-        for i in np.nonzero(known)[0]:
-            noise = add_noise_terms(noise, float(coefs[i]), bc.member_info[i].noise)
+        if bc.own_noise:  # what ``add_noise_terms`` gives, read off directly
+            direct_terms: dict[tuple[str, int], tuple[float, CountNoise]] = {}
+            for i in np.nonzero(known)[0]:
+                ((source, _, own),) = bc.member_info[i].noise or ()
+                direct_terms[source] = (float(coefs[i]), own)
+            noise = direct_terms
+        else:
+            for i in np.nonzero(known)[0]:
+                noise = add_noise_terms(noise, float(coefs[i]), bc.member_info[i].noise)
         # the confidence margin of ``noise``, computed only where a decision needs it
         # exactly: a size that clears k with ``quantile_upper_bound`` (no smaller) clears
         # it with the margin itself, for a fraction of the cost
@@ -935,6 +942,9 @@ class _BlockCounts:
     member_unknown: np.ndarray
     member_pending: np.ndarray
     member_info: list[RowInfo]
+    # every counted member's noise is its own single term (coefficient 1, no source
+    # shared): a combination's noise terms are then its coefficients, one per member
+    own_noise: bool = False
 
     @staticmethod
     def of(new: Knowledge, block: Block) -> _BlockCounts:
@@ -953,6 +963,9 @@ class _BlockCounts:
                         break
         pending = np.array([r.pending for r in members], dtype=bool)
         missing = np.array([r.count is None for r in members], dtype=bool)
+        counted = [r.noise for r in members if not r.pending and r.count is not None]
+        own = all(t is not None and len(t) == 1 and t[0][1] == 1.0 for t in counted)
+        own = own and len({t[0][0] for t in counted if t is not None}) == len(counted)
         return _BlockCounts(
             counted=np.array([r.count is not None and not r.pending for r in infos], dtype=bool),
             counts=np.array([r.count if r.count is not None else np.nan for r in infos]),
@@ -963,6 +976,7 @@ class _BlockCounts:
             member_unknown=~pending & missing,
             member_pending=pending,
             member_info=members,
+            own_noise=own,
         )
 
 
