@@ -207,7 +207,8 @@ def _run_gunicorn(
     from gunicorn.app.base import BaseApplication
     from gunicorn.arbiter import Arbiter
 
-    from gateway.serve_workers import balanced_worker_class, limit_malloc_arenas, pin_worker
+    from gateway.heap import limit_malloc_arenas
+    from gateway.serve_workers import balanced_worker_class, pin_worker
 
     # Keep-alive connections go to the worker holding fewest (gateway/serve_workers.py);
     # twice the slots, for a reload's new workers starting beside the old ones.

@@ -131,38 +131,6 @@ def pin_worker(slot: int | None, workers: int, setting: str = "auto") -> int | N
     return cpu
 
 
-WORKER_MALLOC_ARENAS = 2
-"""glibc malloc arenas a worker may use (``limit_malloc_arenas``); glibc's own default is
-eight per core, one per thread that meets contention. ``MALLOC_ARENA_MAX`` in the
-environment takes precedence."""
-_M_ARENA_MAX = -8  # glibc malloc.h
-
-
-def limit_malloc_arenas(arenas: int = WORKER_MALLOC_ARENAS) -> bool:
-    """Cap the calling (just forked, single-threaded) worker's glibc malloc arenas at
-    ``arenas``; ``False`` where that is not done (not glibc, or ``MALLOC_ARENA_MAX`` set).
-
-    A worker's 16 request threads each got an arena of their own, and every arena keeps
-    the freed memory of the allocations made in it (numpy's span matrices, SQLite's
-    statements and page caches, large Python objects): measured on the soak
-    (``bench/soak.py``, 16 clients, 3 minutes), two arenas held worker RSS ~30 MB lower
-    and grew a third slower per 1,000 releases (16 MB against 24 MB) than glibc's
-    default. The request threads hand the GIL to one another, so two arenas are seldom
-    contended; SQLite, which runs without the GIL, shares them."""
-    if os.environ.get("MALLOC_ARENA_MAX") or not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-        if not hasattr(libc, "gnu_get_libc_version"):  # musl and others: not glibc
-            return False
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_ARENA_MAX, arenas))
-
-
 class ConnectionTable:
     """Connections held per worker, and whether it listens, in memory shared by the
     master and its workers; one wake-up pipe per slot.

@@ -27,9 +27,9 @@ from gateway.audit import Auditor, predicates
 from gateway.config import TableConfig, parse_config, with_nullability
 from gateway.demo.hospital import NULLABLE, config_yaml
 from gateway.execute import SQLITE_STATEMENT_CACHE
+from gateway.heap import limit_malloc_arenas
 from gateway.http.app import create_app
 from gateway.pipeline import Gateway
-from gateway.serve_workers import limit_malloc_arenas
 
 
 def _sqlite_memory_used() -> Callable[[], int] | None:

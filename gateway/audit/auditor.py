@@ -28,7 +28,6 @@ from sqlglot import exp
 from gateway.audit.components import Extension, TableKnowledge, add_noise_terms
 from gateway.audit.confidence import CountNoise, noise_quantile, quantile_upper_bound
 from gateway.audit.describe import describe_region
-from gateway.audit.heap import retain_freed_memory
 from gateway.audit.knowledge import Knowledge, RowInfo
 from gateway.audit.normalise import Undecidable
 from gateway.audit.predicates import DimensionKey, Formula, FormulaBuilder, conj
@@ -44,6 +43,7 @@ from gateway.audit.span import (
     in_span,
 )
 from gateway.config import TableConfig
+from gateway.heap import retain_freed_memory
 from gateway.joins import audit_relations
 from gateway.plan import QueryPlan
 
