@@ -130,6 +130,22 @@ def ref(name: str) -> Schema:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+def ok_answer(
+    required: Mapping[str, Schema], optional: Mapping[str, Schema] | None = None
+) -> Schema:
+    """The schema of a successful JSON answer: ``{"ok": true, …}`` with the ``required``
+    fields (in that order) and the ``optional`` ones."""
+    return {
+        "type": "object",
+        "required": ["ok", *required],
+        "properties": {"ok": {"const": True}, **required, **(optional or {})},
+    }
+
+
+def array_of(items: Schema) -> Schema:
+    return {"type": "array", "items": items}
+
+
 def _error_codes() -> list[str]:
     return [e.code for e in ALL_ERRORS]
 

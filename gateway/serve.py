@@ -164,7 +164,10 @@ def _factory(spec: str, config: Config) -> Callable[[], Flask]:
         _fail([f"cannot load the application {spec}: {type(e).__name__}: {e}"])
 
     def build() -> Flask:
+        from gateway.heap import freeze_startup_heap
+
         app: Flask = create_app(config)
+        freeze_startup_heap()  # a full collection no longer walks the startup heap
         return app
 
     return build
@@ -207,6 +210,7 @@ def _run_gunicorn(
     from gunicorn.app.base import BaseApplication
     from gunicorn.arbiter import Arbiter
 
+    from gateway.heap import limit_malloc_arenas
     from gateway.serve_workers import balanced_worker_class, pin_worker
 
     # Keep-alive connections go to the worker holding fewest (gateway/serve_workers.py);
@@ -223,6 +227,7 @@ def _run_gunicorn(
         connections.assign(worker)
 
     def post_fork(server: Any, worker: Any) -> None:
+        limit_malloc_arenas()  # before the worker starts its threads
         cpu = pin_worker(getattr(worker, "dpgate_slot", None), workers, affinity)
         if cpu is not None:
             server.log.info("worker %s runs on CPU %s", worker.pid, cpu)

@@ -38,6 +38,11 @@ def auditor(tables: dict[str, TableConfig]) -> Auditor:
 class Session:
     """An analyst talking to the auditor the way the pipeline does."""
 
+    #: The public noise of every count the session's answers carry, and whether the
+    #: pre-audit is told it (as the pipeline tells it the calibrated noise).
+    noise = NOISE
+    noise_in_pre_audit = False
+
     def __init__(self, auditor: Auditor, tables: dict[str, TableConfig], scope: str = "alice"):
         self.auditor = auditor
         self.tables = tables
@@ -56,13 +61,15 @@ class Session:
         """pre-audit, then (if allowed) post-audit and remember; returns both decisions."""
         self.n += 1
         plan = self.plan(sql)
-        pre = self.auditor.pre_audit(self.scope, plan)
+        pre = self.auditor.pre_audit(
+            self.scope, plan, self.noise if self.noise_in_pre_audit else None
+        )
         if not pre.allowed:
             return pre, None
         if counts is None or isinstance(counts, int | float):
-            cells: tuple[AnsweredCell, ...] = (AnsweredCell((), counts, {}, NOISE),)
+            cells: tuple[AnsweredCell, ...] = (AnsweredCell((), counts, {}, self.noise),)
         else:
-            cells = tuple(AnsweredCell(v, c, {}, NOISE) for v, c in counts)
+            cells = tuple(AnsweredCell(v, c, {}, self.noise) for v, c in counts)
         answer = AnsweredQuery(f"q{self.n}", plan, cells)
         post = self.auditor.post_audit(self.scope, answer)
         if post.allowed or self.remember_anyway:

@@ -15,12 +15,9 @@ at ε = 0.1 (discrete Laplace, scale 10), the demo's default.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import pytest
 
-from gateway.audit import AnsweredCell, AnsweredQuery, AuditDecision, Auditor, CountNoise
+from gateway.audit import Auditor, CountNoise
 from gateway.audit.auditor import Sizing
 from gateway.audit.confidence import noise_quantile
 from gateway.config import TableConfig
@@ -34,25 +31,11 @@ DISEASES = ("Crohn", "Influenza", "Meningitis", "Diabetes", "Asthma", "Hypertens
 
 
 class Noisy(Session):
-    """A session whose counts carry the demo's default noise (scale 10)."""
+    """A session whose counts carry the demo's default noise (scale 10), which the
+    pre-audit is told as the pipeline tells it."""
 
-    def ask(
-        self, sql: str, counts: float | Sequence[tuple[tuple[Any, ...], float | None]] | None
-    ) -> tuple[AuditDecision, AuditDecision | None]:
-        self.n += 1
-        plan = self.plan(sql)
-        pre = self.auditor.pre_audit(self.scope, plan, NOISE)
-        if not pre.allowed:
-            return pre, None
-        if counts is None or isinstance(counts, int | float):
-            cells: tuple[AnsweredCell, ...] = (AnsweredCell((), counts, {}, NOISE),)
-        else:
-            cells = tuple(AnsweredCell(v, c, {}, NOISE) for v, c in counts)
-        answer = AnsweredQuery(f"q{self.n}", plan, cells)
-        post = self.auditor.post_audit(self.scope, answer)
-        if post.allowed:
-            self.auditor.remember(self.scope, answer)
-        return pre, post
+    noise = NOISE
+    noise_in_pre_audit = True
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ accepted query that then fails at the database (a charged 503) is a failure of t
 ``make test`` runs a few thousand cases (``DPGATE_FUZZ_EXAMPLES``, 1,500 SQL and 1,000
 JSON by default); ``make fuzz`` runs 10,000 of each. A hang fails the example through
 hypothesis's deadline (generous: the machine is shared; refusal CPU is measured by
-``bench/fuzz.py``, not here).
+``bench/refusal_cpu.py``, not here).
 """
 
 from __future__ import annotations

@@ -18,7 +18,14 @@ import psycopg
 import pytest
 from flask.testing import FlaskClient
 
-from gateway.analyze.limits import MAX_CONNECTIVES, MAX_NESTING, MAX_TOKENS
+from gateway.analyze.limits import (
+    MAX_CONNECTIVES,
+    MAX_LIST_ITEMS,
+    MAX_NESTING,
+    MAX_STATEMENT_NODES,
+    MAX_TOKENS,
+    MAX_TREE_DEPTH,
+)
 from gateway.errors import InvalidRequest, SqlSyntaxError, UnsupportedQuery
 from gateway.pgwire.server import WireServer
 from gateway.pipeline import Gateway
@@ -176,9 +183,72 @@ def test_a_long_connective_chain_is_one_level_and_its_terms_are_counted(
     # n terms, n - 1 ORs
     status, body = ask(COUNT + " OR ".join(["age = 1"] * (MAX_CONNECTIVES + 2)), epsilon=0.1)
     assert status == 400 and body["error"]["detail"]["limit"] == "max_connectives", body
+    # Within the count of ORs, the statement's tree is past its size once parsed ...
     status, body = ask(COUNT + " OR ".join(["age = 1"] * (MAX_CONNECTIVES + 1)), epsilon=0.1)
+    assert status == 400 and body["error"]["detail"]["limit"] == "max_statement_nodes", body
+    # ... and a shorter chain is past the row expression's (4 nodes a term).
+    status, body = ask(COUNT + " OR ".join(["age = 1"] * 200), epsilon=0.1)
     assert status == 400 and body["error"]["detail"]["limit"] == "max_nodes", body
     assert spent(gateway) == spent_before
+
+
+#: Parsed, then refused by the measure of the statement's tree before any later pass
+#: copies, resolves or prints it: (SQL, the limit that refuses it).
+PAST_THE_TREE_LIMITS: dict[str, tuple[str, str]] = {
+    "a + chain": (COUNT + " + ".join(["age"] * (MAX_TREE_DEPTH + 2)) + " > 1", "max_tree_depth"),
+    "a || chain": (
+        COUNT + " || ".join(["city"] * (MAX_TREE_DEPTH + 2)) + " = 'x'",
+        "max_tree_depth",
+    ),
+    "a HAVING chain": (
+        "SELECT sex, COUNT(*) FROM patients GROUP BY sex HAVING "
+        + " + ".join(["COUNT(*)"] * (MAX_TREE_DEPTH + 2))
+        + " > 1",
+        "max_tree_depth",
+    ),
+    "COALESCE's arguments": (
+        COUNT + "COALESCE(" + ", ".join(["age"] * (MAX_LIST_ITEMS + 2)) + ") > 1",
+        "max_list_items",
+    ),
+    "the select list": (
+        "SELECT " + ", ".join(["COUNT(*)"] * (MAX_LIST_ITEMS + 1)) + " FROM patients",
+        "max_list_items",
+    ),
+    "GROUP BY": (
+        "SELECT COUNT(*) FROM patients GROUP BY "
+        + ", ".join(f"age + {i}" for i in range(MAX_LIST_ITEMS + 1)),
+        "max_list_items",
+    ),
+    "many comparisons": (
+        COUNT + " AND ".join(f"age > {i}" for i in range(MAX_STATEMENT_NODES // 4 + 1)),
+        "max_statement_nodes",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAST_THE_TREE_LIMITS))
+def test_a_statement_past_the_tree_limits_is_refused_by_name_and_free(
+    name: str, ask: Callable[..., Any], gateway: Gateway
+) -> None:
+    sql, limit = PAST_THE_TREE_LIMITS[name]
+    status, body = ask(sql, epsilon=0.1)
+    assert status == 400 and body["error"]["detail"]["limit"] == limit, body
+    assert spent(gateway) == 0.0
+
+
+def test_the_tree_limits_leave_honest_queries_alone(ask: Callable[..., Any]) -> None:
+    """Just inside them: a 30-term sum (32 levels of the row expression's cap), 200
+    group keys, an IN list of 1,000 values beside other terms."""
+    status, body = ask(COUNT + " + ".join(["age"] * 30) + " > 1", epsilon=0.1)
+    assert status == 200, body
+    keys = ", ".join(f"age + {i}" for i in range(200))
+    status, body = ask(
+        f"SELECT {keys}, COUNT(*) FROM patients GROUP BY {keys} LIMIT 1", epsilon=0.1
+    )
+    assert status == 200, body
+    values = ", ".join(str(i) for i in range(1_000))
+    status, body = ask(COUNT + f"age IN ({values}) AND sex = 'F'", epsilon=0.1)
+    assert status == 200, body
 
 
 def test_the_limits_are_where_their_names_say() -> None:
@@ -222,7 +292,7 @@ def test_in_process_callers_get_the_same_refusals(gateway: Gateway) -> None:
 def test_the_wire_refuses_hostile_sql_free(wire: tuple[WireServer, int, str]) -> None:
     server, port, key = wire
     with wire_connect(port, key) as conn:
-        for name, (sql, _) in HOSTILE_SQL.items():
+        for name, (sql, _) in {**HOSTILE_SQL, **PAST_THE_TREE_LIMITS}.items():
             if "\x00" in sql:
                 continue  # libpq cannot send one
             with pytest.raises(psycopg.Error) as info:

@@ -597,3 +597,25 @@ def test_a_nested_aggregation_over_the_wire_is_described_and_charged_as_its_inne
             totals[sex] = totals.get(sex, 0) + n
         assert dict(rows) == totals
     assert charges(server) == 1  # the inner query, once; the second run was a cache hit
+
+
+def test_shutdown_ends_serve_forever_and_lets_go_of_the_catalogue(
+    make_gateway: Callable[..., Any],
+) -> None:
+    """A thread blocked in ``accept()`` is not woken on Linux by closing the socket: the
+    server's thread lived to the interpreter's exit, holding the catalogue's DuckDB
+    connection, which its bindings then reported as leaked (issue 38)."""
+    from gateway.pgwire.catalog import CatalogError
+
+    gateway = make_gateway(postgres_wire={"port": 0})
+    server = WireServer(gateway.config, gateway)
+    server.bind("127.0.0.1")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    time.sleep(0.2)  # blocked in accept()
+    server.shutdown()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert not hasattr(server.catalog, "_db")
+    with pytest.raises(CatalogError):
+        server.catalog.run("SELECT 1")

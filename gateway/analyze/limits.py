@@ -10,6 +10,14 @@ query comes near: the analyzer's own caps (``gateway.analyze.totality``: 32 leve
 or ORs is one level, not one per term (the parser's tree for it is left-deep, the query
 is flat): its length is bounded by counting its connectives here.
 
+Once parsed, the statement's tree is measured in the same walk that drops the parser's
+positions (``check_tree``), before any later pass copies, resolves or prints it: its
+depth (a chain of binary operators, ``a + b + c …``, is one level per operator in the
+tree though the text shows no bracket), its size and its longest list. Past these the
+later passes would refuse it anyway (an accepted row expression has at most 32 levels
+and 512 nodes), but only after work that grows with the tree; here the refusal costs
+the parse and one walk.
+
 A NUL character is refused too: no backend stores one in text (PostgreSQL rejects it,
 SQLite's C strings end at it), so a literal holding one would pass the analyzer and
 fail at the database, charged.
@@ -20,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from sqlglot import exp
 from sqlglot.tokens import Token, TokenType
 
 from gateway.errors import UnsupportedQuery
@@ -37,6 +46,18 @@ MAX_CONNECTIVES = 512
 #: of them, except a string literal or quoted name (``gateway.analyze.totality`` caps
 #: their characters at 1,024 in all), so past this many the tokens are past MAX_TOKENS.
 MAX_PIECES = 2 * MAX_TOKENS + 1_024
+#: Deepest tree of one statement, a chain of one connective counted as one level (as
+#: ``totality`` counts it). An accepted statement is far shallower: its row expressions
+#: nest at most 32 levels (``totality.MAX_DEPTH``) under a few levels of clauses and
+#: wrapper subqueries.
+MAX_TREE_DEPTH = 128
+#: Most nodes in one statement's tree, the values of IN lists aside (a list is matched
+#: by lookup, and its length has a cap of its own: ``totality.MAX_IN_LIST``): four row
+#: expressions of the largest size ``totality.MAX_NODES`` allows.
+MAX_STATEMENT_NODES = 2_048
+#: Most items in any other list: select list, GROUP BY, ORDER BY, function arguments,
+#: CASE branches, joins.
+MAX_LIST_ITEMS = 256
 _PIECE = re.compile(r"\w+|[^\w\s]")
 
 _OPEN = frozenset({TokenType.L_PAREN, TokenType.L_BRACKET, TokenType.L_BRACE, TokenType.CASE})
@@ -55,10 +76,16 @@ def check_text(sql: str) -> None:
             "the query holds a NUL character (U+0000), which no database accepts in text",
             construct="NUL character",
         )
-    if len(_PIECE.findall(sql)) > MAX_PIECES:
+    if too_many_pieces(sql):
         raise _limit(
             f"the query has more than {MAX_PIECES:,} words and symbols", "max_tokens", MAX_TOKENS
         )
+
+
+def too_many_pieces(sql: str) -> bool:
+    """Whether ``sql`` has more than ``MAX_PIECES`` words and symbols (one regular
+    expression, in C): past it the text is refused before anything tokenizes it."""
+    return len(_PIECE.findall(sql)) > MAX_PIECES
 
 
 def check_nesting(tokens: Sequence[Token]) -> None:
@@ -95,6 +122,50 @@ def check_nesting(tokens: Sequence[Token]) -> None:
             raise _limit(
                 f"the query nests deeper than {MAX_NESTING} levels", "max_nesting", MAX_NESTING
             )
+
+
+def check_tree(statement: exp.Expr) -> None:
+    """Raise ``UnsupportedQuery`` (``detail.limit``) if the parsed statement is deeper
+    than ``MAX_TREE_DEPTH``, has more than ``MAX_STATEMENT_NODES`` nodes or a list of
+    more than ``MAX_LIST_ITEMS`` items. Drops each node's position in the text (``meta``)
+    on the way: it is the parser's, for its own errors, and left in place every copy of
+    the tree (its canonical text is generated from one) deep-copies a dict per identifier
+    and literal. One iterative walk: no recursion on any tree."""
+    nodes = 0
+    stack: list[tuple[exp.Expr, int]] = [(statement, 0)]
+    while stack:
+        node, depth = stack.pop()
+        node._meta = None
+        nodes += 1
+        if depth > MAX_TREE_DEPTH:
+            raise _limit(
+                f"the query nests deeper than {MAX_TREE_DEPTH} levels (each operator of a "
+                "chain like a + b + c is a level; a chain of ANDs or of ORs is one)",
+                "max_tree_depth",
+                MAX_TREE_DEPTH,
+            )
+        if nodes > MAX_STATEMENT_NODES:
+            raise _limit(
+                f"the query has more than {MAX_STATEMENT_NODES:,} terms (IN lists aside)",
+                "max_statement_nodes",
+                MAX_STATEMENT_NODES,
+            )
+        chain = type(node) if isinstance(node, exp.Connector) else None
+        for key, value in node.args.items():
+            if type(value) is list:
+                if isinstance(node, exp.In) and key == "expressions":
+                    nodes -= sum(type(v) is exp.Literal for v in value)
+                elif len(value) > MAX_LIST_ITEMS:
+                    raise _limit(
+                        f"a list in the query has more than {MAX_LIST_ITEMS} items",
+                        "max_list_items",
+                        MAX_LIST_ITEMS,
+                    )
+                for child in value:
+                    if isinstance(child, exp.Expr):
+                        stack.append((child, depth if type(child) is chain else depth + 1))
+            elif isinstance(value, exp.Expr):
+                stack.append((value, depth if type(value) is chain else depth + 1))
 
 
 def _limit(message: str, limit: str, value: int) -> UnsupportedQuery:

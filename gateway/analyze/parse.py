@@ -15,7 +15,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
-from gateway.analyze.limits import check_nesting, check_text
+from gateway.analyze.limits import check_nesting, check_text, check_tree
 from gateway.analyze.malformed import check_tokens, syntax_error
 from gateway.dialects import dialect as shared_dialect
 from gateway.errors import SqlSyntaxError, UnsupportedQuery
@@ -108,12 +108,7 @@ def parse_select(sql: str) -> exp.Select:
             construct="several statements",
         )
     statement = statements[0]
-    # Each node's position in the text (``meta``) is the parser's, for its own errors;
-    # dpgate points at tokens instead. Left in place, every copy of a tree (its canonical
-    # text is generated from one) deep-copies a dict per identifier and literal: that
-    # was 45% of generating a statement's canonical text.
-    for node in statement.walk():
-        node._meta = None
+    check_tree(statement)  # and drops the parser's positions: dpgate points at tokens
     if isinstance(statement, exp.Subquery):
         statement = statement.unnest()
     if not isinstance(statement, exp.Select):

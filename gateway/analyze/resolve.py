@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from sqlglot import exp
 
-from gateway.analyze.totality import check_total
+from gateway.analyze.totality import check_size, check_total
 from gateway.config import TableConfig
 from gateway.errors import UnknownColumn, UnknownTable, UnsupportedQuery
 from gateway.plan import ValueType
@@ -150,6 +150,7 @@ def resolve_row_expression(
 
     ``where`` names the clause for messages ("WHERE", "GROUP BY", "SUM").
     """
+    check_size(node, where)  # first: what follows grows with the expression
     resolved = node.copy()
     for sub in list(resolved.walk()):
         _check_node(sub, where)

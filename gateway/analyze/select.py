@@ -67,6 +67,12 @@ class _Builder:
     outputs: list[OutputColumn] = field(default_factory=list)
     measure_keys: list[str] = field(default_factory=list)
     aggregate_outputs: dict[str, int] = field(default_factory=dict)
+    #: Each group key's canonical text → its index: found by lookup, not by printing
+    #: every key again for each new one (quadratic in the keys).
+    group_texts: dict[str, int] = field(default_factory=dict)
+    #: The canonical text of each aliased row expression of the select list → its alias
+    #: (the first), made once when a group key first asks for its alias.
+    item_aliases: dict[str, str] | None = None
 
     def measure(self, m: Measure) -> int:
         shown = m.expression.sql(dialect=dialect(None)) if m.expression is not None else ""
@@ -173,11 +179,11 @@ class _Builder:
         return len(self.outputs) - 1
 
     def find_group(self, resolved: exp.Expr) -> int | None:
-        key = _canonical(resolved)
-        for i, g in enumerate(self.group_keys):
-            if _canonical(g.expression) == key:
-                return i
-        return None
+        return self.group_texts.get(_canonical(resolved))
+
+    def add_group(self, key: GroupKey) -> None:
+        self.group_texts.setdefault(_canonical(key.expression), len(self.group_keys))
+        self.group_keys.append(key)
 
 
 def _replace(out: OutputColumn, **changes: object) -> OutputColumn:
@@ -253,7 +259,7 @@ def build_plan(
     select: exp.Select, tables: Mapping[str, TableConfig], outer: OuterQuery | None = None
 ) -> QueryPlan:
     """Turn one SELECT into a QueryPlan against the declared ``tables``."""
-    canonical = canonical_sql(select)  # of the text as written: joins and all
+    written = select  # its canonical text (joins and all) is printed once it is accepted
     join: JoinPlan | None = None
     if select.args.get("joins"):
         select, table, join = resolve_join(select, tables)
@@ -312,7 +318,7 @@ def build_plan(
         order_by=tuple(order_by),
         limit=limit,
         offset=offset,
-        canonical_sql=canonical,
+        canonical_sql=canonical_sql(written),
         join=join,
     )
 
@@ -349,7 +355,7 @@ def _add_group_key(
         return
     if name is None:
         name = _alias_of(b, resolved, items)
-    b.group_keys.append(
+    b.add_group(
         GroupKey(
             expression=resolved,
             name=name or _key_name(resolved),
@@ -369,17 +375,17 @@ def _key_name(resolved: exp.Expr) -> str:
 
 def _alias_of(b: _Builder, resolved: exp.Expr, items: list[exp.Expr]) -> str | None:
     """The alias of the select item computing the same expression as a group key."""
-    key = _canonical(resolved)
-    for item in items:
-        if not isinstance(item, exp.Alias) or _contains_aggregate(item.this):
-            continue
-        try:
-            candidate = resolve_row_expression(item.this, b.table, b.alias, where="SELECT")
-        except GatewayError:
-            continue
-        if _canonical(candidate) == key:
-            return item.alias
-    return None
+    if b.item_aliases is None:
+        b.item_aliases = {}
+        for item in items:
+            if not isinstance(item, exp.Alias) or _contains_aggregate(item.this):
+                continue
+            try:
+                candidate = resolve_row_expression(item.this, b.table, b.alias, where="SELECT")
+            except GatewayError:
+                continue
+            b.item_aliases.setdefault(_canonical(candidate), item.alias)
+    return b.item_aliases.get(_canonical(resolved))
 
 
 def _add_select_item(b: _Builder, item: exp.Expr) -> None:

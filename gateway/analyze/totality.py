@@ -123,7 +123,7 @@ def check_total(node: exp.Expr, table: TableConfig, *, where: str, boolean: bool
     """Check a resolved row expression (columns are bare, lower-case names of ``table``);
     return its type, or raise ``UnsupportedQuery`` naming what could fail or cost too
     much. ``boolean``: the clause needs a condition (WHERE)."""
-    _check_size(node, where)
+    check_size(node, where)
     typed = _Checker(table, where).check(node)
     if boolean and typed.kind not in ("boolean", "null"):
         raise UnsupportedQuery(
@@ -145,7 +145,11 @@ class ExpressionTypes:
         return self._checker.check(node)
 
 
-def _check_size(node: exp.Expr, where: str) -> None:
+def check_size(node: exp.Expr, where: str) -> None:
+    """Refuse a row expression past the caps on its size (depth, nodes, IN list, string
+    characters, LIKEs). A column counts as itself and its name, however qualified, so
+    the measure is the same before columns are resolved (``resolve`` checks it first,
+    before the work that grows with the expression) and after."""
     nodes = chars = likes = 0
     listed: set[int] = set()
     for sub, depth in _with_depth(node):
@@ -187,6 +191,10 @@ def _with_depth(node: exp.Expr) -> Iterator[tuple[exp.Expr, int]]:
         sub, depth = stack.pop()
         yield sub, depth
         chain = type(sub) if isinstance(sub, exp.Connector) else None
+        if isinstance(sub, exp.Column):  # its name; a qualifier is resolved away
+            if isinstance(sub.this, exp.Expr):
+                stack.append((sub.this, depth + 1))
+            continue
         for child in reversed(list(sub.iter_expressions())):
             stack.append((child, depth if type(child) is chain else depth + 1))
 

@@ -32,7 +32,7 @@ import getpass
 import json
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -184,29 +184,34 @@ def analyst_list(config_path: str, as_json: bool) -> None:
         _print_statuses(open_ledger(config_path).list_analysts(), as_json)
 
 
-def _set_disabled(name: str, config_path: str, disabled: bool, actor: str | None) -> None:
-    caller = _caller(actor, "analyst disable" if disabled else "analyst enable")
-    with _ledger_errors():
-        open_ledger(config_path).update_analyst(name, disabled=disabled, caller=caller)
-    click.echo(f"analyst {name} {'disabled' if disabled else 'enabled'}")
+ANALYST_DISABLE_HELP = "Disable analyst NAME: their key is refused; their ledger entries stay."
+ADMIN_DISABLE_HELP = "Disable admin NAME: their key is refused."
 
 
-@analyst_group.command("disable")
-@click.argument("name")
-@CONFIG_OPTION
-@ACTOR_OPTION
-def analyst_disable(name: str, config_path: str, actor: str | None) -> None:
-    """Disable analyst NAME: their key is refused; their ledger entries stay."""
-    _set_disabled(name, config_path, True, actor)
+def _add_toggles(
+    group: click.Group,
+    kind: str,
+    update: Callable[..., object],
+    disable_help: str,
+) -> None:
+    """The ``disable NAME`` and ``enable NAME`` commands of ``group`` (analysts, admins):
+    ``update`` (``Ledger.update_analyst``, ``Ledger.update_admin``) sets the named one's
+    flag in the ledger, as the caller."""
+
+    def toggle(disabled: bool) -> Callable[..., None]:
+        def command(name: str, config_path: str, actor: str | None) -> None:
+            caller = _caller(actor, f"{kind} {'disable' if disabled else 'enable'}")
+            with _ledger_errors():
+                update(open_ledger(config_path), name, disabled=disabled, caller=caller)
+            click.echo(f"{kind} {name} {'disabled' if disabled else 'enabled'}")
+
+        return click.argument("name")(CONFIG_OPTION(ACTOR_OPTION(command)))
+
+    group.command("disable", help=disable_help)(toggle(True))
+    group.command("enable", help=f"Enable a disabled {kind} again.")(toggle(False))
 
 
-@analyst_group.command("enable")
-@click.argument("name")
-@CONFIG_OPTION
-@ACTOR_OPTION
-def analyst_enable(name: str, config_path: str, actor: str | None) -> None:
-    """Enable a disabled analyst again."""
-    _set_disabled(name, config_path, False, actor)
+_add_toggles(analyst_group, "analyst", budget.Ledger.update_analyst, ANALYST_DISABLE_HELP)
 
 
 @click.group("key")
@@ -488,29 +493,7 @@ def admin_list(config_path: str, as_json: bool) -> None:
         click.echo(f"{a.name}  {a.role}{'  (disabled)' if a.disabled else ''}")
 
 
-def _admin_disabled(name: str, config_path: str, disabled: bool, actor: str | None) -> None:
-    caller = _caller(actor, "admin disable" if disabled else "admin enable")
-    with _ledger_errors():
-        open_ledger(config_path).update_admin(name, disabled=disabled, caller=caller)
-    click.echo(f"admin {name} {'disabled' if disabled else 'enabled'}")
-
-
-@admin_group.command("disable")
-@click.argument("name")
-@CONFIG_OPTION
-@ACTOR_OPTION
-def admin_disable(name: str, config_path: str, actor: str | None) -> None:
-    """Disable admin NAME: their key is refused."""
-    _admin_disabled(name, config_path, True, actor)
-
-
-@admin_group.command("enable")
-@click.argument("name")
-@CONFIG_OPTION
-@ACTOR_OPTION
-def admin_enable(name: str, config_path: str, actor: str | None) -> None:
-    """Enable a disabled admin again."""
-    _admin_disabled(name, config_path, False, actor)
+_add_toggles(admin_group, "admin", budget.Ledger.update_admin, ADMIN_DISABLE_HELP)
 
 
 ADMIN_COMMANDS: tuple[click.Command, ...] = (

@@ -50,7 +50,7 @@ from gateway.errors import (
     NotFound,
 )
 from gateway.http.auth import record, require_admin
-from gateway.openapi import document, register_schema
+from gateway.openapi import array_of, document, ok_answer, register_schema
 
 log = logging.getLogger("dpgate.admin")
 admin_bp = Blueprint("admin", __name__)
@@ -102,16 +102,13 @@ _BUDGET_STATUS = register_schema(
 )
 _NEW_KEY = register_schema(
     "NewApiKey",
-    {
-        "type": "object",
-        "required": ["ok", "name", "api_key"],
-        "properties": {
-            "ok": {"const": True},
+    ok_answer(
+        {
             "name": {"type": "string"},
             "api_key": {"type": "string", "description": "Shown once; only its hash is kept."},
-            "budget": _BUDGET_STATUS,
         },
-    },
+        {"budget": _BUDGET_STATUS},
+    ),
 )
 _BUDGET_FIELDS = {
     "epsilon": {"type": "number", "minimum": 0},
@@ -240,15 +237,10 @@ def create_analyst() -> tuple[Response, int]:
     summary="Every analyst's budget status, and the dataset-wide budget if configured",
     auth="admin",
     responses={
-        200: {
-            "type": "object",
-            "required": ["ok", "analysts"],
-            "properties": {
-                "ok": {"const": True},
-                "analysts": {"type": "array", "items": _BUDGET_STATUS},
-                "global": {"oneOf": [_BUDGET_STATUS, {"type": "null"}]},
-            },
-        }
+        200: ok_answer(
+            {"analysts": array_of(_BUDGET_STATUS)},
+            {"global": {"oneOf": [_BUDGET_STATUS, {"type": "null"}]}},
+        )
     },
     errors=[LedgerUnavailable],
     tags=["admin"],
@@ -268,11 +260,7 @@ def list_analysts() -> Response:
     )
 
 
-_ONE_ANALYST = {
-    "type": "object",
-    "required": ["ok", "analyst"],
-    "properties": {"ok": {"const": True}, "analyst": _BUDGET_STATUS},
-}
+_ONE_ANALYST = ok_answer({"analyst": _BUDGET_STATUS})
 
 
 @admin_bp.get("/analysts/<name>")
@@ -323,14 +311,7 @@ def update_analyst(name: str) -> Response:
     return jsonify({"ok": True, "analyst": _status_json(status)})
 
 
-_GLOBAL = {
-    "type": "object",
-    "required": ["ok", "budget"],
-    "properties": {
-        "ok": {"const": True},
-        "budget": {"oneOf": [_BUDGET_STATUS, {"type": "null"}]},
-    },
-}
+_GLOBAL = ok_answer({"budget": {"oneOf": [_BUDGET_STATUS, {"type": "null"}]}})
 
 
 @admin_bp.get("/budget")
@@ -410,13 +391,7 @@ def _time_arg(name: str) -> datetime | None:
         "until": {"type": "string", "format": "date-time"},
         "limit": {"type": "integer", "minimum": 1, "maximum": MAX_AUDIT_LIMIT, "default": 1000},
     },
-    responses={
-        200: {
-            "type": "object",
-            "required": ["ok", "entries"],
-            "properties": {"ok": {"const": True}, "entries": {"type": "array"}},
-        }
-    },
+    responses={200: ok_answer({"entries": {"type": "array"}})},
     errors=[LedgerUnavailable],
     tags=["admin"],
 )
@@ -470,16 +445,13 @@ def _role(body: Mapping[str, Any]) -> budget.AdminRole | None:
         "properties": {"name": {"type": "string"}, "role": {"enum": list(budget.ADMIN_ROLES)}},
     },
     responses={
-        201: {
-            "type": "object",
-            "required": ["ok", "name", "role", "api_key"],
-            "properties": {
-                "ok": {"const": True},
+        201: ok_answer(
+            {
                 "name": {"type": "string"},
                 "role": {"enum": list(budget.ADMIN_ROLES)},
                 "api_key": {"type": "string", "description": "Shown once."},
-            },
-        }
+            }
+        )
     },
     errors=[Conflict, LedgerUnavailable],
     tags=["admin"],
@@ -502,13 +474,7 @@ def create_admin() -> tuple[Response, int]:
 @document(
     summary="Every named admin and their role",
     auth="admin",
-    responses={
-        200: {
-            "type": "object",
-            "required": ["ok", "admins"],
-            "properties": {"ok": {"const": True}, "admins": {"type": "array", "items": _ADMIN}},
-        }
-    },
+    responses={200: ok_answer({"admins": array_of(_ADMIN)})},
     errors=[LedgerUnavailable],
     tags=["admin"],
 )
@@ -531,13 +497,7 @@ def list_admins() -> Response:
             "disabled": {"type": "boolean"},
         },
     },
-    responses={
-        200: {
-            "type": "object",
-            "required": ["ok", "admin"],
-            "properties": {"ok": {"const": True}, "admin": _ADMIN},
-        }
-    },
+    responses={200: ok_answer({"admin": _ADMIN})},
     errors=[NotFound, LedgerUnavailable],
     tags=["admin"],
 )

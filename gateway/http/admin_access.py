@@ -25,7 +25,7 @@ from gateway.http.admin import (
     admin_bp,
 )
 from gateway.http.auth import gateway
-from gateway.openapi import document
+from gateway.openapi import array_of, document, ok_answer
 
 _NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"}
 _TABLE_GRANTS = {
@@ -42,20 +42,8 @@ _TABLE_GRANTS = {
         },
     },
 }
-_GRANT = {
-    "type": "object",
-    "required": ["ok", "table", "group"],
-    "properties": {"ok": {"const": True}, "table": {"type": "string"}, "group": {"type": "string"}},
-}
-_MEMBER = {
-    "type": "object",
-    "required": ["ok", "group", "analyst"],
-    "properties": {
-        "ok": {"const": True},
-        "group": {"type": "string"},
-        "analyst": {"type": "string"},
-    },
-}
+_GRANT = ok_answer({"table": {"type": "string"}, "group": {"type": "string"}})
+_MEMBER = ok_answer({"group": {"type": "string"}, "analyst": {"type": "string"}})
 
 
 def _string(value: object, field: str) -> str:
@@ -69,15 +57,9 @@ def _string(value: object, field: str) -> str:
     summary="Every declared table, the groups that may read it, and who reads it",
     auth="admin",
     responses={
-        200: {
-            "type": "object",
-            "required": ["ok", "default", "tables"],
-            "properties": {
-                "ok": {"const": True},
-                "default": {"enum": ["open", "granted"]},
-                "tables": {"type": "array", "items": _TABLE_GRANTS},
-            },
-        }
+        200: ok_answer(
+            {"default": {"enum": ["open", "granted"]}, "tables": array_of(_TABLE_GRANTS)}
+        )
     },
     errors=[LedgerUnavailable],
     tags=["admin"],
@@ -142,23 +124,19 @@ def remove_grant(table: str, group: str) -> Response:
     summary="Every group with members (stored in the ledger), and its members",
     auth="admin",
     responses={
-        200: {
-            "type": "object",
-            "required": ["ok", "groups"],
-            "properties": {
-                "ok": {"const": True},
-                "groups": {
-                    "type": "array",
-                    "items": {
+        200: ok_answer(
+            {
+                "groups": array_of(
+                    {
                         "type": "object",
                         "properties": {
                             "name": {"type": "string"},
-                            "members": {"type": "array", "items": {"type": "string"}},
+                            "members": array_of({"type": "string"}),
                         },
-                    },
-                },
-            },
-        }
+                    }
+                )
+            }
+        )
     },
     errors=[LedgerUnavailable],
     tags=["admin"],

@@ -65,6 +65,7 @@ class Catalog:
 
     def __init__(self, config: Config) -> None:
         self._db = duckdb.connect(":memory:", config={"threads": 1, "memory_limit": "64MB"})
+        self._closed = False
         self._lock = threading.Lock()
         self.table_oids: dict[str, int] = {}
         # declared column name → type over this catalogue's tables only, for parameters a
@@ -336,12 +337,22 @@ class Catalog:
         self._db.execute(f'INSERT INTO {schema}."{table}" VALUES ({marks})', row)
 
     def close(self) -> None:
+        """Close the catalogue's database and let go of it: a DuckDB connection object
+        still referenced when the interpreter exits (by a session thread, say) is
+        reported by its bindings (nanobind) as a leak, closed or not."""
         with self._lock:
-            self._db.close()
+            db, self._closed = self._db, True
+            db.close()
+            del self._db
 
     def run(self, sql: str, parameters: Sequence[Any] = ()) -> CatalogResult:
         """Run rewritten catalogue SQL (``gateway.pgwire.rewrite``) with a timeout."""
-        cursor = self._db.cursor()
+        if self._closed:
+            raise CatalogError("the server is shutting down")
+        try:
+            cursor = self._db.cursor()
+        except (AttributeError, duckdb.Error):  # closed meanwhile
+            raise CatalogError("the server is shutting down") from None
         timer = threading.Timer(STATEMENT_TIMEOUT_S, cursor.interrupt)
         timer.start()
         try:

@@ -26,9 +26,11 @@ from typing import Literal
 
 import sqlglot
 from sqlglot import exp
-from sqlglot.errors import SqlglotError
+from sqlglot.errors import ParseError, SqlglotError
 from sqlglot.tokens import TokenType
 
+from gateway.analyze.limits import check_nesting, check_text, too_many_pieces
+from gateway.dialects import dialect
 from gateway.errors import UnsupportedQuery
 from gateway.pgwire.catalog import CATALOG_SCHEMA, INFO_SCHEMA, VERSION_TEXT
 from gateway.pgwire.catalog_tables import (
@@ -65,8 +67,10 @@ def split_statements(sql: str) -> list[str]:
     Uses sqlglot's tokenizer so semicolons in strings, identifiers and comments do not
     split; text that does not tokenise is one statement (the pipeline reports the error).
     """
+    if too_many_pieces(sql):  # refused whole by the pipeline, before anything tokenizes it
+        return [sql]
     try:
-        tokens = sqlglot.Tokenizer(dialect="postgres").tokenize(sql)
+        tokens = dialect("postgres").tokenize(sql)
     except SqlglotError:
         return [sql] if sql.strip() else []
     parts: list[str] = []
@@ -85,8 +89,17 @@ def classify(sql: str) -> tuple[Route, exp.Expr | None]:
         return "empty", None
     if _SESSION.match(_strip_comments(sql)):
         return "session", None
+    postgres = dialect("postgres")
+    try:  # the input limits first: what is past one is the pipeline's to refuse, by name
+        check_text(sql)
+        tokens = postgres.tokenize(sql)
+        check_nesting(tokens)
+    except (UnsupportedQuery, SqlglotError):
+        return "query", None
     try:
-        tree = sqlglot.parse_one(sql, read="postgres")
+        tree = next(iter(postgres.parser().parse(tokens, sql)), None)
+        if tree is None:
+            raise ParseError(f"No expression was parsed from '{sql}'")
     except (SqlglotError, TypeError, ValueError, RecursionError) as e:
         # sqlglot's own failures too (``WHERE #> 1`` is a TypeError): the gateway's
         # parser, behind its input limits, says what is wrong with the query

@@ -160,11 +160,16 @@ class WireServer:
         threading.Thread(target=self.handle, args=(ticket,), daemon=True).start()
 
     def shutdown(self) -> None:
+        """Stop ``serve_forever`` (it returns: closing a socket does not wake a thread
+        blocked in its ``accept()`` on Linux, shutting it down does) and close the
+        catalogue."""
         self._stopped.set()
-        self.catalog.close()
         if self._listener is not None:
             with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
                 self._listener.close()
+        self.catalog.close()
 
     # -- one connection ----------------------------------------------------------------
 
@@ -258,7 +263,10 @@ def serve(config: Config, host: str, address_file: Path | None = None) -> None:
     ``address_file``: where to write the address bound (``HOST PORT``), once listening,
     for the HTTP workers' readiness check (``gateway.pgwire.probe``).
     """
+    from gateway.heap import freeze_startup_heap
+
     server = WireServer(config)
+    freeze_startup_heap()  # a full collection no longer walks the startup heap
     bound = server.bind(host)
     if address_file is not None:
         partial = address_file.with_name(address_file.name + ".partial")
