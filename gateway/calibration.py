@@ -3,7 +3,8 @@
 
 The release deadline of a query is the cost model's estimate of its statement
 (``gateway/cost_model.py``) times a margin, and the estimate rests on per-row costs of
-the engine (``execution.row_ns``, ``char_ns``, ``sort_ns``, ``join_ns``, ``base_ms``) and
+the engine (``execution.row_ns``, ``char_ns``, ``sort_ns``, ``join_ns``, ``group_ns``,
+``base_ms``) and
 declared row counts (``tables.<t>.rows``). Built-in figures fit a loaded 2-core machine
 running SQLite; this module measures them where the gateway will run:
 
@@ -37,8 +38,10 @@ import itertools
 import math
 import os
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,7 +54,7 @@ from gateway.cost_model import EngineCosts
 #: Runs of each statement after its warm-up run; the median is kept.
 REPEAT = 5
 #: The per-row coefficients, in the order of the fit's columns.
-COEFFICIENTS = ("row_ns", "char_ns", "sort_ns", "join_ns")
+COEFFICIENTS = ("row_ns", "char_ns", "sort_ns", "join_ns", "group_ns")
 #: Conditions in the long WHERE of the per-character shape (each a comparison of a
 #: bounded column with a literal: the analyst's cheapest per-row work, written out long).
 LONG_WHERE_TERMS = 24
@@ -69,6 +72,7 @@ class Shape:
     windows: int  # window functions in the statement (sorts)
     largest: int  # rows of the largest table it reads (what a window sorts)
     ms: float  # median running time
+    group_keys: int = 0  # GROUP BY keys of the analyst's query
 
     def features(self) -> list[float]:
         """Nanoseconds per unit of each coefficient (``COEFFICIENTS``), as in
@@ -79,6 +83,7 @@ class Shape:
             float(self.rows * len(self.sql)),
             self.windows * self.largest * math.log2(max(2, self.largest)),
             joins * self.rows,
+            float(self.rows * self.group_keys),
         ]
 
 
@@ -94,6 +99,15 @@ class Calibration:
     suggested: EngineCosts  # rounded up to powers of two: what to put in the config
     load: float  # the machine's 1-minute load average when measuring
     cpus: int
+    #: the slowest run of any shape with one copy per CPU running at once, over the
+    #: suggested model's estimate of it (``concurrent_spread``); 0: not measured
+    spread: float = 0.0
+
+    def suggested_margin(self) -> float:
+        """``execution.deadline_margin`` to declare: the measured ``spread``, with a
+        quarter more for what the measurement did not meet, rounded up to a half (at
+        least 1)."""
+        return max(1.0, math.ceil(2 * 1.25 * self.spread) / 2)
 
     def suggested_rows(self, table: str) -> int:
         """``tables.<t>.rows`` to declare: the count rounded up to two significant digits."""
@@ -101,8 +115,13 @@ class Calibration:
 
     def estimate_ms(self, shape: Shape, costs: EngineCosts) -> float:
         """The model's estimate of ``shape`` with ``costs`` (as ``CostModel`` computes it)."""
-        ns = sum(f * c for f, c in zip(shape.features(), _per_row(costs), strict=True))
-        return costs.base_ms + ns / 1e6
+        return estimate_ms(shape, costs)
+
+
+def estimate_ms(shape: Shape, costs: EngineCosts) -> float:
+    """The model's estimate of ``shape`` with ``costs`` (as ``CostModel`` computes it)."""
+    ns = sum(f * c for f, c in zip(shape.features(), _per_row(costs), strict=True))
+    return costs.base_ms + ns / 1e6
 
 
 def measure(
@@ -139,19 +158,54 @@ def measure(
                     windows=statement.upper().count(" OVER ("),
                     largest=max(counts[key], lookup),
                     ms=_timed(run, statement, repeat),
+                    group_keys=1 if " GROUP BY " in sql.upper() else 0,
                 )
             )
     fitted = fit(shapes, base_ms)
+    suggested = rounded_up(fitted)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
     return Calibration(
         engine=engine,
         counts=counts,
         shapes=tuple(shapes),
         base_ms=base_ms,
         fitted=fitted,
-        suggested=rounded_up(fitted),
+        suggested=suggested,
         load=_load(),
-        cpus=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1,
+        cpus=cpus,
+        spread=concurrent_spread(shapes, suggested, run, cpus, repeat),
     )
+
+
+def concurrent_spread(
+    shapes: Sequence[Shape],
+    costs: EngineCosts,
+    run: Callable[[str], object],
+    copies: int,
+    repeat: int,
+) -> float:
+    """How much slower than the model's estimate a statement runs when the machine is as
+    busy as dpgate makes it: each shape run ``repeat`` times by ``copies`` threads at
+    once (one statement slot per CPU, ``gateway.timing.StatementSlots``); the slowest
+    run of any shape over its estimate with ``costs``."""
+    worst = 0.0
+    n = max(1, copies)
+    for shape in shapes:
+        barrier = threading.Barrier(n)
+
+        def runs(statement: str, start_together: threading.Barrier = barrier) -> list[float]:
+            start_together.wait()
+            out = []
+            for _ in range(max(1, repeat)):
+                start = time.perf_counter()
+                run(statement)
+                out.append((time.perf_counter() - start) * 1000)
+            return out
+
+        with ThreadPoolExecutor(n) as pool:
+            walls = [w for ws in pool.map(runs, [shape.sql] * n) for w in ws]
+        worst = max(worst, max(walls) / max(estimate_ms(shape, costs), 1e-3))
+    return worst
 
 
 def shape_queries(
@@ -201,7 +255,7 @@ def fit(shapes: Sequence[Shape], base_ms: float) -> EngineCosts:
     ``base_ms`` best in relative error, the per-row cost then raised until the model's
     estimate reaches every measured time: the margin is left for load and jitter only."""
     if not shapes:
-        return EngineCosts(row_ns=0, char_ns=0, sort_ns=0, join_ns=0, base_ms=base_ms)
+        return EngineCosts(row_ns=0, char_ns=0, sort_ns=0, join_ns=0, base_ms=base_ms, group_ns=0)
     a = np.array([s.features() for s in shapes], dtype=float)
     y = np.array([max(0.0, s.ms - base_ms) * 1e6 for s in shapes])
     weight = 1 / np.maximum(y, 1e3)  # relative error, a microsecond at least
@@ -209,7 +263,7 @@ def fit(shapes: Sequence[Shape], base_ms: float) -> EngineCosts:
     best_err = math.inf
     used = [j for j in range(a.shape[1]) if a[:, j].any()]
     # the non-negative least-squares solution is the best of the unconstrained fits on
-    # the subsets of columns whose solution is non-negative (four columns: 15 subsets)
+    # the subsets of columns whose solution is non-negative (five columns: 31 subsets)
     for k in range(1, len(used) + 1):
         for cols in itertools.combinations(used, k):
             sub = a[:, cols] * weight[:, None]
@@ -227,8 +281,10 @@ def fit(shapes: Sequence[Shape], base_ms: float) -> EngineCosts:
     # every shape reads rows: the per-row cost is raised until each shape is covered
     deficit = (y - a @ coef) / np.maximum(a[:, 0], 1)
     coef[0] += max(0.0, float(np.max(deficit)))
-    row, char, sort, join = (float(c) for c in coef)
-    return EngineCosts(row_ns=row, char_ns=char, sort_ns=sort, join_ns=join, base_ms=base_ms)
+    row, char, sort, join, group = (float(c) for c in coef)
+    return EngineCosts(
+        row_ns=row, char_ns=char, sort_ns=sort, join_ns=join, base_ms=base_ms, group_ns=group
+    )
 
 
 def rounded_up(costs: EngineCosts) -> EngineCosts:
@@ -240,6 +296,7 @@ def rounded_up(costs: EngineCosts) -> EngineCosts:
         sort_ns=power_of_two_up(costs.sort_ns),
         join_ns=power_of_two_up(costs.join_ns),
         base_ms=power_of_two_up(costs.base_ms),
+        group_ns=power_of_two_up(costs.group_ns),
     )
 
 
@@ -257,7 +314,7 @@ def round_rows_up(n: int) -> int:
 
 
 def _per_row(costs: EngineCosts) -> list[float]:
-    return [costs.row_ns, costs.char_ns, costs.sort_ns, costs.join_ns]
+    return [costs.row_ns, costs.char_ns, costs.sort_ns, costs.join_ns, costs.group_ns]
 
 
 def _timed(run: Callable[[str], object], sql: str, repeat: int) -> float:

@@ -187,6 +187,14 @@ class PrivacyConfig:
 MAX_BOUND_MAGNITUDE = 1e15
 
 
+#: The cost model's estimate is multiplied by this (the built-in per-row costs already
+#: cover a loaded 2-core machine: the estimate of a demo query is 1.3-4.5 times its CPU
+#: time; bench/README.md, "Release moments").
+DEFAULT_MARGIN = 2.0
+#: The least a statement gets, for a scheduler's time slice on a busy machine.
+DEFAULT_MIN_MS = 10
+
+
 @dataclass(frozen=True)
 class ExecutionConfig:
     """When answers that read protected rows are released (docs/privacy.md, "Timing").
@@ -199,7 +207,7 @@ class ExecutionConfig:
     (response time then depends on the data).
 
     The deadline is the cost model's (``gateway/cost_model.py``: declared row counts,
-    the engine's per-row costs — ``row_ns``, ``char_ns``, ``sort_ns``, ``join_ns``,
+    the engine's per-row costs — ``row_ns``, ``char_ns``, ``sort_ns``, ``join_ns``, ``group_ns``,
     ``base_ms`` override them —, the query's shape, the gateway's concurrency), times
     ``deadline_margin``, plus ``post_ms`` for the work after the statement, never below
     ``min_deadline_ms``; a ``deadline_ms`` here (or on a table) fixes it instead, and a
@@ -212,14 +220,15 @@ class ExecutionConfig:
 
     timing: Literal["deadline", "off"] = "deadline"
     deadline_ms: int | None = None
-    deadline_margin: float = 5.0
-    min_deadline_ms: int = 100
+    deadline_margin: float = DEFAULT_MARGIN
+    min_deadline_ms: int = DEFAULT_MIN_MS
     post_ms: int = 10
     load_aware: bool = False
     row_ns: float | None = None  # the cost model's per-row costs (None: the engine's)
     char_ns: float | None = None
     sort_ns: float | None = None
     join_ns: float | None = None
+    group_ns: float | None = None
     base_ms: float | None = None
 
 
@@ -407,6 +416,7 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
             "char_ns",
             "sort_ns",
             "join_ns",
+            "group_ns",
             "base_ms",
         },
     )
@@ -414,20 +424,24 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
     if not isinstance(load_aware, bool):
         v.problem("execution.load_aware: must be true or false")
         load_aware = False
-    margin = v.number(ex, "execution.deadline_margin", 5.0, positive=True) or 5.0
+    margin = (
+        v.number(ex, "execution.deadline_margin", DEFAULT_MARGIN, positive=True) or DEFAULT_MARGIN
+    )
     if margin < 1:
         v.problem("execution.deadline_margin: must be ≥ 1")
     execution = ExecutionConfig(
         timing=v.choice(ex, "execution.timing", ("deadline", "off"), "deadline"),  # type: ignore[arg-type]
         deadline_ms=v.integer(ex, "execution.deadline_ms", None, low=1),
         deadline_margin=max(1.0, margin),
-        min_deadline_ms=v.integer(ex, "execution.min_deadline_ms", 100, low=1) or 100,
+        min_deadline_ms=v.integer(ex, "execution.min_deadline_ms", DEFAULT_MIN_MS, low=1)
+        or DEFAULT_MIN_MS,
         post_ms=v.integer(ex, "execution.post_ms", 10, low=1) or 10,
         load_aware=load_aware,
         row_ns=v.number(ex, "execution.row_ns", None, positive=True),
         char_ns=v.number(ex, "execution.char_ns", None, positive=True),
         sort_ns=v.number(ex, "execution.sort_ns", None, positive=True),
         join_ns=v.number(ex, "execution.join_ns", None, positive=True),
+        group_ns=v.number(ex, "execution.group_ns", None, positive=True),
         base_ms=v.number(ex, "execution.base_ms", None, positive=True),
     )
     tables = _tables(v, raw.get("tables"))

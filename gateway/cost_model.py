@@ -6,7 +6,8 @@ never the protected rows nor the running time of any statement (docs/privacy.md,
 "Timing"):
 
 - the query's plan and its compiled statement (a function of the plan and the config):
-  which tables it reads, how much expression text each row evaluates (domain filters, a
+  which tables it reads, how many keys it groups each row by, how much expression text
+  each row evaluates (domain filters, a
   quantile's bucket, a LIKE's pattern all weigh in), how many window functions (the read
   bound) sort, its joins, and how many rows its quantiles' fine histograms can bring
   back for the exponential mechanism to weigh (``histogram_rows``);
@@ -15,11 +16,13 @@ never the protected rows nor the running time of any statement (docs/privacy.md,
   and suggests it), and whether the read bound needs a sort (the unit column is not
   kept unique by the database: catalogue facts, read at start-up);
 - per engine, **per-row costs** (``execution.row_ns``, ``char_ns``, ``sort_ns``,
-  ``join_ns``, ``base_ms``): built-in figures fitted on a loaded 2-core machine, or the
-  admin's own;
-- the gateway's concurrency: how many statements of this process are in flight when the
+  ``join_ns``, ``group_ns``, ``base_ms``): built-in figures fitted on a loaded 2-core
+  machine, or the admin's own;
+- the gateway's concurrency: how many queries of this process are in flight when the
   query starts (a function of when requests arrived and when earlier answers were
-  released, both public), against the machine's CPU count;
+  released, both public), against the machine's CPU count — at most one statement per
+  CPU runs at a time (``gateway.timing.StatementSlots``), so a statement's own factor
+  counts at most the other slots and one thread of the gateway's own work;
 - the machine's load: its 1-minute load average, in steps of √2 per CPU, added to the
   in-flight statements' share. This one is
   not strictly public: the run queue holds this gateway's own statements too, whose
@@ -54,6 +57,7 @@ class EngineCosts:
     sort_ns: float  # one row's share of a window's sort, per log2(rows) (the read bound)
     join_ns: float  # one row's probe of a lookup table
     base_ms: float  # a statement's fixed cost (connection, planning, round trips)
+    group_ns: float = 0.0  # one row's share of grouping, per GROUP BY key
 
 
 #: Built-in figures (the admin sets an engine's own in ``execution:``; ``dpgate config
@@ -61,13 +65,21 @@ class EngineCosts:
 #: to the demo's queries on a 2-core machine under load and rounded up; the others are
 #: scaled from it, generously where the engine plans for long (Spark).
 ENGINE_COSTS: Mapping[str, EngineCosts] = {
-    "sqlite": EngineCosts(row_ns=64, char_ns=1, sort_ns=64, join_ns=512, base_ms=1),
-    "duckdb": EngineCosts(row_ns=32, char_ns=0.5, sort_ns=32, join_ns=128, base_ms=3),
-    "postgres": EngineCosts(row_ns=128, char_ns=1, sort_ns=64, join_ns=512, base_ms=3),
-    "clickhouse": EngineCosts(row_ns=32, char_ns=0.5, sort_ns=32, join_ns=128, base_ms=10),
-    "spark": EngineCosts(row_ns=256, char_ns=2, sort_ns=128, join_ns=1024, base_ms=3000),
+    "sqlite": EngineCosts(row_ns=64, char_ns=1, sort_ns=64, join_ns=512, base_ms=1, group_ns=256),
+    "duckdb": EngineCosts(row_ns=32, char_ns=0.5, sort_ns=32, join_ns=128, base_ms=3, group_ns=64),
+    "postgres": EngineCosts(
+        row_ns=128, char_ns=1, sort_ns=64, join_ns=512, base_ms=3, group_ns=256
+    ),
+    "clickhouse": EngineCosts(
+        row_ns=32, char_ns=0.5, sort_ns=32, join_ns=128, base_ms=10, group_ns=64
+    ),
+    "spark": EngineCosts(
+        row_ns=256, char_ns=2, sort_ns=128, join_ns=1024, base_ms=3000, group_ns=512
+    ),
 }
-GENERIC_COSTS = EngineCosts(row_ns=512, char_ns=4, sort_ns=256, join_ns=2048, base_ms=20)
+GENERIC_COSTS = EngineCosts(
+    row_ns=512, char_ns=4, sort_ns=256, join_ns=2048, base_ms=20, group_ns=1024
+)
 
 
 #: One row of a quantile's fine histogram (``gateway/compile.py``): fetched from the
@@ -114,15 +126,15 @@ class CostModel:
 
         Per row of the anchor table: reading it, and evaluating the statement's
         expressions (its length stands for them: domain filters, a quantile's bucket, a
-        LIKE's pattern); per window function (the read bound of a table whose unit is not
-        unique), a sort of the largest table read; per lookup, reading it and one probe
-        per anchor row; per row a quantile's histogram can return, its share of the
-        mechanism's work (``histogram_rows``)."""
+        LIKE's pattern), and grouping it by each GROUP BY key; per window function (the
+        read bound of a table whose unit is not unique), a sort of the largest table
+        read; per lookup, reading it and one probe per anchor row; per row a quantile's
+        histogram can return, its share of the mechanism's work (``histogram_rows``)."""
         anchor = self.tables.get(plan.table)
         if anchor is None or anchor.rows is None:
             return None
         e = self.engine
-        ns = anchor.rows * (e.row_ns + len(sql) * e.char_ns)
+        ns = anchor.rows * (e.row_ns + len(sql) * e.char_ns + len(plan.group_keys) * e.group_ns)
         largest = anchor.rows
         if plan.join is not None:
             for t in plan.join.tables[1:]:
@@ -165,6 +177,7 @@ def build_model(
         sort_ns=_either(execution.sort_ns, base.sort_ns),
         join_ns=_either(execution.join_ns, base.join_ns),
         base_ms=_either(execution.base_ms, base.base_ms),
+        group_ns=_either(execution.group_ns, base.group_ns),
     )
     costs = {
         key: TableCost(

@@ -29,7 +29,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 import sqlalchemy as sa
@@ -336,11 +336,15 @@ class Gateway:
                     compiled.sql,
                     self.config.database.statement_timeout_ms,
                     after=lane.last_release,
+                    analyst=self._stretched(analyst),
                 )
                 ticket = lane.ticket(clock.release_at)
             answered = False
+            missed = _Missed()
             try:
-                release = self._release(lane, ticket, planned, compiled, reservation, clock, flags)
+                release = self._release(
+                    lane, ticket, planned, compiled, reservation, clock, flags, missed
+                )
                 answered = True
                 return release
             except (LedgerUnavailable, budget.LedgerUnavailable) as e:
@@ -355,7 +359,13 @@ class Gateway:
                 if clock.release_at is not None:
                     metrics.record_release_wait(held)
                     # a failure is counted once, by the stage that failed (statement, turn)
-                    if held == 0.0 and answered:
+                    late = held == 0.0 and answered
+                    # what the analyst sees now, at the release moment: their next
+                    # deadlines follow it (gateway.timing: stretch)
+                    stretched = self._stretched(analyst)
+                    if stretched is not None and (answered or missed.stage is not None):
+                        self.timing.observe(stretched, missed.stage is not None or late)
+                    if late:
                         metrics.record_deadline_miss("release", plan.table)
                         log.warning(
                             "deadline miss: query %s was ready only after its release moment "
@@ -363,6 +373,14 @@ class Gateway:
                             reservation.id,
                             clock.deadline_ms or 0,
                         )
+
+    def _stretched(self, analyst: str) -> str | None:
+        """Whose own misses stretch this analyst's deadlines (``gateway.timing``): their
+        own, unless a global audit scope chains their release moments to everyone's
+        (then nobody's, so that one analyst's misses move no other's release moment)."""
+        if self.audit.active and self.audit.scope_kind != "analyst":
+            return None
+        return analyst
 
     def _dry_run(self, analyst: str, planned: PlannedQuery) -> Release:
         """The plan, cost and expected accuracy of a request; nothing runs or is charged."""
@@ -377,7 +395,9 @@ class Gateway:
         # the cost model's deadline on an idle gateway (public: plan, config, model)
         table = self.config.tables[planned.plan.table]
         sql = self._compile(planned).sql
-        deadline = self.timing.deadline_ms(planned.plan, table, sql)
+        deadline = self.timing.deadline_ms(
+            planned.plan, table, sql, analyst=self._stretched(analyst)
+        )
         ms = None if deadline is None else int(deadline)
         return replace(release, extra={**release.extra, "release_deadline_ms": ms})
 
@@ -417,10 +437,23 @@ class Gateway:
         reservation: Reservation,
         clock: ReleaseClock,
         flags: list[str],
+        missed: _Missed,
     ) -> Release:
         """Execute a reserved query, noise it, post-audit it in its ticket's turn
         (``gateway.lanes``), post-process it and record it."""
         plan, calibration = planned.plan, planned.calibration
+        slots = self.timing.slots if clock.starts_at is not None else None
+
+        def run_in_slot(engine: sa.Engine, sql: str, *, timeout_ms: int) -> Any:
+            # in its slot of the public schedule (gateway.timing.StatementSlots)
+            if slots is None:
+                return run_aggregate(engine, sql, timeout_ms=timeout_ms)
+            with slots.enter(clock.starts_at):
+                if clock.statement_until is not None:  # what is left after the wait
+                    left = int((clock.statement_until - time.monotonic()) * 1000)
+                    timeout_ms = max(1, min(timeout_ms, left))
+                return run_aggregate(engine, sql, timeout_ms=timeout_ms)
+
         try:
             exact = run_aggregate_until(
                 self.engine,
@@ -428,7 +461,7 @@ class Gateway:
                 timeout_ms=clock.statement_timeout_ms,
                 until=clock.statement_until,
                 query_id=reservation.id,
-                run=run_aggregate,
+                run=run_in_slot,
             )
         except DatabaseUnavailable:
             lane.done(ticket)
@@ -439,6 +472,7 @@ class Gateway:
             lane.done(ticket)
             _count_past_deadline(plan.table, clock)
             if failure.timed_out:
+                missed.stage = "statement"
                 metrics.record_deadline_miss("statement", plan.table)
             self._charged_failure(reservation, "timeout" if failure.timed_out else "error")
         _count_past_deadline(plan.table, clock)
@@ -455,6 +489,7 @@ class Gateway:
                 self.audit.remember(lane.scope, reservation.id, plan, noisy.cells)
         except TurnMissed:
             lane.done(ticket)
+            missed.stage = "turn"
             metrics.record_deadline_miss("turn", plan.table)
             self._charged_failure(reservation, "turn")
         lane.done(ticket)
@@ -507,6 +542,13 @@ class Gateway:
             privacy=NO_PRIVACY_SPENT,
             budget=status,
         )
+
+
+@dataclass
+class _Missed:
+    """The deadline stage a query failed at (``None``: none), for the timing's stretch."""
+
+    stage: str | None = None
 
 
 def _count_past_deadline(table: str, clock: ReleaseClock) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -355,6 +356,31 @@ def test_the_wire_shows_and_answers_only_what_is_granted(
         assert {r[0] for r in info} == {r[0] for r in columns} == names
         return names
 
+    def untyped(user: str, column: str) -> int:
+        """The type the server describes for an untyped parameter compared with ``column``
+        (Parse with no parameter types, Describe the statement, Sync)."""
+        from tests.test_pgwire import _login, _read_message
+
+        sock = _login(port, keys[user], user)
+        try:
+            sql = f"SELECT COUNT(*) FROM visits WHERE {column} > $1".encode()
+            parse = b"\0" + sql + b"\0" + struct.pack("!h", 0)
+            describe = b"S\0"
+            sock.sendall(
+                b"P" + struct.pack("!i", 4 + len(parse)) + parse
+                + b"D" + struct.pack("!i", 4 + len(describe)) + describe
+                + b"S" + struct.pack("!i", 4)
+            )  # fmt: skip
+            while True:
+                kind, body = _read_message(sock)
+                if kind == b"t":  # ParameterDescription: a count, then one OID each
+                    (count,) = struct.unpack("!h", body[:2])
+                    assert count == 1
+                    return int(struct.unpack("!I", body[2:6])[0])
+                assert kind != b"Z", "no ParameterDescription before ReadyForQuery"
+        finally:
+            sock.close()
+
     def refusal(conn: psycopg.Connection[Any], sql: str) -> tuple[str | None, str]:
         with pytest.raises(psycopg.Error) as e:
             conn.execute(sql)
@@ -373,6 +399,11 @@ def test_the_wire_shows_and_answers_only_what_is_granted(
             # describing it (the extended protocol's Parse/Describe) is refused too
             with pytest.raises(psycopg.Error):
                 bob.cursor().execute(COUNT, prepare=True)
+            # an untyped parameter compared with a column only the hidden table declares
+            # gets the type an undeclared name gets (the ParameterDescription comes before
+            # the refusal): the hidden table's column types do not show
+            assert untyped("alice", "age") == 20  # int8, from patients.age
+            assert untyped("bob", "age") == untyped("bob", "agez") == 25  # text: unknown
             # a grant change applies to the open session, without reconnecting
             gw.ledger.add_member("oncology", "bob")
             assert "patients" in listed(bob)

@@ -206,7 +206,7 @@ def test_describe_reads_no_data_and_charges_nothing(wire: tuple[WireServer, int,
     assert charges(server) == 0
 
 
-def _login(port: int, key: str) -> socket.socket:
+def _login(port: int, key: str, user: str = "alice") -> socket.socket:
     """A raw socket logged in through psycopg's own SCRAM is not reusable, so log in by
     hand with the same exchange (client side of RFC 5802)."""
     import base64
@@ -215,7 +215,7 @@ def _login(port: int, key: str) -> socket.socket:
     import secrets
 
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    params = b"user\0alice\0database\0dpgate\0\0"
+    params = b"user\0" + user.encode() + b"\0database\0dpgate\0\0"
     sock.sendall(struct.pack("!ii", 8 + len(params), codec.PROTOCOL_V3) + params)
     _read_message(sock)  # AuthenticationSASL
     nonce = base64.b64encode(secrets.token_bytes(18)).decode()

@@ -31,7 +31,7 @@ from gateway.cost_model import ENGINE_COSTS
 from gateway.errors import DatabaseUnavailable
 from gateway.pipeline import CHARGED_FAILURE_MESSAGE, Gateway
 from gateway.plan import QueryRequest
-from gateway.timing import FALLBACK_DEADLINE_MS
+from gateway.timing import FALLBACK_DEADLINE_MS, StatementSlots
 
 DEADLINE = {"timing": "deadline"}
 DASHBOARD = [
@@ -265,6 +265,83 @@ def test_a_dashboard_of_one_analyst_overlaps_and_is_audited_in_ticket_order(
     assert all(b - a >= 0.002 - 1e-9 for a, b in itertools.pairwise(moments))
 
 
+def test_statements_share_the_cpus_on_a_public_schedule(
+    make_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dashboard fired at once: at most one statement per CPU runs at a time, so the
+    first chart's statement is not slowed by the charts that arrived after its deadline
+    was fixed; each statement's slot starts, by the public schedule, when an earlier
+    reservation ends (never when a statement really ended), and its release moment
+    follows from that start."""
+    monkeypatch.setattr("gateway.cost_model.cpu_count", lambda: 2)
+    recorder = Statements()
+    monkeypatch.setattr(gateway.pipeline, "run_aggregate", recorder)
+    gw = make_gateway(execution={**DEADLINE, "min_deadline_ms": 2000}, audit={"mode": "refuse"})
+    assert gw.timing.slots.slots == 2
+    gw.ledger.create_analyst("dana", 100.0, 1e-6)
+    clocks: list[Any] = []
+    start = gw.timing.start
+
+    def starting(*a: Any, **k: Any) -> Any:
+        clock = start(*a, **k)
+        clocks.append(clock)
+        return clock
+
+    gw.timing.start = starting  # type: ignore[method-assign]
+    barrier = threading.Barrier(len(DASHBOARD))
+
+    def chart(sql: str) -> Any:
+        barrier.wait()
+        return gw.query("dana", request(sql, epsilon=1.0))
+
+    with ThreadPoolExecutor(len(DASHBOARD)) as pool:
+        answers = list(pool.map(chart, DASHBOARD))
+    assert all(a.rows for a in answers)
+    assert recorder.most_at_once() <= 2, recorder.spans
+    # two slots, each reserved for a statement's whole allowance (2 s here): the third
+    # ticket's slot starts when the first reservation ends, though every statement ended
+    # long before (it ran early, in a slot that was really free)
+    first, second, third = clocks[:3]
+    assert third.starts_at >= min(first.statement_until, second.statement_until) - 1e-9
+    assert third.release_at >= third.starts_at + 2.0
+    assert max(end for _, end in recorder.spans) < third.starts_at
+
+
+def test_a_statement_slot_is_taken_at_its_public_start_whatever_still_runs() -> None:
+    """A statement abandoned at its deadline may run on in the background: the next one
+    enters its slot at its public start anyway, so the late one cannot delay it."""
+    slots = StatementSlots(1)
+    entered = threading.Event()
+    with slots.enter(None):
+        at = time.monotonic() + 0.2
+
+        def later() -> None:
+            with slots.enter(at):
+                entered.set()
+
+        waiter = threading.Thread(target=later)
+        waiter.start()
+        assert not entered.wait(0.1)  # the slot is busy and its start is not yet due
+        assert entered.wait(2.0)  # due: it enters beside the late statement
+        assert time.monotonic() >= at
+        waiter.join()
+
+
+def test_a_fixed_deadline_takes_no_slot(make_gateway: Callable[..., Gateway]) -> None:
+    """A fixed (or fallback) deadline is a worst case chosen for any concurrency: its
+    statements take no slot, so many at once do not push each other's release moments."""
+    gw = make_gateway(execution={**DEADLINE, "deadline_ms": 300})
+    planned = gw.planner.plan(request("SELECT COUNT(*) FROM patients"))
+    plan = planned.plan  # type: ignore[union-attr]
+    sql = gw._compile(planned).sql  # type: ignore[arg-type]
+    table = gw.config.tables["patients"]
+    for _ in range(8):
+        now = time.monotonic()
+        clock = gw.timing.start(plan, table, sql, 10_000)
+        assert clock.starts_at is None and clock.release_at is not None
+        assert clock.release_at - now == pytest.approx(0.3, abs=0.05)
+
+
 def test_a_differencing_pair_fired_at_once_is_still_caught(
     make_gateway: Callable[..., Gateway],
 ) -> None:
@@ -374,6 +451,57 @@ def test_a_query_whose_declared_rows_understate_the_table_misses_and_stays_charg
     elapsed = time.monotonic() - started
     assert elapsed >= deadline / 1000
     assert gw.ledger.budget_status("erin").rho_spent == pytest.approx(0.1**2 / 2)
+
+
+def test_an_analysts_own_misses_stretch_their_deadlines_and_no_one_elses(
+    make_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch, idle_machine: None
+) -> None:
+    """A statement made slow on purpose misses its deadline (charged); the analyst who saw
+    that failure gets twice the statement allowance next (the dry run shows it), another
+    analyst's deadline and the public schedule do not move, and answers released on time
+    bring it back down."""
+    gw = make_gateway(execution=DEADLINE)
+    for name in ("erin", "finn"):
+        gw.ledger.create_analyst(name, 100.0, 1e-6)
+    sql = "SELECT COUNT(*) FROM patients"
+
+    def dry(analyst: str) -> int:
+        release = gw.query(analyst, QueryRequest(sql, 0.1, 0.0, "laplace", dry_run=True))
+        return int(release.extra["release_deadline_ms"])
+
+    base = dry("erin")
+    assert base == dry("finn")
+    real = gateway.execute.run_aggregate
+
+    def slow(engine: Any, sql: str, *, timeout_ms: int) -> Any:
+        time.sleep(0.3)
+        return real(engine, sql, timeout_ms=timeout_ms)
+
+    monkeypatch.setattr(gateway.pipeline, "run_aggregate", slow)
+    with pytest.raises(DatabaseUnavailable):
+        gw.query("erin", request(sql, epsilon=0.2))
+    monkeypatch.setattr(gateway.pipeline, "run_aggregate", real)
+    stretched = dry("erin")
+    kept = gw.config.execution.post_ms
+    assert stretched - kept == pytest.approx(2 * (base - kept), abs=1)
+    assert dry("finn") == base
+    # the schedule others are given takes the unstretched deadline
+    planned = gw.planner.plan(request(sql))
+    plan = planned.plan  # type: ignore[union-attr]
+    compiled = gw._compile(planned)  # type: ignore[arg-type]
+    table = gw.config.tables["patients"]
+    before = list(gw.timing._slot_free)
+    clock = gw.timing.start(plan, table, compiled.sql, 10_000, analyst="erin")
+    assert clock.starts_at is not None and clock.statement_until is not None
+    (reserved,) = [b for a, b in zip(before, gw.timing._slot_free, strict=True) if a != b]
+    assert reserved - clock.starts_at == pytest.approx((base - kept) / 1000, abs=2e-3)
+    assert clock.statement_until - clock.starts_at == pytest.approx(
+        (stretched - kept) / 1000, abs=2e-3
+    )
+    # answered on time (a generous deadline for a loaded machine): it shrinks back
+    for _ in range(10):
+        gw.timing.observe("erin", missed=False)
+    assert dry("erin") == base
 
 
 def test_the_machines_load_moves_no_deadline_unless_the_admin_asks(

@@ -49,6 +49,7 @@ def measure_lines(cfg: Config, cal: Calibration) -> list[str]:
         sort_ns=ex.sort_ns or 0,
         join_ns=ex.join_ns or 0,
         base_ms=ex.base_ms or 0,
+        group_ns=ex.group_ns or 0,
     )
     s = cal.suggested
     lines = [
@@ -83,7 +84,15 @@ def measure_lines(cfg: Config, cal: Calibration) -> list[str]:
         "of two; the margin, execution.deadline_margin, is left for load):"
     )
     lines.append("execution:")
-    for name in ("row_ns", "char_ns", "sort_ns", "join_ns", "base_ms"):
+    margin = cal.suggested_margin()
+    note = f"   # configured {ex.deadline_margin:g}" + (
+        " (lower)" if ex.deadline_margin < margin else ""
+    )
+    lines.append(
+        f"  deadline_margin: {margin:g}{note}   # slowest of {cal.cpus} concurrent runs: "
+        f"{cal.spread:.2f} x the suggested model, at load {cal.load:.1f}"
+    )
+    for name in ("row_ns", "char_ns", "sort_ns", "join_ns", "group_ns", "base_ms"):
         value = getattr(s, name)
         now = getattr(configured, name)
         note = "" if not now else f"   # configured {now:g}" + (" (lower)" if now < value else "")

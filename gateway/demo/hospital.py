@@ -253,7 +253,7 @@ audit:
   scope: analyst
 execution:
   timing: deadline     # answers that read rows leave at a release moment fixed from public facts
-  deadline_margin: 5   # a query's deadline: its cost estimate × 5 (+ post_ms), or set deadline_ms
+  deadline_margin: 2   # a query's deadline: its cost estimate × 2 (+ post_ms), or set deadline_ms
 tables:
   patients:
     privacy_unit: patient_id

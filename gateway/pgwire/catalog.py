@@ -67,6 +67,14 @@ class Catalog:
         self._db = duckdb.connect(":memory:", config={"threads": 1, "memory_limit": "64MB"})
         self._lock = threading.Lock()
         self.table_oids: dict[str, int] = {}
+        # declared column name → type over this catalogue's tables only, for parameters a
+        # client leaves untyped (a name declared with two types is left out: its
+        # parameters stay untyped); a table the analyst may not read adds nothing
+        kinds: dict[str, set[str]] = {}
+        for table in config.tables.values():
+            for column in table.columns.values():
+                kinds.setdefault(column.name, set()).add(column.type)
+        self.column_types = {n: next(iter(k)) for n, k in kinds.items() if len(k) == 1}
         self._build(config)
         for setting in (
             "SET enable_external_access = false",

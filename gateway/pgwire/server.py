@@ -75,13 +75,6 @@ class WireServer:
         self._sessions: dict[int, Session] = {}
         self._lock = threading.Lock()
         self.admission = Admission(wire)
-        # declared column name → type, for parameters a client leaves untyped (a name
-        # declared with two types is left out: its parameters stay untyped)
-        kinds: dict[str, set[str]] = {}
-        for table in self.gateway.config.tables.values():
-            for column in table.columns.values():
-                kinds.setdefault(column.name, set()).add(column.type)
-        self.column_types = {n: next(iter(k)) for n, k in kinds.items() if len(k) == 1}
         self._listener: socket.socket | None = None
         self._stopped = threading.Event()
 

@@ -423,7 +423,8 @@ class Session(SessionCommands):
         count = max(placeholders(message.sql), len(message.parameter_types))
         types = tuple(message.parameter_types) + (0,) * (count - len(message.parameter_types))
         if 0 in types:  # the client left some to the server (asyncpg, node-postgres)
-            inferred = infer_parameter_types(message.sql, self.server.column_types)
+            column_types = self.server.catalog_for(self._readable()).column_types
+            inferred = infer_parameter_types(message.sql, column_types)
             types = tuple(t or inferred.get(i + 1, 0) for i, t in enumerate(types))
         self.statements[message.name] = Statement(message.name, message.sql, types, size)
         self.send(codec.parse_complete())

@@ -19,6 +19,18 @@ as in kit.assert_attack_fails (at most 60% of the bits, chance is 50%):
   the bit. Guesses: B's time, A's time, and which one came back first, each against a
   threshold calibrated a priori from controls (the branch evaluated by a target's row
   for sure, `i = i`, or by nobody, `tag = 'absent…'`).
+
+Measured with issue 33's statement slots and defaults (margin 2, floor 10 ms) at load
+average 29-33 on 2 cores: padded attack 51% of the bits (status; 91 of 256 targets'
+queries failed, alike for both secrets), concurrent pair 49-56% (B's time 50%, A's 51%,
+order 49%), and the neighbours' KS p = 0.39 (Fisher p = 0.066 on 130 against 111 misses).
+With an analyst's own misses stretching their later deadlines too, at load 31-33: padded
+55% (146 of 256 failed), concurrent pair 47-53%, neighbours KS p = 0.0021 (D = 0.185;
+53 against 41 misses, Fisher p = 0.19), then 0.18 and 0.068 in two more runs at load
+21-24 (51 against 42 and 43 against 37 misses, the victim's server the faster): above
+α, but the misses — more on the victim's
+server in every run so far, the residual of docs/privacy.md — now also move later
+response times of the same analyst.
 """
 
 from __future__ import annotations
