@@ -38,9 +38,8 @@ def request(sql: str, epsilon: float = 1.0) -> QueryRequest:
 
 
 def _plain_references() -> dict[str, Any]:
-    """The demo's tables with the references declared plain ``table.column`` (rows
-    that match nothing stay in the table; the demo declares its visits' reference
-    ``every_row_matches``)."""
+    """The demo's tables, whose references are declared plain ``table.column`` (rows
+    that match nothing stay in the table)."""
     tables: dict[str, Any] = yaml.safe_load(config_yaml("x.db", "l.db"))["tables"]
     tables["visits"]["references"] = {"patient_id": "patients.patient_id"}
     tables["patients"]["references"] = {"zip": "zip_regions.zip"}

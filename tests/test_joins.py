@@ -257,8 +257,8 @@ def test_the_attack_a_person_with_many_visits_moves_a_join_count_by_the_bound_on
 def test_one_person_moves_each_join_aggregate_by_at_most_its_sensitivity(
     neighbour: str, build_gateway: Callable[..., Gateway], exact: list[list[tuple[Any, ...]]]
 ) -> None:
-    # references declared plain: rows that match nothing stay in the table (with
-    # every_row_matches they move nothing at all: tests/test_join_matches.py)
+    # references declared plain, as in the demo: rows that match nothing stay in the
+    # table (with every_row_matches they move nothing at all: tests/test_join_matches.py)
     plain = _plain_references()
     without = build_gateway(audit={"mode": "off"}, tables=plain)
     with_them = build_gateway(NEIGHBOURS[neighbour], audit={"mode": "off"}, tables=plain)
@@ -350,7 +350,7 @@ def test_the_auditor_counts_the_rows_an_inner_join_drops(
     noisy answers cannot show to reach k, so the auditor refuses (a LEFT JOIN, which keeps
     every visit, determines no such group: test above). A reference declared
     ``every_row_matches`` makes the group empty by construction
-    (tests/test_join_matches.py; the demo declares its visits' so); here it is plain."""
+    (tests/test_join_matches.py); the demo's is plain."""
     gw = build_gateway(tables=_plain_references())
     gw.query(
         "alice",

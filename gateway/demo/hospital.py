@@ -277,7 +277,7 @@ tables:
     max_groups_per_unit: 3
     rows: {MAX_VISITS * PATIENTS}              # at most {MAX_VISITS} visits per patient
     references:               # a privacy-unit path: a visit's patient is the person
-      patient_id: {{to: patients.patient_id, every_row_matches: true}}  # no orphan visits
+      patient_id: patients.patient_id
     columns:
       patient_id:     {{type: integer}}
       year:           {{type: integer, lower: 2019, upper: 2025, nullable: false}}
