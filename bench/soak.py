@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -208,6 +209,7 @@ def run(
                 "server_cpu_ms_per_answer": 1000 * (cpu - last_cpu) / answered
                 if answered
                 else None,
+                "answered_total": snap["answered"],
                 "other": snap["other"],
                 "load1": os.getloadavg()[0],
             }
@@ -224,7 +226,8 @@ def run(
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return summarise(samples, counts, duration if warmup is None else None, warmup) | {
+        shutil.rmtree(root, ignore_errors=True)
+    return summarise(samples, counts, duration if warmup is None else None, warmup, workers) | {
         "clients": clients,
         "workers": workers,
         "audit": audit,
@@ -239,29 +242,44 @@ def summarise(
     counts: dict[str, int],
     duration: float | None,
     warmup: float | None,
+    workers: int = 2,
 ) -> dict[str, Any]:
-    """RSS slope per worker after the warm-up, and throughput at its start and end."""
+    """RSS slope per worker after the warm-up (per 10 minutes, and per 1,000 releases of
+    a worker: a loaded machine releases fewer per minute), and the throughput of the
+    first and last fifth of the samples after it."""
     cut = warmup if warmup is not None else (duration or 0) / 5
     after = [s for s in samples if s["t"] > cut]
     series: dict[str, list[tuple[float, float]]] = {}
+    by_release: dict[str, list[tuple[float, float]]] = {}
     for s in after:
         for pid, mb in s["rss_mb"].items():
             if mb is not None:
                 series.setdefault(pid, []).append((s["t"], mb))
+                # releases per worker: the answers so far, shared evenly (keep-alive
+                # connections are balanced across workers)
+                by_release.setdefault(pid, []).append((s["answered_total"] / workers, mb))
     slopes = {pid: slope_per_10min(points) for pid, points in series.items()}
+    per_1000 = {
+        pid: None if (v := slope_per_10min(points)) is None else v * 1000 / 600
+        for pid, points in by_release.items()
+    }
     cpu = [s["server_cpu_ms_per_answer"] for s in after if s["server_cpu_ms_per_answer"]]
-    start_rate = after[0]["answered_per_s"] if after else None
-    end_rate = after[-1]["answered_per_s"] if after else None
+    tail = max(1, len(after) // 5)
+    start_rate = statistics.fmean(s["answered_per_s"] for s in after[:tail]) if after else None
+    end_rate = statistics.fmean(s["answered_per_s"] for s in after[-tail:]) if after else None
     return {
         "warmup_s": cut,
         "counts": counts,
         "rss_slope_mb_per_10min": slopes,
+        "rss_mb_per_1000_releases": per_1000,
         "rss_first_last_mb": {p: (pts[0][1], pts[-1][1]) for p, pts in series.items()},
+        "throughput_window_samples": tail,
         "answered_per_s_start": start_rate,
         "answered_per_s_end": end_rate,
         "end_vs_start": (end_rate / start_rate) if start_rate and end_rate is not None else None,
-        "server_cpu_ms_per_answer_start": cpu[0] if cpu else None,
-        "server_cpu_ms_per_answer_end": cpu[-1] if cpu else None,
+        "server_cpu_ms_per_answer_start": statistics.fmean(cpu[:tail]) if cpu else None,
+        "server_cpu_ms_per_answer_end": statistics.fmean(cpu[-tail:]) if cpu else None,
+        "load1_start_end": (after[0]["load1"], after[-1]["load1"]) if after else None,
     }
 
 

@@ -55,6 +55,11 @@ SLACK = 1e-10
 DEFAULT_SELECTION_SHARE = 0.5
 # What ``queries_remaining`` reports as "no limit from this budget".
 _MANY = 10**12
+CONVERSION_CACHE = 1024
+"""ρ ↔ ε conversions remembered (``cks_epsilon``, ``zcdp_rho_budget``). Each charge asks
+``cks_epsilon`` for its analyst's total before and after it, and the total before is the
+one the analyst's previous charge computed after; totals are new with every charge, so a
+larger cache only grows (one entry per charge) without serving more hits (issue 36)."""
 
 _GRID_LO = -25.0
 _GRID_HI = 45.0
@@ -77,7 +82,7 @@ def _cks_epsilon_at(t: float, rho: float, log_inv_delta: float) -> float:
     return alpha * rho + (log_inv_delta - log_alpha) / alpha_minus_1 + t - log_alpha
 
 
-@lru_cache(maxsize=4096)  # each charge reports the budget before and after it
+@lru_cache(maxsize=CONVERSION_CACHE)  # each charge reports the budget before and after it
 def cks_epsilon(rho: float, delta: float) -> float:
     """The smallest ε such that ρ-zCDP implies (ε, δ)-DP, by the CKS conversion.
 
@@ -128,7 +133,7 @@ def cks_epsilon(rho: float, delta: float) -> float:
     return max(0.0, min(best, f1, f2))
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=CONVERSION_CACHE)
 def zcdp_rho_budget(epsilon: float, delta: float) -> float:
     """The largest ρ such that ρ-zCDP implies (ε, δ)-DP by the CKS conversion.
 

@@ -24,6 +24,15 @@ _hooked_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 # ``Connection.execute``) must not BEGIN again.
 RAW_TRANSACTION = "dpgate_raw_transaction"
 
+PAGE_CACHE_KIB = 512
+"""Each ledger connection's own page cache, in KiB (SQLite's default is 2,000). The
+ledger file grows with every release, and a serving worker keeps several connections
+(SQLAlchemy's pool for a SQLite file), each caching the pages it has read: at the
+default, their caches grew with the ledger to ~2 MB apiece, RSS that a soak counted as
+growth (issue 36). Pages beyond it are read again from the operating system's page
+cache, which every connection and worker shares; the ledger's statements are index
+lookups and appends that touch a few pages each."""
+
 
 def install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int) -> None:
     """Let dpgate, not pysqlite, emit BEGIN: IMMEDIATE for writes, DEFERRED for reads."""
@@ -38,6 +47,7 @@ def install_sqlite_hooks(engine: Engine, synchronous: str, busy_timeout_ms: int)
         cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         cursor.execute("PRAGMA journal_mode = WAL")
         cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.execute(f"PRAGMA cache_size = -{PAGE_CACHE_KIB}")
         cursor.close()
 
     @event.listens_for(engine, "begin")

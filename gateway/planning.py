@@ -21,7 +21,13 @@ from gateway.errors import InvalidPrivacyParameters
 from gateway.plan import ProbePlan, QueryPlan, QueryRequest
 from mechanisms import QueryCalibration, calibrate_with_choices
 
-PLAN_CACHE_SIZE = 1024
+PLAN_CACHE_SIZE = 256
+"""Plans of recent SQL texts kept per planner (and as many compiled statements,
+``gateway.pipeline``): a repeated question (a dashboard's refresh) is planned once. One
+plan and its statement hold ~5 kB (measured on the demo's mixed load), so a planner
+holds at most ~1.2 MB, and one per set of readable tables (``gateway.access.MAX_VIEWS``)
+at most ~77 MB. At 1,024 a soak's workers kept growing for minutes while the cache
+filled with distinct questions (issue 36)."""
 
 
 @dataclass(frozen=True)

@@ -207,6 +207,7 @@ def _run_gunicorn(
     from gunicorn.app.base import BaseApplication
     from gunicorn.arbiter import Arbiter
 
+    from gateway.heap import limit_malloc_arenas
     from gateway.serve_workers import balanced_worker_class, pin_worker
 
     # Keep-alive connections go to the worker holding fewest (gateway/serve_workers.py);
@@ -223,6 +224,7 @@ def _run_gunicorn(
         connections.assign(worker)
 
     def post_fork(server: Any, worker: Any) -> None:
+        limit_malloc_arenas()  # before the worker starts its threads
         cpu = pin_worker(getattr(worker, "dpgate_slot", None), workers, affinity)
         if cpu is not None:
             server.log.info("worker %s runs on CPU %s", worker.pid, cpu)

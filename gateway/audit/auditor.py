@@ -26,7 +26,7 @@ import numpy as np
 from sqlglot import exp
 
 from gateway.audit.components import Extension, TableKnowledge, add_noise_terms
-from gateway.audit.confidence import CountNoise, noise_quantile
+from gateway.audit.confidence import CountNoise, noise_quantile, quantile_upper_bound
 from gateway.audit.describe import describe_region
 from gateway.audit.knowledge import Knowledge, RowInfo
 from gateway.audit.normalise import Undecidable
@@ -34,6 +34,8 @@ from gateway.audit.predicates import DimensionKey, Formula, FormulaBuilder, conj
 from gateway.audit.resident import ResidentScopes
 from gateway.audit.space import SpaceTooLarge
 from gateway.audit.span import (
+    DOUBT_TOL,
+    ZERO_TOL,
     Block,
     Doubt,
     coefficients,
@@ -41,6 +43,7 @@ from gateway.audit.span import (
     in_span,
 )
 from gateway.config import TableConfig
+from gateway.heap import retain_freed_memory
 from gateway.joins import audit_relations
 from gateway.plan import QueryPlan
 
@@ -158,6 +161,7 @@ class Auditor:
         # scopes beyond ``max_bytes`` wait on disk, exactly as they were (``resident``)
         self._resident = ResidentScopes(max_bytes)
         self._lock = threading.Lock()
+        retain_freed_memory()  # the span's arrays: reused, not page-faulted afresh
 
     # -- public interface -------------------------------------------------------------
 
@@ -629,6 +633,32 @@ def _in_old_span(old: Knowledge, region: np.ndarray) -> bool:
     return True
 
 
+def _in_old_spans(old: Knowledge, cols: np.ndarray, locals_: list[np.ndarray]) -> list[bool] | None:
+    """``_in_old_span`` of many regions (atom masks over ``cols``) at once: one residual
+    per old block for all of them. None when a region is in doubt in a block the one by
+    one test might not reach (it stops at a block that does not hold its region): the
+    caller then tests them one by one, exactly as before."""
+    if not locals_:
+        return []
+    masks = np.zeros((len(locals_), old.space.n_atoms), dtype=bool)
+    for i, local in enumerate(locals_):
+        masks[i, cols[local]] = True
+    out = np.ones(len(locals_), dtype=bool)
+    owners = old.block_of
+    free = owners[: old.space.n_atoms] < 0
+    out &= ~np.any(masks & free[None, :], axis=1)
+    for block in old.blocks:
+        sub = masks[:, block.cols]
+        hit = out & np.any(sub, axis=1)
+        if not hit.any():
+            continue
+        res = np.abs(block.residual(sub[hit].astype(float)))
+        if np.any((res >= ZERO_TOL) & (res < DOUBT_TOL)):
+            return None
+        out[np.nonzero(hit)[0][~np.all(res < ZERO_TOL, axis=-1)]] = False
+    return out.tolist()
+
+
 def _statistics_apart(kn: Knowledge, block: Block) -> list[str]:
     """The statistics a block's answers release, when no one statistic is released by
     all of them (empty: they share one, or release unknown ones — one span for all)."""
@@ -709,14 +739,21 @@ def _part_candidates(
         )
         seen: set[bytes] = set()
         counts = _sub_block(new, block, "count") if apart else None
-        for name, local in searched:
-            if np.any(np.all(block.asked == local[None, :], axis=1)):
-                continue  # released directly, with its own noise
+        direct = {row.tobytes() for row in block.asked} if searched else set()
+        searched = [(name, local) for name, local in searched if local.tobytes() not in direct]
+        # (what is not released directly: with its own noise, it is no candidate)
+        plain = [j for j, (name, _) in enumerate(searched) if name is None]
+        spans = _in_old_spans(old, block.cols, [searched[j][1] for j in plain])
+        old_spans = {} if spans is None else dict(zip(plain, spans, strict=True))
+        for j, (name, local) in enumerate(searched):
             region = np.zeros(new.space.n_atoms, dtype=bool)
             region[block.cols[local]] = True
-            known = (
-                _in_old_span(old, region) if name is None else _in_old_sub_span(old, region, name)
-            )
+            if name is not None:
+                known = _in_old_sub_span(old, region, name)
+            elif j in old_spans:
+                known = old_spans[j]
+            else:
+                known = _in_old_span(old, region)
             if known or local.tobytes() in seen:
                 continue
             seen.add(local.tobytes())
@@ -771,9 +808,19 @@ def _findings(
         estimate = float(coefs[known] @ bc.member_counts[known])
         unknown = bool(np.any(used & bc.member_unknown))
         noise: dict[tuple[str, int], tuple[float, CountNoise]] | None = {}
-        for i in np.nonzero(known)[0]:
-            noise = add_noise_terms(noise, float(coefs[i]), bc.member_info[i].noise)
-        margin = math.inf if noise is None else noise_quantile(list(noise.values()), alpha)
+        if bc.own_noise:  # what ``add_noise_terms`` gives, read off directly
+            direct_terms: dict[tuple[str, int], tuple[float, CountNoise]] = {}
+            for i in np.nonzero(known)[0]:
+                ((source, _, own),) = bc.member_info[i].noise or ()
+                direct_terms[source] = (float(coefs[i]), own)
+            noise = direct_terms
+        else:
+            for i in np.nonzero(known)[0]:
+                noise = add_noise_terms(noise, float(coefs[i]), bc.member_info[i].noise)
+        # the confidence margin of ``noise``, computed only where a decision needs it
+        # exactly: a size that clears k with ``quantile_upper_bound`` (no smaller) clears
+        # it with the margin itself, for a fraction of the cost
+        margin: float | None = math.inf if noise is None else None
         extra = 0.0
         bounds: set[int] = set()
         for i in np.nonzero(used & bc.member_pending)[0]:
@@ -810,16 +857,26 @@ def _findings(
             upper_direct = float(np.min(bc.counts[supersets])) if supersets.any() else math.inf
             # the post-audit's margin will include this query's own noise (public: its
             # calibration), so count it in now
-            full = margin
+            full_terms = None if noise is None else list(noise.values())
             if pending_noise is not None and noise is not None and pending_used:
                 with_new = dict(noise)
                 for i in np.nonzero(used & bc.member_pending)[0]:
                     source = ("", bc.member_info[i].cell)
                     with_new[source] = (float(coefs[i]), pending_noise)
-                full = noise_quantile(list(with_new.values()), alpha)
+                full_terms = list(with_new.values())
             # refuse before spending only when the answer cannot help: even at its upper
             # bound, the confidence bound (with every noise it will carry) stays below k
-            small = min(upper - full, upper_direct) < k
+            if full_terms is None:
+                small = min(upper - math.inf, upper_direct) < k
+            elif (
+                observe is None
+                and upper_direct >= k
+                and math.isfinite(upper)
+                and upper - quantile_upper_bound(full_terms, alpha) >= k
+            ):
+                small = False  # then upper − full ≥ k too
+            else:
+                small = min(upper - noise_quantile(full_terms, alpha), upper_direct) < k
             if small and upper_direct < upper:
                 best = int(np.nonzero(supersets)[0][np.argmin(bc.counts[supersets])])
                 direct = {block.asked_ids[best]}
@@ -831,7 +888,17 @@ def _findings(
                 for j in np.nonzero(subsets)[0]
             ]
             small = not lows or max(lows) < k
+        elif (
+            margin is None
+            and observe is None
+            and noise is not None
+            and estimate - quantile_upper_bound(list(noise.values()), alpha) >= k
+        ):
+            small = False  # then estimate − margin ≥ k too
         else:
+            if margin is None:
+                assert noise is not None
+                margin = noise_quantile(list(noise.values()), alpha)
             small = estimate - margin < k
         waits = pre and not small and open_groups is not None and len(open_groups) < MAX_FINDINGS
         if waits and open_groups is not None and pending_used:
@@ -839,6 +906,8 @@ def _findings(
             open_groups.append(describe_region(new.space, block.cols[local]))
         if observe is not None:
             terms = None if noise is None else tuple(noise.values())
+            if margin is None:
+                margin = noise_quantile(list(noise.values()), alpha) if noise else 0.0
             observe(Sizing(pre, upper if pre else estimate, margin, terms, small))
         if small:
             rows = (
@@ -873,6 +942,9 @@ class _BlockCounts:
     member_unknown: np.ndarray
     member_pending: np.ndarray
     member_info: list[RowInfo]
+    # every counted member's noise is its own single term (coefficient 1, no source
+    # shared): a combination's noise terms are then its coefficients, one per member
+    own_noise: bool = False
 
     @staticmethod
     def of(new: Knowledge, block: Block) -> _BlockCounts:
@@ -891,6 +963,9 @@ class _BlockCounts:
                         break
         pending = np.array([r.pending for r in members], dtype=bool)
         missing = np.array([r.count is None for r in members], dtype=bool)
+        counted = [r.noise for r in members if not r.pending and r.count is not None]
+        own = all(t is not None and len(t) == 1 and t[0][1] == 1.0 for t in counted)
+        own = own and len({t[0][0] for t in counted if t is not None}) == len(counted)
         return _BlockCounts(
             counted=np.array([r.count is not None and not r.pending for r in infos], dtype=bool),
             counts=np.array([r.count if r.count is not None else np.nan for r in infos]),
@@ -901,6 +976,7 @@ class _BlockCounts:
             member_unknown=~pending & missing,
             member_pending=pending,
             member_info=members,
+            own_noise=own,
         )
 
 

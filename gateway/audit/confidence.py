@@ -44,21 +44,50 @@ class CountNoise:
 def noise_quantile(terms: Sequence[tuple[float, CountNoise]], alpha: float) -> float:
     """A ``q`` with P(Σ cᵢ·Nᵢ ≥ q) ≤ ``alpha`` for independent noises (``terms``: pairs
     (cᵢ, noise of Nᵢ)); 0 when there is no noise, ``inf`` for an unknown scale."""
-    laplace = [(abs(c), n.scale) for c, n in terms if n.mechanism == "laplace" and c]
-    variance = sum(c * c * n.scale * n.scale for c, n in terms if n.mechanism == "gaussian")
-    if any(not math.isfinite(b) or b < 0 for _, b in laplace):
+    return _quantile(terms, alpha, 1)
+
+
+def quantile_upper_bound(terms: Sequence[tuple[float, CountNoise]], alpha: float) -> float:
+    """A number no smaller than ``noise_quantile(terms, alpha)``, for a sixteenth of its
+    cost: the same bound minimised over every sixteenth point of the grid (a minimum
+    over fewer points), plus a margin of 1e-9 (relative and absolute) for the last bits
+    of the arithmetic. A size whose bound clears k with it clears k with the exact one."""
+    q = _quantile(terms, alpha, 16)
+    return q + 1e-9 * abs(q) + 1e-9
+
+
+def _quantile(terms: Sequence[tuple[float, CountNoise]], alpha: float, step: int) -> float:
+    """The Chernoff bound minimised over every ``step``-th point of the grid. Every
+    term's log E[exp(c·t·N)] is one row of a matrix, added up in the terms' order (a
+    sum down the rows: bit for bit the sums of a loop over the terms, which it was)."""
+    coefs: list[float] = []  # the Laplace terms' |cᵢ| and scales bᵢ (cᵢ ≠ 0)
+    scales: list[float] = []
+    squares: list[float] = []  # the Gaussian terms' cᵢ²σᵢ²
+    for coef, n in terms:
+        if n.mechanism == "laplace":
+            if coef:
+                coefs.append(abs(coef))
+                scales.append(n.scale)
+        elif n.mechanism == "gaussian":
+            squares.append(coef * coef * n.scale * n.scale)
+    variance = sum(squares)
+    b = np.array(scales, dtype=float)
+    if not np.all(np.isfinite(b) & (b >= 0)):
         return math.inf
-    laplace = [(c, b) for c, b in laplace if b > 0]
+    c = np.array(coefs, dtype=float)[b > 0]
+    b = b[b > 0]
     log_alpha = math.log(1 / alpha)
-    if not laplace:
+    if not len(b):
         return math.sqrt(2 * variance * log_alpha)
-    t_max = min(1 / (c * b) for c, b in laplace)
-    t = _GRID * t_max
-    log_mgf = 0.5 * variance * t * t
-    for c, b in laplace:
-        p = math.exp(-1 / b)
-        s = c * t
-        log_mgf = log_mgf + (
-            2 * math.log1p(-p) - np.log1p(-p * np.exp(s)) - np.log1p(-p * np.exp(-s))
-        )
+    t = (_GRID * float(np.min(1 / (c * b))))[::step]
+    # p and log(1 − p)² depend on the scale alone: once per scale
+    distinct, which = np.unique(b, return_inverse=True)
+    ps = [math.exp(-1 / float(x)) for x in distinct]
+    p = np.array(ps)[which][:, None]
+    first = np.array([2 * math.log1p(-q) for q in ps])[which][:, None]
+    s = c[:, None] * t[None, :]
+    rows = np.empty((len(c) + 1, len(t)))
+    rows[0] = 0.5 * variance * t * t
+    rows[1:] = first - np.log1p(-p * np.exp(s)) - np.log1p(-p * np.exp(-s))
+    log_mgf = np.sum(rows, axis=0)
     return float(np.min((log_alpha + log_mgf) / t))

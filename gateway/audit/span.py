@@ -125,12 +125,15 @@ class Block:
         c = self.basis[:, p].copy()
         hit = np.nonzero(c)[0]  # only rows with an entry in the new pivot column change
         basis = np.empty((r + 1, n))
-        origin = np.zeros((r + 1, r + 1))
-        if 2 * len(hit) > r:  # dense: one pass writing the updated copy
-            np.subtract(self.basis, np.outer(c, res), out=basis[:r])
-            np.subtract(self.origin, np.outer(c, o[:r]), out=origin[:r, :r])
+        if 2 * len(hit) > r:  # dense: the updated copy written in place (no temporary)
+            origin = np.empty((r + 1, r + 1))
+            np.multiply.outer(c, res, out=basis[:r])
+            np.subtract(self.basis, basis[:r], out=basis[:r])
+            np.multiply.outer(c, o[:r], out=origin[:r, :r])
+            np.subtract(self.origin, origin[:r, :r], out=origin[:r, :r])
             origin[:r, r] = -c * o[r]
         else:
+            origin = np.zeros((r + 1, r + 1))
             basis[:r] = self.basis
             basis[hit] -= np.outer(c[hit], res)
             origin[:r, :r] = self.origin
@@ -298,7 +301,8 @@ def determined_regions(block: Block, *, changed_only: bool = True) -> list[np.nd
     # a basis row no insertion changed was already a determined region before
     rows = np.nonzero(block.dirty_rows())[0] if changed_only else np.arange(block.rank)
     if len(rows):  # cheap first pass: a 0/1 row (even in doubt) lies within [0, 1]
-        sub = block.basis[rows]
+        # (every row changed, as after most insertions: read the basis, not a copy)
+        sub = block.basis if len(rows) == block.rank else block.basis[rows]
         inside = (sub.min(axis=1) > -DOUBT_TOL) & (sub.max(axis=1) < 1 + DOUBT_TOL)
         rows = rows[inside]
     zero, one, doubt = classify(block.basis[rows])
