@@ -129,4 +129,3 @@ def test_the_attack_a_short_chain_around_one_person_is_still_refused(alice: Nois
     assert refused(
         alice.ask("SELECT COUNT(*) FROM patients WHERE city = 'Sopron' AND age <> 37", 249.0)
     )
-
