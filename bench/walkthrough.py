@@ -11,10 +11,12 @@ sex, year and department, joins to ``zip_regions``, quantiles, MIN/MAX, STDDEV, 
 then the total, a filtered GROUP BY after the unfiltered one). Each run is one analyst of
 a fresh gateway on the demo data at its real size (``dpgate demo``), audit mode
 ``refuse``. The answers are noisy, so the counts vary from run to run. What is still
-refused or withheld, and why, is in docs/privacy.md ("What the auditor refuses"): some
-of these questions determine groups that really are small (the disease breakdown and
-``AVG(glucose)`` by disease leave 2 Crohn patients without a glucose value), and others
-groups that ε = 0.1 cannot show to hold 5; there is no test asserting 0 and 0.
+refused or withheld, and why, is in docs/privacy.md ("What the auditor refuses"): groups
+of no one that the demo's plain references leave possible (the visits without a patient
+row, the patients whose zip is not listed: 8 of the written order's 44 questions), and in
+shuffled orders also breakdowns of the rare diseases (25 Meningitis patients under 40,
+say) that ε = 0.1 cannot show to hold 5. ``tests/test_audit_walkthrough.py`` pins the
+written order's decisions (with exact counts).
 """
 
 from __future__ import annotations

@@ -982,6 +982,10 @@ class _BlockCounts:
 
 LEAST_NOISE_MAX_ROWS = 300
 """Blocks with more answered rows than this keep the basis's own combination."""
+PINV_RCOND = 1e-10
+"""Singular values below this share of the largest are rank deficiency, not signal (the
+rows are 0/1 over at most ``LEAST_NOISE_MAX_ROWS`` answers, weighted by noise scales
+within a few orders of magnitude: true singular values are far above it)."""
 
 
 @dataclass(frozen=True)
@@ -1023,8 +1027,11 @@ class _LeastNoise:
         picked = np.array(rows, dtype=np.intp)
         asked = block.asked[picked].astype(float)  # rows × columns
         root = np.sqrt(np.array(variance))
-        # minimise Σ (cᵢ·σᵢ)² subject to Σ cᵢ·aᵢ = region: u = σ·c, the least-norm u
-        solve = root[:, None] ** -1 * np.linalg.pinv(asked.T / root[None, :])
+        # minimise Σ (cᵢ·σᵢ)² subject to Σ cᵢ·aᵢ = region: u = σ·c, the least-norm u.
+        # The answered regions are rarely independent (a breakdown's cells sum to an
+        # earlier total): singular values that are rounding noise must count as zero, or
+        # their inverses swamp the solution and every region looks undetermined here.
+        solve = root[:, None] ** -1 * np.linalg.pinv(asked.T / root[None, :], rcond=PINV_RCOND)
         return _LeastNoise(picked, solve, asked, len(block.asked_ids))
 
     def coefficients(self, region: np.ndarray) -> np.ndarray | None:
