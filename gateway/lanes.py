@@ -10,9 +10,10 @@ overlap, or depend on which statement finished first, is the auditor's view:
   queries for ``ADMIT_WINDOW_S`` after it opened; later ones wait for it to drain and
   take the lock again, so that other workers of the same scope get their turn.
 - **Tickets in a public order.** Pre-audit, reserve and the release moment are decided
-  under the lane's mutex, one query at a time, in arrival order; each query gets a
+  holding the lane, one query at a time, in arrival order; each query gets a
   ticket there. The post-audit of a ticket runs only once every earlier ticket is done
-  (answered, withheld or failed), under the same mutex. So every post-audit sees exactly
+  (answered, withheld or failed), holding the lane too, and before any admission
+  waiting for it. So every post-audit sees exactly
   the answers of the earlier tickets that were released — an order fixed before any
   statement ran, never the order in which statements finished (which depends on the
   rows: "which half of a differencing pair was withheld" would otherwise tell which
@@ -62,8 +63,10 @@ class ScopeLane:
         self._state = "closed"  # closed → opening → open → closed
         self._opened_at = 0.0
         self._stack: ExitStack | None = None
-        #: Held for the auditor's decisions: pre-audit with reserve, and post-audit.
-        self.mutex = threading.Lock()
+        # The auditor's decisions (pre-audit with reserve, post-audit) hold the lane one
+        # at a time (``_busy``); a post-audit waiting for it goes before any admission.
+        self._busy = False
+        self._post_waiting = 0
         self._next_ticket = 0
         self._turn = 0  # every ticket below this one is done
         self._done: set[int] = set()
@@ -72,9 +75,24 @@ class ScopeLane:
 
     @contextmanager
     def deciding(self) -> Iterator[None]:
-        """Hold the mutex for the pre-audit, the reservation and the ticket."""
-        with self.mutex:
+        """Hold the lane for the pre-audit, the reservation and the ticket, once no
+        post-audit is waiting for it: a burst of arrivals (a dashboard's charts) must not
+        hold back the post-audits of the tickets already given, whose release moments
+        are fixed (without this, the first chart's post-audit waited for all twenty
+        admissions, missed its moment, and the next tickets missed their turn)."""
+        with self._cond:
+            while self._busy or self._post_waiting:
+                self._cond.wait()
+            self._busy = True
+        try:
             yield
+        finally:
+            self._free()
+
+    def _free(self) -> None:
+        with self._cond:
+            self._busy = False
+            self._cond.notify_all()
 
     @contextmanager
     def member(self) -> Iterator[ScopeLane]:
@@ -87,7 +105,7 @@ class ScopeLane:
             self._leave()
 
     def ticket(self, release_at: float | None) -> int:
-        """The next ticket (call under ``mutex``), with its query's release moment."""
+        """The next ticket (call in ``deciding``), with its query's release moment."""
         ticket = self._next_ticket
         self._next_ticket += 1
         if release_at is not None:
@@ -96,16 +114,26 @@ class ScopeLane:
 
     @contextmanager
     def turn(self, ticket: int, until: float | None) -> Iterator[None]:
-        """Wait until every earlier ticket is done, then hold ``mutex``. Raises
-        ``TurnMissed`` when that has not happened by ``until`` (monotonic)."""
+        """Wait until every earlier ticket is done, then hold the lane (before any
+        admission waiting for it). Raises ``TurnMissed`` when that has not happened by
+        ``until`` (monotonic)."""
         with self._cond:
             while self._turn < ticket:
                 remaining = None if until is None else until - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise TurnMissed
                 self._cond.wait(remaining)
-        with self.mutex:
+            self._post_waiting += 1
+            try:
+                while self._busy:
+                    self._cond.wait()
+            finally:
+                self._post_waiting -= 1
+            self._busy = True
+        try:
             yield
+        finally:
+            self._free()
 
     def done(self, ticket: int) -> None:
         """Mark a ticket done (idempotent): later tickets may take their turn."""
