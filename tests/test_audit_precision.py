@@ -20,7 +20,7 @@ import pytest
 from gateway.audit import Auditor, CountNoise
 from gateway.audit.auditor import Sizing
 from gateway.audit.confidence import noise_quantile
-from gateway.config import TableConfig
+from gateway.core.config import TableConfig
 from tests.test_audit import K, Session, refused
 from tests.test_audit import tables as tables
 

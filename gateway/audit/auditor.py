@@ -42,10 +42,10 @@ from gateway.audit.span import (
     determined_regions,
     in_span,
 )
-from gateway.config import TableConfig
-from gateway.heap import retain_freed_memory
-from gateway.joins import audit_relations
-from gateway.plan import QueryPlan
+from gateway.core.config import TableConfig
+from gateway.core.joins import audit_relations
+from gateway.core.plan import QueryPlan
+from gateway.ops.heap import retain_freed_memory
 
 MAX_PRE_AUDIT_CELLS = 10_000
 DEFAULT_CONFIDENCE = 0.999
@@ -138,7 +138,7 @@ class Auditor:
         confidence: float = DEFAULT_CONFIDENCE,
         max_bytes: int | None = None,
     ) -> None:
-        # Each table with the columns of the tables it may join (gateway/joins.py): a
+        # Each table with the columns of the tables it may join (gateway/core/joins.py): a
         # join's regions live in its anchor table's cell space.
         self.tables = audit_relations(tables)
         self.min_group_size = min_group_size
@@ -519,7 +519,7 @@ def refusal_reason(combined: tuple[str, ...], groups: tuple[str, ...]) -> str:
 def counted_expression(plan: QueryPlan) -> exp.Expr | None:
     """The expression whose non-NULL rows a released count counts, when the count comes
     from COUNT(x) (or an AVG's count) rather than COUNT(*): the cell's count is the
-    first of COUNT(*), COUNT(DISTINCT unit), COUNT(x), as ``gateway/noising.py`` picks."""
+    first of COUNT(*), COUNT(DISTINCT unit), COUNT(x), as ``gateway/pipeline/noising.py`` picks."""
     kinds = [m.kind for m in plan.measures]
     if "count_rows" in kinds or "count_units" in kinds or "count_values" not in kinds:
         return None
@@ -542,7 +542,7 @@ def statistics(plan: QueryPlan) -> frozenset[str]:
 
 def releases_counts(plan: QueryPlan) -> bool:
     """Whether the query's cells carry a noisy count (COUNT, or an AVG's, a VARIANCE's
-    count), as ``gateway/noising.py`` picks it; a SUM or a quantile carries none."""
+    count), as ``gateway/pipeline/noising.py`` picks it; a SUM or a quantile carries none."""
     return any(m.kind in ("count_rows", "count_units", "count_values") for m in plan.measures)
 
 

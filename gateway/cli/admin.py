@@ -41,7 +41,7 @@ import click
 
 import budget
 from gateway.cli.render import delta_line, number, period_line
-from gateway.config import ConfigError, load_config
+from gateway.core.config import ConfigError, load_config
 
 CONFIG_OPTION = click.option(
     "--config",

@@ -24,7 +24,7 @@ from typing import Any
 import duckdb
 
 import gateway
-from gateway.config import Config
+from gateway.core.config import Config
 from gateway.pgwire.catalog_tables import (
     CATALOG_TABLES,
     DATABASE,

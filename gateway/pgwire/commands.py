@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gateway.errors import InvalidPrivacyParameters, InvalidRequest, UnsupportedQuery
+from gateway.core.errors import InvalidPrivacyParameters, InvalidRequest, UnsupportedQuery
 from gateway.pgwire.catalog_tables import SETTINGS
 
 if TYPE_CHECKING:

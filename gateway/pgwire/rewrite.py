@@ -29,9 +29,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError, SqlglotError
 from sqlglot.tokens import TokenType
 
-from gateway.analyze.limits import check_nesting, check_text, too_many_pieces
-from gateway.dialects import dialect
-from gateway.errors import UnsupportedQuery
+from gateway.core.errors import UnsupportedQuery
 from gateway.pgwire.catalog import CATALOG_SCHEMA, INFO_SCHEMA, VERSION_TEXT
 from gateway.pgwire.catalog_tables import (
     CATALOG_TABLES,
@@ -40,6 +38,8 @@ from gateway.pgwire.catalog_tables import (
     OWNER,
 )
 from gateway.pgwire.commands import UnknownSetting
+from gateway.sql.analyze.limits import check_nesting, check_text, too_many_pieces
+from gateway.sql.dialects import dialect
 
 Route = Literal["session", "catalog", "query", "empty"]
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from sqlglot import exp
 
 from budget import LedgerUnavailable
-from gateway.errors import (
+from gateway.core.errors import (
     Forbidden,
     GatewayError,
     InvalidPrivacyParameters,
@@ -42,8 +42,8 @@ from gateway.errors import (
     UnknownColumn,
     UnsupportedQuery,
 )
-from gateway.errors import LedgerUnavailable as GatewayLedgerUnavailable
-from gateway.identity import Principal
+from gateway.core.errors import LedgerUnavailable as GatewayLedgerUnavailable
+from gateway.core.plan import ProbePlan, QueryRequest
 from gateway.pgwire import codec
 from gateway.pgwire.catalog import CatalogError, CatalogResult
 from gateway.pgwire.catalog_tables import REPORTED
@@ -60,8 +60,8 @@ from gateway.pgwire.values import (
     type_size,
     value_type_oid,
 )
-from gateway.plan import ProbePlan, QueryRequest
-from gateway.release import Release
+from gateway.pipeline.identity import Principal
+from gateway.pipeline.release import Release
 
 if TYPE_CHECKING:
     from gateway.pgwire.server import WireServer

@@ -19,7 +19,7 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 from sqlglot.tokens import TokenType
 
-from gateway.errors import InvalidRequest, UnsupportedQuery
+from gateway.core.errors import InvalidRequest, UnsupportedQuery
 from gateway.pgwire.catalog_tables import PG_TYPES, TYPE_OF_VALUE
 
 EPOCH_2000 = dt.date(2000, 1, 1)
