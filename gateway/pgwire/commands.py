@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gateway.core.errors import InvalidPrivacyParameters, InvalidRequest, UnsupportedQuery
-from gateway.pgwire.catalog_tables import SETTINGS
+from gateway.pgwire.catalog_settings import SETTINGS
 
 if TYPE_CHECKING:
     from gateway.pgwire.server import WireServer

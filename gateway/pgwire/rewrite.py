@@ -31,12 +31,8 @@ from sqlglot.tokens import TokenType
 
 from gateway.core.errors import UnsupportedQuery
 from gateway.pgwire.catalog import CATALOG_SCHEMA, INFO_SCHEMA, VERSION_TEXT
-from gateway.pgwire.catalog_tables import (
-    CATALOG_TABLES,
-    DATABASE,
-    INFORMATION_SCHEMA_TABLES,
-    OWNER,
-)
+from gateway.pgwire.catalog_settings import DATABASE, OWNER
+from gateway.pgwire.catalog_tables import CATALOG_TABLES, INFORMATION_SCHEMA_TABLES
 from gateway.pgwire.commands import UnknownSetting
 from gateway.sql.analyze.limits import check_nesting, check_text, too_many_pieces
 from gateway.sql.dialects import dialect

@@ -46,7 +46,7 @@ from gateway.core.errors import LedgerUnavailable as GatewayLedgerUnavailable
 from gateway.core.plan import ProbePlan, QueryRequest
 from gateway.pgwire import codec
 from gateway.pgwire.catalog import CatalogError, CatalogResult
-from gateway.pgwire.catalog_tables import REPORTED
+from gateway.pgwire.catalog_settings import REPORTED
 from gateway.pgwire.commands import Outcome, SessionCommands, setting_number
 from gateway.pgwire.errors import sqlstate_of
 from gateway.pgwire.rewrite import SessionContext, classify, rewrite_catalog, split_statements
