@@ -118,7 +118,7 @@ class InProcess:
     _names = itertools.count(1)
 
     def __init__(self, config_path: Path) -> None:
-        from gateway.core.config import load_config
+        from gateway.core.config_load import load_config
         from gateway.pipeline.gateway import Gateway
 
         self.config = load_config(config_path)

@@ -111,7 +111,7 @@ def bench_chain(tmp: Path, reps: int) -> dict[str, float]:
 
 
 def _config(tmp: Path, db: Path, name: str, grants: dict[str, list[str]]) -> Any:
-    from gateway.core.config import parse_config
+    from gateway.core.config_load import parse_config
     from gateway.demo.hospital import config_yaml
 
     raw = yaml.safe_load(config_yaml(str(db), str(tmp / f"{name}-ledger.db")))

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.core.plan import QueryPlan
 from gateway.sql.analyze import analyze
 from gateway.sql.compile import compile_plan

@@ -32,7 +32,7 @@ def run(n: int = 400) -> dict[str, Any]:
     import psycopg
     import waitress.server
 
-    from gateway.core.config import parse_config
+    from gateway.core.config_load import parse_config
     from gateway.core.plan import QueryRequest
     from gateway.demo.hospital import build, config_yaml
     from gateway.http.app import create_app

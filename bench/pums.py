@@ -198,7 +198,7 @@ def http_latency(cfg: Path, reps: int, epsilon: float) -> dict[str, Any]:
 
     from bench.adapter import Http, create_analyst
     from bench.throughput import REPO, _dpgate_bin, _free_port, _wait_ready
-    from gateway.core.config import load_config
+    from gateway.core.config_load import load_config
 
     ledger_url = load_config(cfg).ledger.url
     keys = [create_analyst(ledger_url, f"http{i}-{os.getpid()}") for i in range(reps + 1)]

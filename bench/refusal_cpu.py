@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.demo.hospital import build, config_yaml
 from gateway.http.app import create_app
 from gateway.ops.heap import freeze_startup_heap

@@ -48,7 +48,7 @@ FULL_SORT = re.compile(r"(^|->\s+)Sort\s+\(")
 def _compiled(url: str, schema: str | None, root: Path) -> dict[str, str]:
     """The statement dpgate compiles for each query on that database."""
     import budget
-    from gateway.core.config import parse_config
+    from gateway.core.config_load import parse_config
     from gateway.demo.hospital import config_yaml
     from gateway.pipeline.gateway import Gateway
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.core.errors import AuditRefused, GatewayError
 from gateway.core.plan import QueryRequest
 from gateway.demo.hospital import PATIENTS, build, config_yaml

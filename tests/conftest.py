@@ -21,7 +21,8 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 import gateway.pipeline.gateway as pipeline_module
-from gateway.core.config import Config, parse_config
+from gateway.core.config import Config
+from gateway.core.config_load import parse_config
 from gateway.demo.hospital import build, config_yaml
 
 if TYPE_CHECKING:

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from gateway.audit import AnsweredCell, AnsweredQuery, AuditDecision, Auditor, CountNoise
-from gateway.core.config import TableConfig, parse_config, with_nullability
+from gateway.core.config import TableConfig, with_nullability
+from gateway.core.config_load import parse_config
 from gateway.core.plan import QueryPlan
 from gateway.demo.hospital import NULLABLE, config_yaml
 from gateway.sql.analyze import analyze

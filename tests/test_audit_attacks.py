@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.core.errors import AuditRefused
 from gateway.core.plan import QueryRequest
 from gateway.pipeline.gateway import Gateway

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from gateway.audit import Auditor
-from gateway.core.config import TableConfig, parse_config, with_nullability
+from gateway.core.config import TableConfig, with_nullability
+from gateway.core.config_load import parse_config
 from gateway.core.errors import AuditRefused
 from gateway.core.plan import QueryRequest
 from gateway.demo.hospital import NULLABLE, config_yaml

@@ -13,7 +13,8 @@ import yaml
 from gateway.audit import AnsweredCell, AnsweredQuery, Auditor, CountNoise
 from gateway.audit.auditor import Sizing
 from gateway.audit.resident import footprint
-from gateway.core.config import TableConfig, parse_config, with_nullability
+from gateway.core.config import TableConfig, with_nullability
+from gateway.core.config_load import parse_config
 from gateway.core.plan import QueryPlan
 from gateway.demo.hospital import CITIES, DEPARTMENTS, DISEASES, NULLABLE, config_yaml
 from gateway.sql.analyze import analyze

@@ -44,7 +44,8 @@ from sqlglot import exp
 from gateway.audit import AnsweredCell, AnsweredQuery
 from gateway.audit.auditor import Sizing
 from gateway.audit.confidence import CountNoise, noise_quantile
-from gateway.core.config import TableConfig, parse_config
+from gateway.core.config import TableConfig
+from gateway.core.config_load import parse_config
 from gateway.core.plan import QueryPlan, QueryRequest
 from gateway.demo.hospital import PATIENTS, build
 from gateway.pipeline.gateway import Gateway

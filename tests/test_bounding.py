@@ -30,7 +30,8 @@ from typing import Any
 
 import pytest
 
-from gateway.core.config import Config, parse_config, with_nullability
+from gateway.core.config import Config, with_nullability
+from gateway.core.config_load import parse_config
 from gateway.core.plan import QueryPlan
 from gateway.sql.analyze import analyze
 from gateway.sql.compile import compile_plan

@@ -26,7 +26,7 @@ from werkzeug.serving import make_server
 from dpgate_client import Client
 from gateway.cli import main as dpgate
 from gateway.cli.render import number
-from gateway.core.config import load_config
+from gateway.core.config_load import load_config
 from tests.conftest import ADMIN_KEY, demo_config_dict
 
 

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from gateway.cli import main
 from gateway.cli.measure_report import measure_config
-from gateway.core.config import load_config, parse_config
+from gateway.core.config_load import load_config, parse_config
 from gateway.demo.hospital import build, config_yaml
 from gateway.pipeline.calibration import (
     Calibration,

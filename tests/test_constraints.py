@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gateway.core.config import Config, TableConfig, parse_config, with_enforced_domains
+from gateway.core.config import Config, TableConfig, with_enforced_domains
+from gateway.core.config_load import parse_config
 from gateway.core.plan import QueryPlan
 from gateway.sql.analyze import analyze
 from gateway.sql.compile import compile_plan

@@ -28,7 +28,7 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.http.app import create_app
 from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY, POSTGRES_URL, demo_config_dict

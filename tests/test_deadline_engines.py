@@ -23,7 +23,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 import gateway.pipeline.gateway
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.core.errors import DatabaseUnavailable
 from gateway.core.plan import QueryRequest
 from gateway.pipeline.gateway import CHARGED_FAILURE_MESSAGE, Gateway

@@ -22,7 +22,7 @@ import sqlglot
 import yaml
 from sqlglot import exp
 
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.core.errors import DatabaseUnavailable
 from gateway.core.plan import QueryPlan, QueryRequest
 from gateway.demo.hospital import config_yaml

@@ -18,7 +18,8 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from gateway.core.config import Config, parse_config, with_nullability
+from gateway.core.config import Config, with_nullability
+from gateway.core.config_load import parse_config
 from gateway.core.errors import DatabaseUnavailable
 from gateway.core.plan import QueryPlan
 from gateway.demo.hospital import config_yaml

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.core.config import Config, parse_config
+from gateway.core.config import Config
+from gateway.core.config_load import parse_config
 from gateway.core.errors import UnsupportedQuery
 from gateway.core.plan import QueryPlan
 from gateway.demo.hospital import catalogued, config_yaml

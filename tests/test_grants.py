@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from flask.testing import FlaskClient
 
 from gateway.cli.admin import register_admin_commands
-from gateway.core.config import ConfigError, parse_config
+from gateway.core.config import ConfigError
+from gateway.core.config_load import parse_config
 from gateway.http.app import create_app
 from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY, demo_config_dict

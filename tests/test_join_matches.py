@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.core.config import ConfigError, parse_config
+from gateway.core.config import ConfigError
+from gateway.core.config_load import parse_config
 from gateway.core.errors import GatewayError
 from gateway.core.plan import QueryPlan, QueryRequest
 from gateway.demo.hospital import config_yaml

@@ -41,7 +41,7 @@ def gateway_on(
     demo_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Callable[[str], Gateway]:
     """A Gateway on a copy of the demo data with its ledger at a given URL, auditing."""
-    from gateway.core.config import parse_config
+    from gateway.core.config_load import parse_config
 
     monkeypatch.setenv("DPGATE_ADMIN_KEY", ADMIN_KEY)
 

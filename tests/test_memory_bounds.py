@@ -23,7 +23,8 @@ import gateway.pipeline.gateway
 import gateway.pipeline.planning
 from budget.sqlite import PAGE_CACHE_KIB
 from gateway.audit import Auditor, predicates
-from gateway.core.config import TableConfig, parse_config, with_nullability
+from gateway.core.config import TableConfig, with_nullability
+from gateway.core.config_load import parse_config
 from gateway.demo.hospital import NULLABLE, config_yaml
 from gateway.http.app import create_app
 from gateway.ops.heap import limit_malloc_arenas

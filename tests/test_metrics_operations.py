@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY, demo_config_dict
 from tests.test_ops import metric

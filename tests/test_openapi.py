@@ -95,7 +95,7 @@ def test_the_envelope_schema_names_every_error_code() -> None:
 
 @pytest.fixture
 def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Flask:
-    from gateway.core.config import load_config
+    from gateway.core.config_load import load_config
     from gateway.http.app import create_app
 
     monkeypatch.setenv("DPGATE_ADMIN_KEY", "admin-key-for-tests-0123456789")

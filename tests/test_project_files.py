@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.core.errors import ALL_ERRORS
 from tests.conftest import repository_files
 

@@ -22,7 +22,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.core.plan import QueryRequest
 from gateway.demo.hospital import config_yaml
 from gateway.pipeline.gateway import Gateway

@@ -20,7 +20,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.demo.hospital import config_yaml
 from gateway.pipeline.gateway import Gateway
 from tests import engines

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from scipy.optimize import linprog
 
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.core.errors import AuditRefused, BudgetExhausted, GatewayError
 from gateway.core.plan import QueryRequest
 

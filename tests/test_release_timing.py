@@ -27,7 +27,7 @@ from prometheus_client import REGISTRY
 
 import gateway.pipeline.gateway
 import gateway.sql.execute
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.core.errors import DatabaseUnavailable
 from gateway.core.plan import QueryRequest
 from gateway.pipeline.cost_model import ENGINE_COSTS

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from gateway.core.config import ConfigError, parse_config
+from gateway.core.config import ConfigError
+from gateway.core.config_load import parse_config
 from gateway.core.errors import DatabaseUnavailable, InvalidPrivacyParameters
 from gateway.core.plan import QueryPlan, QueryRequest
 from gateway.pipeline.gateway import CHARGED_FAILURE_MESSAGE, Gateway

@@ -339,7 +339,8 @@ def test_the_wire_takes_a_token_or_a_key_as_the_password(
 def test_keys_from_a_file_and_the_config_checks(
     make_gateway: Callable[..., Gateway], idp: Issuer, tmp_path: Path
 ) -> None:
-    from gateway.core.config import ConfigError, parse_config
+    from gateway.core.config import ConfigError
+    from gateway.core.config_load import parse_config
 
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps(idp.jwks))

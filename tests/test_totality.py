@@ -33,7 +33,8 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gateway.core.config import TableConfig, parse_config
+from gateway.core.config import TableConfig
+from gateway.core.config_load import parse_config
 from gateway.core.errors import GatewayError
 from gateway.core.plan import QueryPlan
 from gateway.sql.analyze import analyze

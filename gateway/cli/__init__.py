@@ -11,7 +11,8 @@ import click
 
 from gateway.cli.render import print_answer, print_dry_run
 from gateway.cli.schema_report import SchemaReport, schema_report
-from gateway.core.config import ConfigError, load_config
+from gateway.core.config import ConfigError
+from gateway.core.config_load import load_config
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

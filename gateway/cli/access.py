@@ -25,7 +25,8 @@ from gateway.cli.admin import (
     _ledger_errors,
     open_ledger,
 )
-from gateway.core.config import ConfigError, load_config
+from gateway.core.config import ConfigError
+from gateway.core.config_load import load_config
 from gateway.core.errors import GatewayError
 from gateway.pipeline.access import Access
 

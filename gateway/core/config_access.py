@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from gateway.core.config import _Validator
+    from gateway.core.config_problems import _Validator
 
 #: Asymmetric signatures only: a symmetric (HS*) key would be a secret shared with every
 #: verifier, and ``none`` is no signature at all.

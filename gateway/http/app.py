@@ -17,13 +17,9 @@ from flask import Flask, Response, g, jsonify
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import HTTPException
 
-from gateway.core.config import Config, load_config
-from gateway.core.errors import (
-    GatewayError,
-    InvalidRequest,
-    MethodNotAllowed,
-    NotFound,
-)
+from gateway.core.config import Config
+from gateway.core.config_load import load_config
+from gateway.core.errors import GatewayError, InvalidRequest, MethodNotAllowed, NotFound
 from gateway.pipeline.gateway import Gateway
 from gateway.pipeline.request import load_json
 

@@ -13,7 +13,8 @@ import threading
 import time
 from pathlib import Path
 
-from gateway.core.config import ConfigError, load_config
+from gateway.core.config import ConfigError
+from gateway.core.config_load import load_config
 from gateway.ops.logs import configure_logging
 
 

@@ -32,7 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
-from gateway.core.config import Config, ConfigError, load_config
+from gateway.core.config import Config, ConfigError
+from gateway.core.config_load import load_config
 
 if TYPE_CHECKING:
     from flask import Flask

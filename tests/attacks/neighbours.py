@@ -24,7 +24,8 @@ from typing import Any
 import sqlalchemy as sa
 
 import budget
-from gateway.core.config import Config, parse_config
+from gateway.core.config import Config
+from gateway.core.config_load import parse_config
 from gateway.core.plan import QueryPlan
 from gateway.pipeline.gateway import Gateway
 from gateway.sql.compile import CompiledQuery, compile_plan

@@ -40,7 +40,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gateway.core.config import ConfigError, TableConfig, load_config, parse_config
+from gateway.core.config import ConfigError, TableConfig
+from gateway.core.config_load import load_config, parse_config
 from gateway.core.plan import QueryPlan
 from gateway.sql.analyze import analyze
 from gateway.sql.compile import compile_plan

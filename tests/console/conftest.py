@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from werkzeug.serving import WSGIRequestHandler
 
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from tests.conftest import ADMIN_KEY, REPOSITORY, demo_config_dict
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.pipeline.gateway import Gateway
 
 

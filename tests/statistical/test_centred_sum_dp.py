@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from gateway.core.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.core.plan import QueryPlan, QueryRequest
 from gateway.pipeline.gateway import Gateway
 from gateway.pipeline.noising import centred
