@@ -49,7 +49,8 @@ from gateway.pgwire.catalog import CatalogError, CatalogResult
 from gateway.pgwire.catalog_settings import REPORTED
 from gateway.pgwire.commands import Outcome, SessionCommands, setting_number
 from gateway.pgwire.errors import sqlstate_of
-from gateway.pgwire.rewrite import SessionContext, classify, rewrite_catalog, split_statements
+from gateway.pgwire.rewrite import classify, rewrite_catalog, split_statements
+from gateway.pgwire.translate import SessionContext
 from gateway.pgwire.values import (
     bind,
     duckdb_type_oid,
