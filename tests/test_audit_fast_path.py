@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from gateway.audit import AnsweredCell, AnsweredQuery, Auditor, CountNoise
-from gateway.audit import auditor as auditor_module
+from gateway.audit import findings as auditor_module
 from gateway.audit import span as span_module
 from gateway.audit.confidence import _GRID, noise_quantile, quantile_upper_bound
 from gateway.core.config import TableConfig, with_nullability

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gateway.audit import AnsweredCell, AnsweredQuery, Auditor, CountNoise
-from gateway.audit.auditor import Sizing
+from gateway.audit.findings import Sizing
 from gateway.audit.resident import footprint
 from gateway.core.config import TableConfig, with_nullability
 from gateway.core.config_load import parse_config

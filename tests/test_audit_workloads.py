@@ -42,8 +42,8 @@ import yaml
 from sqlglot import exp
 
 from gateway.audit import AnsweredCell, AnsweredQuery
-from gateway.audit.auditor import Sizing
 from gateway.audit.confidence import CountNoise, noise_quantile
+from gateway.audit.findings import Sizing
 from gateway.core.config import TableConfig
 from gateway.core.config_load import parse_config
 from gateway.core.plan import QueryPlan, QueryRequest
