@@ -83,7 +83,7 @@ def write_config(
 ) -> Path:
     """A dpgate config for a benchmark. ``timing`` is ``off`` by default: the figures
     are pipeline time; the deliberate padding of ``timing: deadline`` (every answer
-    leaves at its release moment, gateway/timing.py) is measured on its own."""
+    leaves at its release moment, gateway/pipeline/timing.py) is measured on its own."""
     cfg = {
         "database": {"url": database_url, "statement_timeout_ms": statement_timeout_ms},
         "ledger": {"url": ledger_url},
@@ -118,8 +118,8 @@ class InProcess:
     _names = itertools.count(1)
 
     def __init__(self, config_path: Path) -> None:
-        from gateway.config import load_config
-        from gateway.pipeline import Gateway
+        from gateway.core.config_load import load_config
+        from gateway.pipeline.gateway import Gateway
 
         self.config = load_config(config_path)
         factory = getattr(Gateway, "from_config", None)
@@ -133,8 +133,8 @@ class InProcess:
         return name
 
     def query(self, analyst: str, sql: str, epsilon: float = 1.0) -> Answer:
-        from gateway.errors import GatewayError
-        from gateway.plan import QueryRequest
+        from gateway.core.errors import GatewayError
+        from gateway.core.plan import QueryRequest
 
         request = QueryRequest(
             sql=sql, epsilon=epsilon, delta=self.config.privacy.delta, mechanism="laplace"
@@ -147,16 +147,16 @@ class InProcess:
 
     def analyze_uncached(self, sql: str) -> None:
         """Run dpgate's SQL analysis passes alone, bypassing the gateway's plan cache."""
-        from gateway.analyze import analyze
+        from gateway.sql.analyze import analyze
 
         analyze(sql, self.config.tables)
 
     def compiled_sql(self, sql: str) -> str | None:
         """The one statement dpgate would execute for ``sql`` (None if unavailable)."""
         try:
-            from gateway.analyze import analyze
-            from gateway.compile import compile_plan
-            from gateway.plan import QueryPlan
+            from gateway.core.plan import QueryPlan
+            from gateway.sql.analyze import analyze
+            from gateway.sql.compile import compile_plan
 
             # The tables as the gateway reads them (nullability from the catalogue) and its
             # unique-unit shortcut: the statement the gateway itself would send.

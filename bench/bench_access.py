@@ -111,7 +111,7 @@ def bench_chain(tmp: Path, reps: int) -> dict[str, float]:
 
 
 def _config(tmp: Path, db: Path, name: str, grants: dict[str, list[str]]) -> Any:
-    from gateway.config import parse_config
+    from gateway.core.config_load import parse_config
     from gateway.demo.hospital import config_yaml
 
     raw = yaml.safe_load(config_yaml(str(db), str(tmp / f"{name}-ledger.db")))
@@ -126,7 +126,7 @@ def _config(tmp: Path, db: Path, name: str, grants: dict[str, list[str]]) -> Any
 def bench_http(tmp: Path, reps: int) -> dict[str, float]:
     from gateway.demo.hospital import build
     from gateway.http.app import create_app
-    from gateway.pipeline import Gateway
+    from gateway.pipeline.gateway import Gateway
 
     db = tmp / "hospital.db"
     build(db, patients=3000)

@@ -38,8 +38,8 @@ import sqlglot
 
 from gateway.audit import AnsweredCell, AnsweredQuery, Auditor, CountNoise
 from gateway.audit.components import TableKnowledge
-from gateway.config import ColumnConfig, TableConfig
-from gateway.plan import GroupKey, QueryPlan
+from gateway.core.config import ColumnConfig, TableConfig
+from gateway.core.plan import GroupKey, QueryPlan
 
 GROUPS = tuple(f"g{i:03d}" for i in range(100))
 NOISE = CountNoise("laplace", 1.5)  # the released counts' public noise (≈ the gauss(0, 2) used)

@@ -36,11 +36,11 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from gateway.analyze import analyze
-from gateway.compile import compile_plan
-from gateway.config import parse_config
-from gateway.join_keys import JoinKeys
-from gateway.plan import QueryPlan
+from gateway.core.config_load import parse_config
+from gateway.core.plan import QueryPlan
+from gateway.sql.analyze import analyze
+from gateway.sql.compile import compile_plan
+from gateway.sql.join_keys import JoinKeys
 
 QUERIES = {
     "count by region": "SELECT z.region, COUNT(*) FROM patients p JOIN zips z ON p.zip = z.zip "

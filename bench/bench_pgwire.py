@@ -32,12 +32,12 @@ def run(n: int = 400) -> dict[str, Any]:
     import psycopg
     import waitress.server
 
-    from gateway.config import parse_config
+    from gateway.core.config_load import parse_config
+    from gateway.core.plan import QueryRequest
     from gateway.demo.hospital import build, config_yaml
     from gateway.http.app import create_app
     from gateway.pgwire.server import WireServer
-    from gateway.pipeline import Gateway
-    from gateway.plan import QueryRequest
+    from gateway.pipeline.gateway import Gateway
 
     work = Path(tempfile.mkdtemp(prefix="dpgate-bench-pgwire-"))
     try:

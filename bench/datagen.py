@@ -50,7 +50,7 @@ EXPRS = {
 SELECT_LIST = ", ".join(f"{e} AS {c}" for c, e in EXPRS.items())
 # The declared value lists as CHECK constraints, as a production table would hold its
 # domain: dpgate then reads them from the catalogue and filters nothing on those columns
-# (gateway/constraints.py). The bounded columns' ranges likewise: on PostgreSQL and
+# (gateway/sql/constraints.py). The bounded columns' ranges likewise: on PostgreSQL and
 # DuckDB (integral storage) a SUM then reads them unclamped. v2 had the value lists
 # only, v1 no constraints.
 CHECKS = {
@@ -202,7 +202,7 @@ def _ensure_clickhouse(t: ScaleTable) -> ScaleTable:
         if proc.returncode != 0:  # its last line: the exception (a NoRoom, say)
             raise RuntimeError(last_line(proc.stderr))
         return t
-    from gateway.engines import chdb_dbapi
+    from gateway.sql.engines import chdb_dbapi
 
     conn = chdb_dbapi.connect(t.url.removeprefix("chdb:///"), readonly=False)
     cursor = conn.cursor()

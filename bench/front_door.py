@@ -1,7 +1,7 @@
 """The front door's cost (issue 36): answered queries per second with 32 keep-alive
 clients against ``dpgate serve --workers 2``, this checkout's front door (the main
 thread reads each request whole before a pool thread takes it) against an earlier
-commit's ``gateway/serve_workers.py``, in alternating rounds on one machine.
+commit's ``gateway/server/serve_workers.py``, in alternating rounds on one machine.
 
     python -m bench.front_door --baseline 8a0d9e7 --rounds 3 --duration 10
 
@@ -39,7 +39,7 @@ def _checkout(baseline: str | None, into: Path) -> Path:
         shutil.copytree(REPO / package, into / package, dirs_exist_ok=True)
     if baseline is not None:
         old = subprocess.run(
-            ["git", "show", f"{baseline}:gateway/serve_workers.py"],
+            ["git", "show", f"{baseline}:gateway/server/serve_workers.py"],
             cwd=REPO,
             capture_output=True,
             check=True,

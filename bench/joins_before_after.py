@@ -36,8 +36,8 @@ QUERIES = bench_joins.QUERIES
 COMPILER = """
 import json, os, sys, tempfile
 url, schema, tables, queries = sys.argv[1], sys.argv[2] or None, *map(json.loads, sys.argv[3:5])
-from gateway.config import parse_config
-from gateway.pipeline import Gateway
+from gateway.core.config import parse_config
+from gateway.pipeline.gateway import Gateway
 ledger = os.path.join(tempfile.mkdtemp(), "ledger.db")
 gw = Gateway(parse_config({"database": {"url": url}, "ledger": {"url": "sqlite:///" + ledger},
                            "tables": tables}))
@@ -47,7 +47,7 @@ for name, sql in queries.items():
     if hasattr(gw, "compile"):
         out[name] = gw.compile(plan).sql
     else:  # before issue 31: the gateway compiled inside its pipeline only
-        from gateway.compile import compile_plan
+        from gateway.sql.compile import compile_plan
         out[name] = compile_plan(plan, gw.config.tables[plan.table], gw.dialect,
                                  unit_unique=plan.table in gw.unique_units,
                                  unique_keys=gw.unique_keys).sql

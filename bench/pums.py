@@ -198,7 +198,7 @@ def http_latency(cfg: Path, reps: int, epsilon: float) -> dict[str, Any]:
 
     from bench.adapter import Http, create_analyst
     from bench.throughput import REPO, _dpgate_bin, _free_port, _wait_ready
-    from gateway.config import load_config
+    from gateway.core.config_load import load_config
 
     ledger_url = load_config(cfg).ledger.url
     keys = [create_analyst(ledger_url, f"http{i}-{os.getpid()}") for i in range(reps + 1)]
@@ -257,18 +257,18 @@ def _share(total: int, rounds: int, r: int) -> int:
 # (path suffix, function name) of the pipeline stages, in pipeline order. Internal names:
 # if dpgate renames one, its stage is simply missing from the breakdown.
 STAGES = (
-    ("check request", "gateway/request.py", "check_request"),
-    ("plan (plan cache)", "gateway/planning.py", "analyze"),
-    ("analyze passes", "gateway/analyze/__init__.py", "analyze"),
-    ("calibrate", "gateway/planning.py", "calibrate"),
-    ("cache lookup", "gateway/answer_cache.py", "lookup"),
-    ("audit policy", "gateway/audit_policy.py", "before"),
-    ("compile", "gateway/compile.py", "compile_plan"),
-    ("ledger reserve", "gateway/charges.py", "reserve"),
-    ("execute", "gateway/execute.py", "run_aggregate"),
-    ("noise", "gateway/noising.py", "add_noise"),
-    ("post-process", "gateway/postprocess.py", "finish"),
-    ("ledger commit", "gateway/charges.py", "answered"),
+    ("check request", "gateway/pipeline/request.py", "check_request"),
+    ("plan (plan cache)", "gateway/pipeline/planning.py", "analyze"),
+    ("analyze passes", "gateway/sql/analyze/__init__.py", "analyze"),
+    ("calibrate", "gateway/pipeline/planning.py", "calibrate"),
+    ("cache lookup", "gateway/pipeline/answer_cache.py", "lookup"),
+    ("audit policy", "gateway/pipeline/audit_policy.py", "before"),
+    ("compile", "gateway/sql/compile.py", "compile_plan"),
+    ("ledger reserve", "gateway/pipeline/charges.py", "reserve"),
+    ("execute", "gateway/sql/execute.py", "run_aggregate"),
+    ("noise", "gateway/pipeline/noising.py", "add_noise"),
+    ("post-process", "gateway/pipeline/postprocess.py", "finish"),
+    ("ledger commit", "gateway/pipeline/charges.py", "answered"),
 )
 
 
@@ -308,7 +308,7 @@ def stage_breakdown(gw: InProcess, n: int, epsilon: float) -> dict[str, Any]:
     total = 0.0
     for (path, _line, func), (_cc, _nc, _tt, ct, _callers) in stats.items():
         norm = path.replace("\\", "/")
-        if norm.endswith("gateway/pipeline.py") and func == "query":
+        if norm.endswith("gateway/pipeline/gateway.py") and func == "query":
             total = max(total, ct)
         if func == "<method 'commit' of 'sqlite3.Connection' objects>":
             per_query["(of which sqlite3 commit)"] = ct / n * 1e3

@@ -5,7 +5,7 @@ JSON, request checks, tokens, parser, analyzer) and over the PostgreSQL wire (a 
 server in a thread of this process: the CPU counted is the round trip's, client
 included), best and worst of ``--repeats``.
 
-The startup heap is frozen first, as the servers do (``gateway.heap``): without that,
+The startup heap is frozen first, as the servers do (``gateway.ops.heap``): without that,
 a full collection of the ~125,000 objects every process starts with lands on whichever
 request triggers it, 40–120 ms whatever the input.
 
@@ -26,11 +26,11 @@ from typing import Any
 
 import yaml
 
-from gateway.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.demo.hospital import build, config_yaml
-from gateway.heap import freeze_startup_heap
 from gateway.http.app import create_app
-from gateway.pipeline import Gateway
+from gateway.ops.heap import freeze_startup_heap
+from gateway.pipeline.gateway import Gateway
 
 WHERE = "SELECT COUNT(*) FROM patients WHERE "
 GROUP_KEYS = ", ".join(f"age + {i}" for i in range(250))

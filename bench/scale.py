@@ -122,7 +122,7 @@ def worker(backend: str, rows: int, reps: int) -> dict[str, Any]:
     # configuration per file and process: read-only).
     raw_kw = {"connect_args": {"read_only": True}} if backend == "duckdb" else {}
     if backend == "clickhouse":  # chDB's own driver: through its (read-only) opening
-        from gateway.engines import clickhouse
+        from gateway.sql.engines import clickhouse
 
         raw_engine = clickhouse.open_engine(sa.engine.make_url(t.url))
     else:

@@ -284,7 +284,7 @@ def _postgres_ledger() -> Any:
 def _serve(
     workdir: Path, cfg: Path, workers: int, clients: int, scenarios: dict[str, Any], duration: float
 ) -> dict[str, Any]:
-    from gateway.config import load_config
+    from gateway.core.config_load import load_config
 
     ledger_url = load_config(cfg).ledger.url
     keys = [create_analyst(ledger_url, f"load{i}") for i in range(clients)]

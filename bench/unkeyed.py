@@ -48,9 +48,9 @@ FULL_SORT = re.compile(r"(^|->\s+)Sort\s+\(")
 def _compiled(url: str, schema: str | None, root: Path) -> dict[str, str]:
     """The statement dpgate compiles for each query on that database."""
     import budget
-    from gateway.config import parse_config
+    from gateway.core.config_load import parse_config
     from gateway.demo.hospital import config_yaml
-    from gateway.pipeline import Gateway
+    from gateway.pipeline.gateway import Gateway
 
     raw = yaml.safe_load(config_yaml("unused.db", str(root / "ledger.db")))
     raw["database"]["url"] = url

@@ -32,11 +32,11 @@ from pathlib import Path
 
 import yaml
 
-from gateway.config import parse_config
+from gateway.core.config_load import parse_config
+from gateway.core.errors import AuditRefused, GatewayError
+from gateway.core.plan import QueryRequest
 from gateway.demo.hospital import PATIENTS, build, config_yaml
-from gateway.errors import AuditRefused, GatewayError
-from gateway.pipeline import Gateway
-from gateway.plan import QueryRequest
+from gateway.pipeline.gateway import Gateway
 
 #: The docs' own examples: README.md, docs/connect.md, the console's default query.
 DOCS_EXAMPLES: tuple[str, ...] = (

@@ -30,8 +30,9 @@ from budget.errors import (
     UnknownAnalyst,
     UnsupportedCost,
 )
-from budget.ledger import GLOBAL_NAME, Ledger
+from budget.ledger import Ledger
 from budget.periods import PERIODS, Period
+from budget.principals import GLOBAL_NAME
 from budget.records import (
     ADMIN_ROLES,
     AdminCaller,

@@ -3,7 +3,7 @@ to, as the ledger stores them (schema v10).
 
 The ledger keeps only the grants given through the admin API or CLI; the gateway adds
 those of its config (``tables.<t>.grants``) and decides what a caller may read
-(``gateway.access``). Each change is an admin action, audit-logged in its own
+(``gateway.pipeline.access``). Each change is an admin action, audit-logged in its own
 transaction (``Ledger._record_admin``); a change is seen by the next request of every
 gateway process sharing the ledger, since every check reads the ledger afresh.
 """

@@ -20,15 +20,16 @@ import yaml
 from flask import Flask
 from flask.testing import FlaskClient
 
-import gateway.pipeline as pipeline_module
-from gateway.config import Config, parse_config
+import gateway.pipeline.gateway as pipeline_module
+from gateway.core.config import Config
+from gateway.core.config_load import parse_config
 from gateway.demo.hospital import build, config_yaml
 
 if TYPE_CHECKING:
     import psycopg
 
     from gateway.pgwire.server import WireServer
-    from gateway.pipeline import Gateway
+    from gateway.pipeline.gateway import Gateway
 
 ADMIN_KEY = "admin-" + "k" * 40
 TEST_PATIENTS = 3000
@@ -86,7 +87,7 @@ def make_gateway(
 
     def factory(prepare: Callable[[Path], Any] | None = None, **overrides: Any) -> Gateway:
         """``prepare`` changes the copy of the data first (a neighbouring database)."""
-        from gateway.pipeline import Gateway
+        from gateway.pipeline.gateway import Gateway
 
         n = next(counter)
         db = tmp_path / f"hospital{n}.db"

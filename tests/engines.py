@@ -91,7 +91,7 @@ def chdb_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def spark_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """This process's SparkSession (created once), as the gateway's driver opens it."""
     pytest.importorskip("pyspark")
-    from gateway.engines import spark_dbapi
+    from gateway.sql.engines import spark_dbapi
 
     warehouse = tmp_path_factory.getbasetemp() / "spark-warehouse"
     spark = spark_dbapi.session(master="local[2]", warehouse=str(warehouse))
@@ -175,7 +175,7 @@ def _stop(server: subprocess.Popen[bytes]) -> None:
 
 def connect_session(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A Spark Connect session on this process's server, as the gateway's driver opens it."""
-    from gateway.engines import spark_dbapi
+    from gateway.sql.engines import spark_dbapi
 
     remote = connect_server(tmp_path_factory).replace("spark+connect://", "sc://")
     return spark_dbapi.session(remote=remote + "/")
@@ -307,7 +307,7 @@ def raw_error(engine: Engine, engine_url: str, sql: str) -> str:
             conn.cursor().execute(sql)
             conn.close()
         elif engine == "spark-connect":
-            from gateway.engines import spark_dbapi
+            from gateway.sql.engines import spark_dbapi
 
             remote = engine_url.replace("spark+connect://", "sc://") + "/"
             spark_dbapi.session(remote=remote).sql(sql).collect()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.accuracy_target import smallest_epsilon
+from gateway.pipeline.accuracy_target import smallest_epsilon
 
 Ask = Callable[..., tuple[int, dict[str, Any]]]
 
@@ -145,8 +145,8 @@ def test_the_chosen_epsilon_depends_on_public_facts_only(
     the same refusal: they are computed from the plan and the config, never from rows."""
     import sqlite3
 
-    from gateway.errors import GatewayError
-    from gateway.plan import QueryRequest
+    from gateway.core.errors import GatewayError
+    from gateway.core.plan import QueryRequest
 
     full, neighbour = make_gateway(), make_gateway()
     db = neighbour.config.database.url.removeprefix("sqlite:///")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from flask.testing import FlaskClient
 
 if TYPE_CHECKING:
-    from gateway.pipeline import Gateway
+    from gateway.pipeline.gateway import Gateway
 
 SQL = "SELECT COUNT(*) FROM patients WHERE age > {}"
 

@@ -14,7 +14,7 @@ from flask.testing import FlaskClient
 
 from budget import Ledger
 from gateway.http.app import create_app
-from gateway.pipeline import Gateway
+from gateway.pipeline.gateway import Gateway
 from mechanisms.types import PrivacyCost
 from tests.conftest import ADMIN_KEY
 

@@ -15,7 +15,7 @@ from flask.testing import FlaskClient
 
 from gateway.cli.admin import register_admin_commands
 from gateway.http.app import create_app
-from gateway.pipeline import Gateway
+from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY
 from tests.test_audit_trail import cli_config
 

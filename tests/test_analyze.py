@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.analyze import analyze
-from gateway.config import Config, parse_config
+from gateway.core.config import Config
+from gateway.core.config_load import parse_config
+from gateway.core.errors import GatewayError, SqlSyntaxError
+from gateway.core.plan import ProbePlan, QueryPlan
 from gateway.demo.hospital import catalogued, config_yaml
-from gateway.errors import GatewayError, SqlSyntaxError
-from gateway.plan import ProbePlan, QueryPlan
+from gateway.sql.analyze import analyze
 
 FIXTURES = yaml.safe_load((Path(__file__).parent / "fixtures" / "analyze.yaml").read_text())
 
@@ -132,7 +133,7 @@ def test_a_parsed_statement_carries_no_parser_positions() -> None:
     """Positions in errors come from the tokens; the nodes' own (``meta``) are dropped
     after parsing, so that copying a tree — every canonical text is generated from a
     copy — does not deep-copy a dict per identifier and literal."""
-    from gateway.analyze.parse import parse_select
+    from gateway.sql.analyze.parse import parse_select
 
     select = parse_select("SELECT sex, COUNT(*) AS n FROM t WHERE age >= 40 GROUP BY sex")
     assert all(node._meta is None for node in select.walk())

@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 import yaml
 
-from gateway.analyze import analyze
 from gateway.audit import AnsweredCell, AnsweredQuery, AuditDecision, Auditor, CountNoise
-from gateway.config import TableConfig, parse_config, with_nullability
+from gateway.core.config import TableConfig, with_nullability
+from gateway.core.config_load import parse_config
+from gateway.core.plan import QueryPlan
 from gateway.demo.hospital import NULLABLE, config_yaml
-from gateway.plan import QueryPlan
+from gateway.sql.analyze import analyze
 
 K = 5
 NOISE = CountNoise("laplace", 1.0)  # every count here: ε = 1, sensitivity 1
@@ -283,7 +284,7 @@ def test_a_long_diverse_honest_session_keeps_being_answered(
 
 
 def test_values_beyond_a_bound_count_as_the_bound(alice: Session) -> None:
-    """The compiled SQL clamps bounded numbers (gateway/domain.py): nobody lies outside
+    """The compiled SQL clamps bounded numbers (gateway/core/domain.py): nobody lies outside
     the bounds, so conditions that differ only there are one region."""
     assert not refused(alice.ask("SELECT COUNT(*) FROM patients", 3000.4))
     assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE age >= -1", 3001.2))

@@ -28,10 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import parse_config
-from gateway.errors import AuditRefused
-from gateway.pipeline import Gateway
-from gateway.plan import QueryRequest
+from gateway.core.config_load import parse_config
+from gateway.core.errors import AuditRefused
+from gateway.core.plan import QueryRequest
+from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY, demo_config_dict
 
 TRIALS = 100

@@ -14,11 +14,12 @@ import pytest
 import yaml
 
 from gateway.audit import Auditor
-from gateway.config import TableConfig, parse_config, with_nullability
+from gateway.core.config import TableConfig, with_nullability
+from gateway.core.config_load import parse_config
+from gateway.core.errors import AuditRefused
+from gateway.core.plan import QueryRequest
 from gateway.demo.hospital import NULLABLE, config_yaml
-from gateway.errors import AuditRefused
-from gateway.pipeline import Gateway
-from gateway.plan import QueryRequest
+from gateway.pipeline.gateway import Gateway
 from tests.test_audit import Session, refused
 
 TARGET = "sex = 'F' AND age = 37 AND city = 'Eger'"

@@ -25,14 +25,15 @@ import numpy as np
 import pytest
 import yaml
 
-from gateway.analyze import analyze
 from gateway.audit import AnsweredCell, AnsweredQuery, Auditor, CountNoise
-from gateway.audit import auditor as auditor_module
+from gateway.audit import findings as auditor_module
 from gateway.audit import span as span_module
 from gateway.audit.confidence import _GRID, noise_quantile, quantile_upper_bound
-from gateway.config import TableConfig, parse_config, with_nullability
+from gateway.core.config import TableConfig, with_nullability
+from gateway.core.config_load import parse_config
+from gateway.core.plan import QueryPlan
 from gateway.demo.hospital import NULLABLE, config_yaml
-from gateway.plan import QueryPlan
+from gateway.sql.analyze import analyze
 
 K = 5
 

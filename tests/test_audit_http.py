@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
-from gateway.pipeline import Gateway
+from gateway.pipeline.gateway import Gateway
 
 Ask = Callable[..., tuple[int, dict[str, Any]]]
 TARGET = "sex = 'F' AND age = 37 AND city = 'Eger'"  # one patient in the demo data

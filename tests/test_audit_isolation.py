@@ -22,21 +22,21 @@ FORBIDDEN = (
     "psycopg",
     "duckdb",
     "budget",
-    "gateway.execute",
-    "gateway.pipeline",
-    "gateway.compile",
+    "gateway.sql.execute",
+    "gateway.pipeline.gateway",
+    "gateway.sql.compile",
     "gateway.cache",
     "gateway.http",
     "flask",
 )
 ALLOWED_GATEWAY = (
-    "gateway.plan",
-    "gateway.config",
-    "gateway.domain",
+    "gateway.core.plan",
+    "gateway.core.config",
+    "gateway.core.domain",
     "gateway.audit",
-    "gateway.errors",
-    "gateway.joins",  # the relation a join reads: config in, config out
-    "gateway.heap",  # glibc malloc settings: no data, no database
+    "gateway.core.errors",
+    "gateway.core.joins",  # the relation a join reads: config in, config out
+    "gateway.ops.heap",  # glibc malloc settings: no data, no database
 )
 
 
@@ -69,7 +69,7 @@ def test_audit_sources_import_nothing_that_reaches_the_database() -> None:
 
 def test_importing_the_auditor_loads_no_database_module() -> None:
     roots = ("sqlalchemy", "sqlite3", "psycopg", "duckdb", "budget", "flask")
-    modules = ("gateway.execute", "gateway.pipeline", "gateway.compile")
+    modules = ("gateway.sql.execute", "gateway.pipeline.gateway", "gateway.sql.compile")
     code = (
         "import sys, gateway.audit\n"
         f"bad = [m for m in sys.modules if m.split('.')[0] in {roots!r} or m in {modules!r}]\n"

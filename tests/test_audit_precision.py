@@ -18,9 +18,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.audit import Auditor, CountNoise
-from gateway.audit.auditor import Sizing
 from gateway.audit.confidence import noise_quantile
-from gateway.config import TableConfig
+from gateway.audit.findings import Sizing
+from gateway.core.config import TableConfig
 from tests.test_audit import K, Session, refused
 from tests.test_audit import tables as tables
 

@@ -27,8 +27,8 @@ from gateway.audit import AnsweredCell, AnsweredQuery, Auditor, CountNoise
 from gateway.audit import span as span_module
 from gateway.audit.components import TableKnowledge
 from gateway.audit.span import determined_regions
-from gateway.config import ColumnConfig, TableConfig
-from gateway.plan import GroupKey, QueryPlan
+from gateway.core.config import ColumnConfig, TableConfig
+from gateway.core.plan import GroupKey, QueryPlan
 
 K = 5
 EXACT = CountNoise("laplace", 0.0)  # no noise: the confidence bound is the estimate itself
@@ -107,7 +107,7 @@ class Reference:
 
     def __init__(self, nx: int, ny: int) -> None:
         # The compiled SQL clamps y to its bounds and keeps only declared x values
-        # (gateway/domain.py): these are all the cells there are.
+        # (gateway/core/domain.py): these are all the cells there are.
         self.cells = [(f"v{i}", j) for i in range(nx) for j in range(ny)]
         self.db = sqlite3.connect(":memory:")
         self.db.execute("CREATE TABLE u (cell INTEGER, x TEXT, y INTEGER)")

@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.analyze import analyze
 from gateway.audit import AnsweredCell, AnsweredQuery, Auditor, CountNoise
-from gateway.audit.auditor import Sizing
+from gateway.audit.findings import Sizing
 from gateway.audit.resident import footprint
-from gateway.config import TableConfig, parse_config, with_nullability
+from gateway.core.config import TableConfig, with_nullability
+from gateway.core.config_load import parse_config
+from gateway.core.plan import QueryPlan
 from gateway.demo.hospital import CITIES, DEPARTMENTS, DISEASES, NULLABLE, config_yaml
-from gateway.plan import QueryPlan
+from gateway.sql.analyze import analyze
 
 NOISE = CountNoise("laplace", 2.0)
 SCOPES = tuple(f"analyst{i}" for i in range(6))
@@ -159,7 +160,7 @@ def test_footprint_grows_with_the_knowledge(tables: dict[str, TableConfig]) -> N
 
 def test_the_budget_comes_from_the_config() -> None:
     """``audit.memory_mb`` sets the budget (default 64 MB); it must be a whole number ≥ 1."""
-    from gateway.config import ConfigError
+    from gateway.core.config import ConfigError
 
     raw = yaml.safe_load(config_yaml("demo.db", "ledger.db"))
     assert parse_config(raw).audit.memory_mb == 64

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from budget import AdminCaller, Ledger, audit_chain, schema
 from gateway.cli.admin import register_admin_commands
 from gateway.http.app import create_app
-from gateway.pipeline import Gateway
+from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}

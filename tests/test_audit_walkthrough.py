@@ -35,7 +35,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.walkthrough import WALKTHROUGH, make_gateway
-from gateway.pipeline import Gateway
+from gateway.pipeline.gateway import Gateway
 from tests.test_audit_workloads import _exact_answer
 from tests.test_audit_workloads import full_demo as full_demo
 

@@ -42,14 +42,15 @@ import yaml
 from sqlglot import exp
 
 from gateway.audit import AnsweredCell, AnsweredQuery
-from gateway.audit.auditor import Sizing
 from gateway.audit.confidence import CountNoise, noise_quantile
-from gateway.compile import compile_plan
-from gateway.config import TableConfig, parse_config
+from gateway.audit.findings import Sizing
+from gateway.core.config import TableConfig
+from gateway.core.config_load import parse_config
+from gateway.core.plan import QueryPlan, QueryRequest
 from gateway.demo.hospital import PATIENTS, build
-from gateway.execute import run_aggregate
-from gateway.pipeline import Gateway
-from gateway.plan import QueryPlan, QueryRequest
+from gateway.pipeline.gateway import Gateway
+from gateway.sql.compile import compile_plan
+from gateway.sql.execute import run_aggregate
 from tests.conftest import ADMIN_KEY, demo_config_dict
 
 K = 5
@@ -114,7 +115,7 @@ def test_the_corpus_is_large_enough() -> None:
 
 
 def _dpgate_view(conn: sqlite3.Connection, table: TableConfig) -> str:
-    """A view of ``table`` as dpgate reads it (gateway/domain.py), built independently
+    """A view of ``table`` as dpgate reads it (gateway/core/domain.py), built independently
     of the compiler: bounded numbers clamped, rows outside declared values dropped."""
     columns = []
     keep = []

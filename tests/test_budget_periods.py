@@ -74,7 +74,7 @@ def test_periods_are_utc_calendar_periods() -> None:
 
 
 def test_the_config_knows_the_same_periods_and_compositions() -> None:
-    from gateway import config
+    from gateway.core import config
 
     assert config.PERIODS == PERIODS and config.COMPOSITIONS == COMPOSITIONS
 

@@ -26,7 +26,7 @@ from werkzeug.serving import make_server
 from dpgate_client import Client
 from gateway.cli import main as dpgate
 from gateway.cli.render import number
-from gateway.config import load_config
+from gateway.core.config_load import load_config
 from tests.conftest import ADMIN_KEY, demo_config_dict
 
 
@@ -36,7 +36,7 @@ def served(
 ) -> Iterator[tuple[str, str, str]]:
     """(gateway URL, config path, alice's key) for a gateway served on a free port."""
     from gateway.http.app import create_app
-    from gateway.pipeline import Gateway
+    from gateway.pipeline.gateway import Gateway
 
     monkeypatch.setenv("DPGATE_ADMIN_KEY", ADMIN_KEY)
     db = tmp_path / "hospital.db"

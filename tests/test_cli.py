@@ -87,7 +87,7 @@ def test_demo_builds_data_and_prints_a_working_key(tmp_path: Path) -> None:
     )
     assert (tmp_path / "d" / "hospital.db").exists()
     import budget
-    from gateway.config import load_config
+    from gateway.core.config_load import load_config
 
     config = load_config(tmp_path / "d" / "dpgate.yaml")
     ledger = budget.Ledger.from_url(config.ledger.url)

@@ -254,7 +254,7 @@ def test_every_gateway_error_code_maps_to_its_class(
 
 def test_the_client_knows_every_code_the_gateway_sends() -> None:
     """Each gateway error has its own client class, with the same code and status."""
-    from gateway.errors import ALL_ERRORS
+    from gateway.core.errors import ALL_ERRORS
 
     for server_class in ALL_ERRORS:
         server_error = server_class("Something is wrong.")

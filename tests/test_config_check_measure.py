@@ -1,4 +1,4 @@
-"""``dpgate config check --measure`` (gateway/calibration.py): it counts each table's rows,
+"""``dpgate config check --measure`` (gateway/pipeline/calibration.py): it counts each table's rows,
 times the statements dpgate compiles for each query shape on the real protected database
 (SQLite, PostgreSQL), and prints coefficients that make the cost model cover every shape
 it measured — as config the admin can paste, since the deadline may only follow what the
@@ -21,7 +21,11 @@ import sqlalchemy as sa
 import yaml
 from click.testing import CliRunner
 
-from gateway.calibration import (
+from gateway.cli import main
+from gateway.cli.measure_report import measure_config
+from gateway.core.config_load import load_config, parse_config
+from gateway.demo.hospital import build, config_yaml
+from gateway.pipeline.calibration import (
     Calibration,
     Shape,
     fit,
@@ -29,11 +33,7 @@ from gateway.calibration import (
     round_rows_up,
     rounded_up,
 )
-from gateway.cli import main
-from gateway.cli.measure_report import measure_config
-from gateway.config import load_config, parse_config
-from gateway.cost_model import CostModel, EngineCosts, TableCost
-from gateway.demo.hospital import build, config_yaml
+from gateway.pipeline.cost_model import CostModel, EngineCosts, TableCost
 
 POSTGRES_URL = os.environ.get("DPGATE_TEST_POSTGRES_URL")
 TABLES = ("patients", "visits", "zip_regions")
@@ -301,7 +301,7 @@ def test_the_fitted_features_are_the_cost_models_own(small_demo: Path, tmp_path:
     same statement and row counts (a plain query, one with windows, a join): coefficients
     fitted on one are the right ones for the other."""
     import budget
-    from gateway.pipeline import Gateway
+    from gateway.pipeline.gateway import Gateway
 
     cfg = load_config_text(config_yaml(str(small_demo), str(tmp_path / "l.db")), tmp_path)
     ledger = budget.Ledger.from_url(f"sqlite:///{tmp_path / 'ledger.db'}")

@@ -82,8 +82,8 @@ def test_only_a_sqlite_key_that_cannot_hold_null_is_taken_as_not_null(tmp_path: 
     """SQLite lets a PRIMARY KEY column hold NULL, except the rowid alias (``INTEGER
     PRIMARY KEY``) and a ``WITHOUT ROWID`` table's key: config check says so in both of
     its reports, and the gateway's nullability (the auditor's NULL cells) agrees."""
-    from gateway.config import load_config
-    from gateway.execute import nullability_by_schema, open_protected_engine
+    from gateway.core.config_load import load_config
+    from gateway.sql.execute import nullability_by_schema, open_protected_engine
 
     db = tmp_path / "keys.db"
     with sqlite3.connect(db) as conn:

@@ -1,4 +1,4 @@
-"""Columns whose domain the database enforces (gateway/constraints.py): the compiled SQL
+"""Columns whose domain the database enforces (gateway/sql/constraints.py): the compiled SQL
 leaves them out of its domain filter, and only when the catalogue guarantees what the
 filter would check — NOT NULL where the domain has no NULL, a CHECK admitting only
 declared values. The answers stay those of the filtered query."""
@@ -13,17 +13,18 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gateway.analyze import analyze
-from gateway.compile import compile_plan
-from gateway.config import Config, TableConfig, parse_config, with_enforced_domains
-from gateway.constraints import admitted_by_checks, bounded_columns, enforced_columns
-from gateway.execute import (
+from gateway.core.config import Config, TableConfig, with_enforced_domains
+from gateway.core.config_load import parse_config
+from gateway.core.plan import QueryPlan
+from gateway.sql.analyze import analyze
+from gateway.sql.compile import compile_plan
+from gateway.sql.constraints import admitted_by_checks, bounded_columns, enforced_columns
+from gateway.sql.execute import (
     domains_enforced_by_schema,
     open_protected_engine,
     run_aggregate,
     sqlglot_dialect,
 )
-from gateway.plan import QueryPlan
 from tests.conftest import drop_postgres_schema, postgres_schema_url
 
 # -- reading CHECK texts --------------------------------------------------------------------

@@ -28,9 +28,9 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 
-from gateway.config import parse_config
+from gateway.core.config_load import parse_config
 from gateway.http.app import create_app
-from gateway.pipeline import Gateway
+from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY, POSTGRES_URL, demo_config_dict
 
 SQL = "SELECT COUNT(*) FROM patients WHERE age > 40"

@@ -1,4 +1,4 @@
-"""Every engine keeps the release moment (gateway/execute.py, ``run_aggregate_until``).
+"""Every engine keeps the release moment (gateway/sql/execute.py, ``run_aggregate_until``).
 
 A statement made slow on purpose — the real statement on the real engine, then held for
 1.5 s more, as a driver that ignores the cancel would (Spark's job-group cancel does
@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-import gateway.pipeline
-from gateway.config import parse_config
-from gateway.errors import DatabaseUnavailable
-from gateway.pipeline import CHARGED_FAILURE_MESSAGE, Gateway
-from gateway.plan import QueryRequest
+import gateway.pipeline.gateway
+from gateway.core.config_load import parse_config
+from gateway.core.errors import DatabaseUnavailable
+from gateway.core.plan import QueryRequest
+from gateway.pipeline.gateway import CHARGED_FAILURE_MESSAGE, Gateway
 from tests import engines
 
 DEADLINE_MS = 600  # fixed, so that the machine's load does not move it
@@ -113,14 +113,14 @@ def test_an_engine_that_answers_late_is_reported_at_the_release_moment(
     assert not isinstance(answer, Exception), answer
     assert elapsed >= deadline
 
-    real = gateway.pipeline.run_aggregate
+    real = gateway.pipeline.gateway.run_aggregate
 
     def late(engine: Any, sql: str, *, timeout_ms: int) -> Any:
         rows = real(engine, sql, timeout_ms=timeout_ms)
         time.sleep(held)
         return rows
 
-    monkeypatch.setattr(gateway.pipeline, "run_aggregate", late)
+    monkeypatch.setattr(gateway.pipeline.gateway, "run_aggregate", late)
     before = _misses()
     elapsed, failure = _ask(gw, 0.6)  # another ε: not the cached answer
     assert isinstance(failure, DatabaseUnavailable), failure

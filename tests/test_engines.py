@@ -22,14 +22,14 @@ import sqlglot
 import yaml
 from sqlglot import exp
 
-from gateway.analyze import analyze
-from gateway.compile import compile_plan
-from gateway.config import parse_config
+from gateway.core.config_load import parse_config
+from gateway.core.errors import DatabaseUnavailable
+from gateway.core.plan import QueryPlan, QueryRequest
 from gateway.demo.hospital import config_yaml
-from gateway.errors import DatabaseUnavailable
-from gateway.execute import StatementFailed, open_protected_engine, run_aggregate
-from gateway.pipeline import CHARGED_FAILURE_MESSAGE, Gateway
-from gateway.plan import QueryPlan, QueryRequest
+from gateway.pipeline.gateway import CHARGED_FAILURE_MESSAGE, Gateway
+from gateway.sql.analyze import analyze
+from gateway.sql.compile import compile_plan
+from gateway.sql.execute import StatementFailed, open_protected_engine, run_aggregate
 from tests import engines
 from tests.test_bounding import QUERIES as BOUNDING_QUERIES
 from tests.test_bounding import _config as bounding_config
@@ -163,7 +163,7 @@ def test_a_cancel_while_spark_still_plans_stops_the_job_it_starts_later(
     load), before its job exists: the job it starts afterwards is cancelled too, not left
     to run on after the deadline on the engine's cores (under load, the slow statement
     above once ran on for over ten minutes so, stalling every Spark test after it)."""
-    from gateway.engines import spark_dbapi
+    from gateway.sql.engines import spark_dbapi
 
     spark = engines.spark_warehouse(tmp_path_factory)
     conn = spark_dbapi.Connection(spark, connect=False)
@@ -333,7 +333,7 @@ def test_group_bounds_and_unit_counts_in_each_dialect(dialect: str, parts: list[
 
 
 def test_clickhouse_and_spark_compile_their_own_forms() -> None:
-    """The rewrites of gateway/engines/dialects.py, where the engines would otherwise
+    """The rewrites of gateway/sql/engines/dialects.py, where the engines would otherwise
     differ from SQLite: exact integer division, halves rounded away from zero, NaN read
     as +inf on ClickHouse; every window ordered on Spark."""
     sql = "SELECT age / 10, COUNT(*) FROM patients GROUP BY age / 10"

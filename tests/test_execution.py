@@ -18,12 +18,14 @@ import pytest
 import sqlalchemy as sa
 import yaml
 
-from gateway.analyze import analyze
-from gateway.compile import compile_plan
-from gateway.config import Config, parse_config, with_nullability
+from gateway.core.config import Config, with_nullability
+from gateway.core.config_load import parse_config
+from gateway.core.errors import DatabaseUnavailable
+from gateway.core.plan import QueryPlan
 from gateway.demo.hospital import config_yaml
-from gateway.errors import DatabaseUnavailable
-from gateway.execute import (
+from gateway.sql.analyze import analyze
+from gateway.sql.compile import compile_plan
+from gateway.sql.execute import (
     StatementFailed,
     nullability_by_schema,
     open_protected_engine,
@@ -31,7 +33,6 @@ from gateway.execute import (
     sqlglot_dialect,
     units_unique_by_schema,
 )
-from gateway.plan import QueryPlan
 from tests import engines
 
 REPRESENTATIVE = [
@@ -176,8 +177,8 @@ def test_the_domain_filter_is_generated_once_and_put_only_in_its_place(demo_db: 
     """The compiler generates each table's domain filter once and puts its SQL where its
     placeholder is; a string literal (or comment) spelling the placeholder stays as
     written, and each statement holds the filter exactly once."""
-    from gateway.compile import _DOMAIN_MARK
-    from gateway.domain import row_filter
+    from gateway.core.domain import row_filter
+    from gateway.sql.compile import _DOMAIN_MARK
 
     config = demo_config(f"sqlite:///{demo_db}")
     table = config.tables["patients"]

@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.analyze import analyze
-from gateway.analyze import totality as caps
-from gateway.compile import compile_plan
-from gateway.config import Config, parse_config
+from gateway.core.config import Config
+from gateway.core.config_load import parse_config
+from gateway.core.errors import UnsupportedQuery
+from gateway.core.plan import QueryPlan
 from gateway.demo.hospital import catalogued, config_yaml
-from gateway.errors import UnsupportedQuery
-from gateway.plan import QueryPlan
+from gateway.sql.analyze import analyze
+from gateway.sql.analyze import totality as caps
+from gateway.sql.compile import compile_plan
 
 FIXTURES = yaml.safe_load((Path(__file__).parent / "fixtures" / "expressions.yaml").read_text())
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.serve_workers import MAX_CONNECTIONS_PER_ADDRESS
+from gateway.server.serve_workers import MAX_CONNECTIONS_PER_ADDRESS
 from tests.test_serve import ADMIN_KEY, Server, start, stop, write_deployment
 
 pytestmark = pytest.mark.slow

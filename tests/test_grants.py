@@ -19,9 +19,10 @@ from click.testing import CliRunner
 from flask.testing import FlaskClient
 
 from gateway.cli.admin import register_admin_commands
-from gateway.config import ConfigError, parse_config
+from gateway.core.config import ConfigError
+from gateway.core.config_load import parse_config
 from gateway.http.app import create_app
-from gateway.pipeline import Gateway
+from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY, demo_config_dict
 from tests.test_audit_trail import cli_config
 
@@ -121,7 +122,7 @@ def test_a_granted_table_is_unknown_until_the_caller_is_known(
     analyst may read: for it, a table closed to some analyst and an undeclared one are
     alike (the same refusal, the same work), so what a refused request costs cannot tell
     bob that ``patients`` exists. alice's answers on it are still cached and reused."""
-    from gateway.errors import UnknownTable
+    from gateway.core.errors import UnknownTable
 
     status, first = _query(client, keys["alice"], COUNT)
     assert status == 200 and not first["cached"]

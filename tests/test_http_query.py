@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
-from gateway.pipeline import Gateway
+from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY
 
 Ask = Callable[..., tuple[int, dict[str, Any]]]
@@ -295,7 +295,7 @@ def test_a_database_error_after_sending_is_charged_and_reveals_nothing(
     """Once the statement reached the database, a failure stays charged (it could depend
     on the rows) and says nothing but that it failed."""
     from gateway.http.app import create_app
-    from gateway.pipeline import CHARGED_FAILURE_MESSAGE
+    from gateway.pipeline.gateway import CHARGED_FAILURE_MESSAGE
 
     gw = make_gateway()
     key = gw.ledger.create_analyst("carol", 10.0, 1e-6)
@@ -562,7 +562,7 @@ def test_an_answer_is_reused_at_once_whether_its_outcome_was_waited_for_or_queue
 def test_a_count_selects_its_groups_by_its_own_noise(ask: Ask, gateway: Gateway) -> None:
     """COUNT(*) over one row per person: the count itself, at the query's full ε, decides
     which zips appear (no ε for a separate count of people) and is released as drawn."""
-    from gateway.plan import QueryRequest
+    from gateway.core.plan import QueryRequest
 
     def selection(sql: str) -> Any:
         planned = gateway.planner.plan(QueryRequest(sql, 1.0, 1e-6, "laplace"))
@@ -591,7 +591,7 @@ def test_an_average_sums_its_values_from_the_middle_of_their_bounds(
     """AVG(age), age in [0, 100]: Σ(age − 50) moves by ≤ 50 per person, not 100, so the
     sum's noise is half; the released average adds 50 back. A SUM of the same column in
     the same query is shared instead (one noisy sum, not two)."""
-    from gateway.plan import QueryRequest
+    from gateway.core.plan import QueryRequest
 
     def planned(sql: str) -> Any:
         return gateway.planner.plan(QueryRequest(sql, 1.0, 1e-6, "laplace"))

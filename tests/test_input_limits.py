@@ -18,7 +18,12 @@ import psycopg
 import pytest
 from flask.testing import FlaskClient
 
-from gateway.analyze.limits import (
+from gateway.core.errors import InvalidRequest, SqlSyntaxError, UnsupportedQuery
+from gateway.core.plan import QueryRequest
+from gateway.pgwire.server import WireServer
+from gateway.pipeline.gateway import Gateway
+from gateway.pipeline.request import MAX_JSON_DEPTH, MAX_JSON_NUMBER_CHARS
+from gateway.sql.analyze.limits import (
     MAX_CONNECTIVES,
     MAX_LIST_ITEMS,
     MAX_NESTING,
@@ -26,11 +31,6 @@ from gateway.analyze.limits import (
     MAX_TOKENS,
     MAX_TREE_DEPTH,
 )
-from gateway.errors import InvalidRequest, SqlSyntaxError, UnsupportedQuery
-from gateway.pgwire.server import WireServer
-from gateway.pipeline import Gateway
-from gateway.plan import QueryRequest
-from gateway.request import MAX_JSON_DEPTH, MAX_JSON_NUMBER_CHARS
 from tests.conftest import wire_connect
 
 COUNT = "SELECT COUNT(*) FROM patients WHERE "
@@ -166,7 +166,7 @@ def test_a_long_connective_chain_is_one_level_and_its_terms_are_counted(
     of 40 terms (an IN list written out) is answered, though its tree is 40 deep
     (``max_depth`` is 32); its length is what is bounded, by ``max_connectives`` before
     parsing (and ``max_nodes`` after it)."""
-    from gateway.analyze.totality import MAX_DEPTH
+    from gateway.sql.analyze.totality import MAX_DEPTH
 
     terms = MAX_DEPTH + 8
     status, body = ask(COUNT + " OR ".join(f"age = {i}" for i in range(terms)), epsilon=0.1)
@@ -252,7 +252,7 @@ def test_the_tree_limits_leave_honest_queries_alone(ask: Callable[..., Any]) -> 
 
 
 def test_the_limits_are_where_their_names_say() -> None:
-    from gateway.request import load_json
+    from gateway.pipeline.request import load_json
 
     load_json(nested("[", "1", "]", MAX_JSON_DEPTH))
     with pytest.raises(InvalidRequest):

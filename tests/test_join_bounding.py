@@ -27,16 +27,17 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gateway.analyze import analyze
-from gateway.compile import compile_plan
-from gateway.config import Config, parse_config, with_nullability
-from gateway.execute import (
+from gateway.core.config import Config, with_nullability
+from gateway.core.config_load import parse_config
+from gateway.core.plan import QueryPlan
+from gateway.sql.analyze import analyze
+from gateway.sql.compile import compile_plan
+from gateway.sql.execute import (
     nullability_by_schema,
     open_protected_engine,
     run_aggregate,
     sqlglot_dialect,
 )
-from gateway.plan import QueryPlan
 from tests.conftest import POSTGRES_URL, drop_postgres_schema, postgres_schema_url
 from tests.test_bounding import bounded_answer
 

@@ -23,11 +23,12 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.config import ConfigError, parse_config
+from gateway.core.config import ConfigError
+from gateway.core.config_load import parse_config
+from gateway.core.errors import GatewayError
+from gateway.core.plan import QueryPlan, QueryRequest
 from gateway.demo.hospital import config_yaml
-from gateway.errors import GatewayError
-from gateway.pipeline import Gateway
-from gateway.plan import QueryPlan, QueryRequest
+from gateway.pipeline.gateway import Gateway
 
 ORPHAN = 999_999  # a patient_id no patient row has
 UNLISTED = 999_998  # a patient whose zip no zip_regions row lists

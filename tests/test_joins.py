@@ -22,12 +22,13 @@ from typing import Any
 import pytest
 import yaml
 
-from gateway.config import ConfigError, parse_config
+from gateway.core.config import ConfigError
+from gateway.core.config_load import parse_config
+from gateway.core.errors import DatabaseUnavailable, GatewayError
+from gateway.core.plan import QueryPlan, QueryRequest
 from gateway.demo.hospital import config_yaml
-from gateway.errors import DatabaseUnavailable, GatewayError
-from gateway.noising import centred
-from gateway.pipeline import CHARGED_FAILURE_MESSAGE, Gateway
-from gateway.plan import QueryPlan, QueryRequest
+from gateway.pipeline.gateway import CHARGED_FAILURE_MESSAGE, Gateway
+from gateway.pipeline.noising import centred
 
 FIXTURES = yaml.safe_load((Path(__file__).parent / "fixtures" / "analyze.yaml").read_text())
 NEW = 999_999  # the neighbour's patient_id

@@ -1,4 +1,4 @@
-"""One audit scope's lane (gateway/lanes.py): the post-audit of a ticket already given
+"""One audit scope's lane (gateway/pipeline/lanes.py): the post-audit of a ticket already given
 goes before admissions waiting for the lane, and post-audits keep ticket order."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import contextlib
 import threading
 import time
 
-from gateway.lanes import ScopeLane, TurnMissed
+from gateway.pipeline.lanes import ScopeLane, TurnMissed
 
 
 def _lane() -> ScopeLane:

@@ -26,7 +26,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from gateway.http.app import create_app
-from gateway.pipeline import Gateway
+from gateway.pipeline.gateway import Gateway
 from tests.conftest import (
     ADMIN_KEY,
     POSTGRES_URL,
@@ -41,7 +41,7 @@ def gateway_on(
     demo_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Callable[[str], Gateway]:
     """A Gateway on a copy of the demo data with its ledger at a given URL, auditing."""
-    from gateway.config import parse_config
+    from gateway.core.config_load import parse_config
 
     monkeypatch.setenv("DPGATE_ADMIN_KEY", ADMIN_KEY)
 

@@ -19,17 +19,18 @@ import pytest
 import yaml
 
 import budget
-import gateway.pipeline
-import gateway.planning
+import gateway.pipeline.gateway
+import gateway.pipeline.planning
 from budget.sqlite import PAGE_CACHE_KIB
-from gateway.analyze import analyze
 from gateway.audit import Auditor, predicates
-from gateway.config import TableConfig, parse_config, with_nullability
+from gateway.core.config import TableConfig, with_nullability
+from gateway.core.config_load import parse_config
 from gateway.demo.hospital import NULLABLE, config_yaml
-from gateway.execute import SQLITE_STATEMENT_CACHE
-from gateway.heap import limit_malloc_arenas
 from gateway.http.app import create_app
-from gateway.pipeline import Gateway
+from gateway.ops.heap import limit_malloc_arenas
+from gateway.pipeline.gateway import Gateway
+from gateway.sql.analyze import analyze
+from gateway.sql.execute import SQLITE_STATEMENT_CACHE
 
 
 def _sqlite_memory_used() -> Callable[[], int] | None:
@@ -109,8 +110,8 @@ def test_plan_and_statement_caches_stay_within_their_size(
 ) -> None:
     """More distinct questions than the plan caches hold: each keeps at most its size."""
     cap = 12
-    monkeypatch.setattr(gateway.planning, "PLAN_CACHE_SIZE", cap)
-    monkeypatch.setattr(gateway.pipeline, "PLAN_CACHE_SIZE", cap)
+    monkeypatch.setattr(gateway.pipeline.planning, "PLAN_CACHE_SIZE", cap)
+    monkeypatch.setattr(gateway.pipeline.gateway, "PLAN_CACHE_SIZE", cap)
     gw = make_gateway(audit={"mode": "off"})
     key = gw.ledger.create_analyst("alice", 1e6, 1e-3)
     client = create_app(gw.config, gateway=gw).test_client()

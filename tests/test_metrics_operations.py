@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from gateway.config import parse_config
-from gateway.pipeline import Gateway
+from gateway.core.config_load import parse_config
+from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY, demo_config_dict
 from tests.test_ops import metric
 

@@ -2,8 +2,8 @@
 t GROUP BY d`` — what Superset sends for a chart over a virtual dataset.
 
 The inner query is answered, charged, audited and cached as if sent alone; the outer
-query is post-processing of its release (gateway/post_query.py), run in a locked DuckDB
-that holds only the noisy rows (gateway/released_table.py). Pinned here: the charge is
+query is post-processing of its release (gateway/pipeline/post_query.py), run in a locked DuckDB
+that holds only the noisy rows (gateway/sql/released_table.py). Pinned here: the charge is
 the inner query's alone; the outer result is a function of the inner release (the very
 rows the inner query returns, cached); refusals are free; a runtime failure of the outer
 query leaves the inner charged and cached; the auditor cannot be bypassed by wrapping a
@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from gateway.pipeline import Gateway
-from gateway.released_table import OuterQueryFailed, evaluate
+from gateway.pipeline.gateway import Gateway
+from gateway.sql.released_table import OuterQueryFailed, evaluate
 from mechanisms import sample
 from mechanisms.accuracy import accuracy, sum_accuracy
 from mechanisms.types import Noise
@@ -246,7 +246,7 @@ def test_concurrent_evaluations_keep_their_own_rows() -> None:
 
 def test_a_time_grain_over_a_date_key_runs_as_superset_writes_it() -> None:
     """Superset's month grain over a date group key (PostgreSQL spelling, transpiled the
-    way ``gateway.analyze.nested`` does): dates in, ISO dates out."""
+    way ``gateway.sql.analyze.nested`` does): dates in, ISO dates out."""
     import datetime
 
     import sqlglot

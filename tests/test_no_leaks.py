@@ -15,7 +15,7 @@ from flask.testing import FlaskClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.pipeline import Gateway
+from gateway.pipeline.gateway import Gateway
 
 PROBES = [
     "SELECT COUNT(*) FROM patients WHERE name = 'x'",

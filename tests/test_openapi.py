@@ -11,8 +11,8 @@ import jsonschema_rs
 import pytest
 from flask import Flask, jsonify
 
-from gateway.errors import ALL_ERRORS, BudgetExhausted
-from gateway.openapi import build_spec, document, undocumented_routes
+from gateway.core.errors import ALL_ERRORS, BudgetExhausted
+from gateway.http.openapi import build_spec, document, undocumented_routes
 
 
 def toy_app() -> Flask:
@@ -68,7 +68,7 @@ def test_paths_methods_and_parameters_come_from_the_url_map() -> None:
         "forbidden",
     ]
     assert "Retry-After" in op["responses"]["429"]["headers"]
-    # A stopping `dpgate serve` answers any request with it (gateway/serve_workers.py).
+    # A stopping `dpgate serve` answers any request with it (gateway/server/serve_workers.py).
     stopping = op["responses"]["503"]
     assert stopping["description"] == "shutting_down"
     assert "Retry-After" in stopping["headers"]
@@ -95,7 +95,7 @@ def test_the_envelope_schema_names_every_error_code() -> None:
 
 @pytest.fixture
 def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Flask:
-    from gateway.config import load_config
+    from gateway.core.config_load import load_config
     from gateway.http.app import create_app
 
     monkeypatch.setenv("DPGATE_ADMIN_KEY", "admin-key-for-tests-0123456789")

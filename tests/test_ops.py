@@ -23,7 +23,7 @@ import pytest
 from flask import Flask, g, jsonify
 
 import budget
-from gateway.errors import (
+from gateway.core.errors import (
     BudgetExhausted,
     DatabaseUnavailable,
     GatewayError,
@@ -31,9 +31,9 @@ from gateway.errors import (
     RateLimited,
 )
 from gateway.http.ops import check_rate_limit, install_operations
-from gateway.identity import Principal
-from gateway.logs import ACCESS_LOGGER
-from gateway.ratelimit import RateLimiter
+from gateway.ops.logs import ACCESS_LOGGER
+from gateway.ops.ratelimit import RateLimiter
+from gateway.pipeline.identity import Principal
 
 SECRET_VALUE = "Meningitis-4242"  # stands for a value read from protected rows
 
@@ -83,7 +83,7 @@ class Lines(logging.Handler):
         self.lines: list[dict[str, Any]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        from gateway.logs import JsonFormatter
+        from gateway.ops.logs import JsonFormatter
 
         self.lines.append(json.loads(JsonFormatter().format(record)))
 

@@ -376,8 +376,8 @@ def test_a_connection_has_a_memory_limit(wire: tuple[WireServer, int, str]) -> N
 def test_http_and_the_wire_share_one_pipeline(wire: tuple[WireServer, int, str]) -> None:
     """An answer released over HTTP comes back identical and free over the wire (same
     cache, same ledger), and the wire query is counted like an HTTP one."""
-    from gateway import metrics
     from gateway.http.app import create_app
+    from gateway.ops import metrics
 
     server, port, key = wire
     sql = "SELECT disease, COUNT(*) AS n FROM patients GROUP BY disease ORDER BY disease"

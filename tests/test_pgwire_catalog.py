@@ -142,7 +142,7 @@ def test_the_catalogue_walk_reveals_no_engine_host_or_data(
             conn.execute("SELECT current_setting('data_directory')")
         assert info.value.sqlstate == "42704"
         # Settings come from fixed text: exactly the emulated ones, no engine setting.
-        from gateway.pgwire.catalog_tables import SETTINGS
+        from gateway.pgwire.catalog_settings import SETTINGS
 
         names = {r[0] for r in conn.execute("SELECT name FROM pg_settings").fetchall()}
         assert names == set(SETTINGS)

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from gateway.pgwire.server import WireServer
-from gateway.pipeline import Gateway
+from gateway.pipeline.gateway import Gateway
 
 NODE_DIR = Path(__file__).with_name("node")
 

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 import yaml
 
-from gateway.pipeline import Gateway
+from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY, demo_config_dict
 
 

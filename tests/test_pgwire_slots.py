@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from gateway import metrics
+from gateway.ops import metrics
 from gateway.pgwire.server import WireServer
 from tests.conftest import wire_connect
 
@@ -203,7 +203,8 @@ def test_a_slow_startup_is_cut_at_the_authentication_deadline(
 
 
 def test_the_slot_settings_are_checked_when_the_config_loads(tmp_path: Path) -> None:
-    from gateway.config import ConfigError, parse_config
+    from gateway.core.config import ConfigError
+    from gateway.core.config_load import parse_config
     from tests.conftest import demo_config_dict
 
     def wire(**keys: Any) -> Any:

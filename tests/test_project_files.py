@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from gateway.config import parse_config
-from gateway.errors import ALL_ERRORS
+from gateway.core.config_load import parse_config
+from gateway.core.errors import ALL_ERRORS
 from tests.conftest import repository_files
 
 ROOT = Path(__file__).resolve().parents[1]

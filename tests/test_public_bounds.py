@@ -22,10 +22,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.config import parse_config
+from gateway.core.config_load import parse_config
+from gateway.core.plan import QueryRequest
 from gateway.demo.hospital import config_yaml
-from gateway.pipeline import Gateway
-from gateway.plan import QueryRequest
+from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY
 from tests.test_execution import _copy_demo
 

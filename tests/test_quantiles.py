@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from gateway.analyze import analyze
-from gateway.analyze.quantiles import MAX_BUCKETS, quantile_grid
-from gateway.errors import AuditRefused
-from gateway.pipeline import Gateway
-from gateway.plan import QueryPlan, QueryRequest
-from gateway.quantiles import spread_interval, spread_value
+from gateway.core.errors import AuditRefused
+from gateway.core.plan import QueryPlan, QueryRequest
+from gateway.pipeline.gateway import Gateway
+from gateway.pipeline.quantiles import spread_interval, spread_value
+from gateway.sql.analyze import analyze
+from gateway.sql.analyze.quantiles import MAX_BUCKETS, quantile_grid
 from mechanisms import calibrate_with_choices, fine_rank_halfwidth, quantile_utilities
 
 
@@ -318,7 +318,7 @@ def test_the_cost_model_counts_the_rows_a_quantiles_histogram_can_return(
 ) -> None:
     """The mechanism weighs every returned (group, bucket) before the release moment, so
     the deadline must cover the most there can be — from public facts only."""
-    from gateway.cost_model import histogram_rows
+    from gateway.pipeline.cost_model import histogram_rows
 
     def plan_of(sql: str) -> QueryPlan:
         plan = analyze(sql, gateway.config.tables)

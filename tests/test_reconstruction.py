@@ -23,9 +23,9 @@ import pytest
 import yaml
 from scipy.optimize import linprog
 
-from gateway.config import parse_config
-from gateway.errors import AuditRefused, BudgetExhausted, GatewayError
-from gateway.plan import QueryRequest
+from gateway.core.config_load import parse_config
+from gateway.core.errors import AuditRefused, BudgetExhausted, GatewayError
+from gateway.core.plan import QueryRequest
 
 N = 256
 QUERIES = 512  # on exact answers: twice overdetermined
@@ -93,7 +93,7 @@ def test_the_attack_works_on_exact_answers(people: tuple[Path, np.ndarray]) -> N
 
 
 def _gateway(path: Path, tmp: Path, mode: str) -> Any:
-    from gateway.pipeline import Gateway
+    from gateway.pipeline.gateway import Gateway
 
     raw = {
         "database": {"url": f"sqlite:///{path}"},

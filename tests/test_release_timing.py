@@ -1,5 +1,6 @@
-"""Release moments that fit the query (gateway/timing.py, gateway/cost_model.py) and the
-concurrent queries of one analyst (gateway/lanes.py).
+"""Release moments that fit the query (gateway/pipeline/timing.py, gateway/pipeline/cost_model.py)
+and the
+concurrent queries of one analyst (gateway/pipeline/lanes.py).
 
 What must hold (docs/privacy.md, "Timing"): a query's release moment is a function of
 public facts only — the plan, the config, the catalogue, arrival times and earlier
@@ -24,14 +25,14 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-import gateway.execute
-import gateway.pipeline
-from gateway.config import parse_config
-from gateway.cost_model import ENGINE_COSTS
-from gateway.errors import DatabaseUnavailable
-from gateway.pipeline import CHARGED_FAILURE_MESSAGE, Gateway
-from gateway.plan import QueryRequest
-from gateway.timing import FALLBACK_DEADLINE_MS, StatementSlots
+import gateway.pipeline.gateway
+import gateway.sql.execute
+from gateway.core.config_load import parse_config
+from gateway.core.errors import DatabaseUnavailable
+from gateway.core.plan import QueryRequest
+from gateway.pipeline.cost_model import ENGINE_COSTS
+from gateway.pipeline.gateway import CHARGED_FAILURE_MESSAGE, Gateway
+from gateway.pipeline.timing import FALLBACK_DEADLINE_MS, StatementSlots
 
 DEADLINE = {"timing": "deadline"}
 DASHBOARD = [
@@ -80,7 +81,7 @@ def misses(stage: str) -> float:
 def idle_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """The machine's load average read as 0: the tests below compare deadlines, which
     must not move with the load of a shared test machine between two reads."""
-    monkeypatch.setattr("gateway.timing.machine_load", lambda: 0.0)
+    monkeypatch.setattr("gateway.pipeline.timing.machine_load", lambda: 0.0)
 
 
 def test_neighbouring_databases_give_every_query_the_same_deadline(
@@ -188,7 +189,7 @@ class Statements:
         self.lock = threading.Lock()
         self.spans: list[tuple[float, float]] = []
         self.slow_first = slow_first
-        self.real = gateway.execute.run_aggregate
+        self.real = gateway.sql.execute.run_aggregate
 
     def __call__(self, engine: Any, sql: str, *, timeout_ms: int) -> Any:
         with self.lock:
@@ -214,7 +215,7 @@ class Statements:
 @pytest.fixture
 def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[Statements]:
     recorder = Statements(slow_first=1.0)
-    monkeypatch.setattr(gateway.pipeline, "run_aggregate", recorder)
+    monkeypatch.setattr(gateway.pipeline.gateway, "run_aggregate", recorder)
     yield recorder
 
 
@@ -273,9 +274,9 @@ def test_statements_share_the_cpus_on_a_public_schedule(
     was fixed; each statement's slot starts, by the public schedule, when an earlier
     reservation ends (never when a statement really ended), and its release moment
     follows from that start."""
-    monkeypatch.setattr("gateway.cost_model.cpu_count", lambda: 2)
+    monkeypatch.setattr("gateway.pipeline.cost_model.cpu_count", lambda: 2)
     recorder = Statements()
-    monkeypatch.setattr(gateway.pipeline, "run_aggregate", recorder)
+    monkeypatch.setattr(gateway.pipeline.gateway, "run_aggregate", recorder)
     gw = make_gateway(execution={**DEADLINE, "min_deadline_ms": 2000}, audit={"mode": "refuse"})
     assert gw.timing.slots.slots == 2
     gw.ledger.create_analyst("dana", 100.0, 1e-6)
@@ -377,13 +378,13 @@ def test_a_statement_past_its_deadline_is_reported_at_the_release_moment(
     """A driver that ignores the cancel (Spark's planning does): the statement goes on
     for a second, but the charged failure leaves at the release moment, the miss is
     counted, and the history says withheld."""
-    real = gateway.execute.run_aggregate
+    real = gateway.sql.execute.run_aggregate
 
     def ignores_cancel(engine: Any, sql: str, *, timeout_ms: int) -> Any:
         time.sleep(1.0)
         return real(engine, sql, timeout_ms=timeout_ms)
 
-    monkeypatch.setattr(gateway.pipeline, "run_aggregate", ignores_cancel)
+    monkeypatch.setattr(gateway.pipeline.gateway, "run_aggregate", ignores_cancel)
     gw = make_gateway(execution={**DEADLINE, "deadline_ms": 100})
     gw.ledger.create_analyst("erin", 100.0, 1e-6)
     before, before_release = misses("statement"), misses("release")
@@ -406,13 +407,13 @@ def test_a_miss_recorded_after_its_release_moment_is_counted_once(
     """A statement miss whose charged failure reaches the ledger only after the release
     moment (a slow ledger, a loaded machine) is one miss, of its stage — not a second,
     "release", one (bench/dashboard.py counted more misses than queries)."""
-    real = gateway.execute.run_aggregate
+    real = gateway.sql.execute.run_aggregate
 
     def ignores_cancel(engine: Any, sql: str, *, timeout_ms: int) -> Any:
         time.sleep(0.5)
         return real(engine, sql, timeout_ms=timeout_ms)
 
-    monkeypatch.setattr(gateway.pipeline, "run_aggregate", ignores_cancel)
+    monkeypatch.setattr(gateway.pipeline.gateway, "run_aggregate", ignores_cancel)
     gw = make_gateway(execution={**DEADLINE, "deadline_ms": 100})
     gw.ledger.create_analyst("erin", 100.0, 1e-6)
     withheld = gw.charges.withheld
@@ -470,16 +471,16 @@ def test_an_analysts_own_misses_stretch_their_deadlines_and_no_one_elses(
 
     base = dry("erin")
     assert base == dry("finn")
-    real = gateway.execute.run_aggregate
+    real = gateway.sql.execute.run_aggregate
 
     def slow(engine: Any, sql: str, *, timeout_ms: int) -> Any:
         time.sleep(0.3)
         return real(engine, sql, timeout_ms=timeout_ms)
 
-    monkeypatch.setattr(gateway.pipeline, "run_aggregate", slow)
+    monkeypatch.setattr(gateway.pipeline.gateway, "run_aggregate", slow)
     with pytest.raises(DatabaseUnavailable):
         gw.query("erin", request(sql, epsilon=0.2))
-    monkeypatch.setattr(gateway.pipeline, "run_aggregate", real)
+    monkeypatch.setattr(gateway.pipeline.gateway, "run_aggregate", real)
     stretched = dry("erin")
     kept = gw.config.execution.post_ms
     assert stretched - kept == pytest.approx(2 * (base - kept), abs=1)
@@ -512,9 +513,9 @@ def test_the_machines_load_moves_no_deadline_unless_the_admin_asks(
     sql = "SELECT COUNT(*) FROM patients"
     quiet = make_gateway(execution=DEADLINE)
     aware = make_gateway(execution={**DEADLINE, "load_aware": True})
-    monkeypatch.setattr("gateway.timing.machine_load", lambda: 0.0)
+    monkeypatch.setattr("gateway.pipeline.timing.machine_load", lambda: 0.0)
     idle = (deadline_of(quiet, sql), deadline_of(aware, sql))
-    monkeypatch.setattr("gateway.timing.machine_load", lambda: 64.0)
+    monkeypatch.setattr("gateway.pipeline.timing.machine_load", lambda: 64.0)
     busy = (deadline_of(quiet, sql), deadline_of(aware, sql))
     assert busy[0] == idle[0]
     assert busy[1] is not None and idle[1] is not None and busy[1] > idle[1]

@@ -315,7 +315,7 @@ def test_metrics_add_up_across_workers(server: Server) -> None:
 def test_keep_alive_connections_are_shared_evenly_between_the_workers(server: Server) -> None:
     """Twelve clients that keep their connections: six per worker, not whichever worker
     won each accept (one process holding most keep-alive clients serves them on one
-    core; gateway/serve_workers.py)."""
+    core; gateway/server/serve_workers.py)."""
     conns: list[tuple[http.client.HTTPConnection, str]] = []
     try:
         for _ in range(12):
@@ -467,7 +467,7 @@ def test_a_broken_installation_is_reported_before_the_port_is_bound(tmp_path: Pa
     config = write_deployment(tmp_path)
     port = free_port()
     code = (
-        "from gateway.serve import run; "
+        "from gateway.server.serve import run; "
         f"run({str(config)!r}, port={port}, workers=2, app_factory='gateway.nowhere:create_app')"
     )
     result = subprocess.run(
@@ -493,7 +493,7 @@ def _live_workers(server: Server) -> list[int]:
 
 
 def test_with_a_worker_per_cpu_each_worker_runs_on_a_cpu_of_its_own(server: Server) -> None:
-    """gateway/serve_workers.py::pin_worker: the two workers of this server are pinned
+    """gateway/server/serve_workers.py::pin_worker: the two workers of this server are pinned
     to one CPU each when the server may use two CPUs, and left free with more."""
     if not hasattr(os, "sched_getaffinity") or not Path("/proc/self/stat").exists():
         pytest.skip("CPU affinity is Linux's")

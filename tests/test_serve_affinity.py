@@ -1,4 +1,4 @@
-"""Which CPU a gunicorn worker is pinned to (gateway/serve_workers.py::pin_worker).
+"""Which CPU a gunicorn worker is pinned to (gateway/server/serve_workers.py::pin_worker).
 
 The rule is checked here against a pretend set of CPUs; tests/test_serve.py checks a
 real server's workers."""
@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("gunicorn")
 
-from gateway.serve_workers import pin_worker
+from gateway.server.serve_workers import pin_worker
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Keep-alive connections shared between gunicorn workers by connections held
-(gateway/serve_workers.py): the table's rules here; the real split in test_serve.py.
+(gateway/server/serve_workers.py): the table's rules here; the real split in test_serve.py.
 And a pool thread serving its connection's next requests while they come at once."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("gunicorn")
 
-from gateway.serve_workers import ConnectionTable
+from gateway.server.serve_workers import ConnectionTable
 
 
 def _workers(table: ConnectionTable, n: int) -> list[SimpleNamespace]:
@@ -93,7 +93,7 @@ def _worker(threads: int, connections: int):  # type: ignore[no-untyped-def]
     from gunicorn.config import Config
     from gunicorn.glogging import Logger
 
-    from gateway.serve_workers import balanced_worker_class
+    from gateway.server.serve_workers import balanced_worker_class
 
     cfg = Config()
     cfg.set("threads", threads)
@@ -143,7 +143,7 @@ def _serve_in_turn(threads: int, connections: int) -> tuple[list[bytes], int]:
 def test_a_thread_serves_its_connections_next_requests_while_they_come_at_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import gateway.serve_workers as serve_workers
+    import gateway.server.serve_workers as serve_workers
 
     # However slowly a loaded machine runs the client, its next request comes within.
     monkeypatch.setattr(serve_workers, "KEEPALIVE_LINGER_S", 30.0)
@@ -155,7 +155,7 @@ def test_a_thread_serves_its_connections_next_requests_while_they_come_at_once(
 def test_no_thread_lingers_when_connections_outnumber_threads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import gateway.serve_workers as serve_workers
+    import gateway.server.serve_workers as serve_workers
 
     monkeypatch.setattr(serve_workers, "KEEPALIVE_LINGER_S", 30.0)
     answers, turns = _serve_in_turn(threads=2, connections=3)

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from gateway.analyze import analyze
-from gateway.config import ConfigError, parse_config
-from gateway.errors import DatabaseUnavailable, InvalidPrivacyParameters
-from gateway.pipeline import CHARGED_FAILURE_MESSAGE, Gateway
-from gateway.plan import QueryPlan, QueryRequest
+from gateway.core.config import ConfigError
+from gateway.core.config_load import parse_config
+from gateway.core.errors import DatabaseUnavailable, InvalidPrivacyParameters
+from gateway.core.plan import QueryPlan, QueryRequest
+from gateway.pipeline.gateway import CHARGED_FAILURE_MESSAGE, Gateway
+from gateway.sql.analyze import analyze
 
 COSTLY = "SELECT department, SUM(cost) FROM visits GROUP BY department"
 
@@ -65,7 +66,7 @@ def test_a_per_table_deadline_overrides_the_default(
     gw = make_gateway(execution={"timing": "deadline", "deadline_ms": 50})
     tables = gw.config.tables
     assert tables["visits"].deadline_ms is None
-    from gateway.timing import deadline_ms
+    from gateway.pipeline.timing import deadline_ms
 
     assert deadline_ms(gw.config.execution, tables["patients"]) == 50
     raw = parse_config(
@@ -195,7 +196,7 @@ def test_a_query_reads_a_bounded_number_of_each_persons_rows_before_its_expressi
     rows, or max_rows_read_per_unit), and the rank is tested first."""
     import sqlite3 as sq
 
-    from gateway.compile import compile_plan
+    from gateway.sql.compile import compile_plan
     from tests.conftest import demo_config_dict
 
     raw = demo_config_dict(demo_db, demo_db.parent / "unused-ledger.db")

@@ -38,7 +38,7 @@ READY_S = 300  # a JVM's start on a loaded machine
 LOADER = textwrap.dedent(
     """
     import sys
-    from gateway.engines import spark_dbapi
+    from gateway.sql.engines import spark_dbapi
 
     warehouse, metastore, log = sys.argv[1:]
     spark = spark_dbapi.session("local[1]", warehouse=warehouse, metastore=metastore,

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from flask.testing import FlaskClient
 
 from gateway.http.app import create_app
-from gateway.pipeline import Gateway
+from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY, demo_config_dict
 
 AUDIENCE = "dpgate"
@@ -225,7 +225,7 @@ def test_an_ec_key_and_a_rotated_key_are_fetched(
     ec_key = ec.generate_private_key(ec.SECP256R1())
     jwk = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(ec_key.public_key()))
     idp.jwks["keys"].append({**jwk, "kid": "k2", "use": "sig", "alg": "ES256"})
-    from gateway import sso
+    from gateway.pipeline import sso
 
     for cache in client.application.extensions["dpgate"].tokens._keys.values():
         cache._tried_at -= sso.REFETCH_MIN_S  # as if the last fetch was a while ago
@@ -339,7 +339,8 @@ def test_the_wire_takes_a_token_or_a_key_as_the_password(
 def test_keys_from_a_file_and_the_config_checks(
     make_gateway: Callable[..., Gateway], idp: Issuer, tmp_path: Path
 ) -> None:
-    from gateway.config import ConfigError, parse_config
+    from gateway.core.config import ConfigError
+    from gateway.core.config_load import parse_config
 
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps(idp.jwks))

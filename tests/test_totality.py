@@ -33,12 +33,13 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from gateway.analyze import analyze
-from gateway.compile import compile_plan
-from gateway.config import TableConfig, parse_config
-from gateway.errors import GatewayError
-from gateway.execute import open_protected_engine, run_aggregate, sqlglot_dialect
-from gateway.plan import QueryPlan
+from gateway.core.config import TableConfig
+from gateway.core.config_load import parse_config
+from gateway.core.errors import GatewayError
+from gateway.core.plan import QueryPlan
+from gateway.sql.analyze import analyze
+from gateway.sql.compile import compile_plan
+from gateway.sql.execute import open_protected_engine, run_aggregate, sqlglot_dialect
 from tests import engines
 
 POSTGRES_URL = os.environ.get("DPGATE_TEST_POSTGRES_URL")
@@ -284,7 +285,7 @@ def adversarial_rows(backend: Backend) -> list[dict[str, Any]]:
     if floats_ok:
         # NaN inside every declared domain, where the compiled SQL reads it: compared
         # with NaN, every comparison is false on ClickHouse, so its clamp lets NaN
-        # through to a CAST that raises (gateway/engines/dialects.py).
+        # through to a CAST that raises (gateway/sql/engines/dialects.py).
         row(**{c.name: math.nan for c in reals}, sex="F", code="50%", ward=1, smoker=True)
     # Every special string in every text column.
     for i, text in enumerate(SPECIAL_TEXTS):

@@ -11,6 +11,7 @@
     resident    which scopes' knowledge stays in memory (a byte budget; the rest on disk)
     heap        freed arrays kept for reuse (the span's rebuilds are not page-faulted)
     auditor     Auditor.pre_audit / predict / post_audit / remember
+    findings    what answered regions determine, sized: the groups too small
 
 Everything here is a function of query texts, the public schema and noisy answers
 (docs/design.md, invariant 8: the auditor never touches the data);

@@ -21,7 +21,7 @@ from gateway.audit.knowledge import Knowledge, NoiseTerms, RowInfo
 from gateway.audit.predicates import TRUE, DimensionKey, Formula
 from gateway.audit.space import CellSpace
 from gateway.audit.span import coefficients, in_span
-from gateway.config import TableConfig
+from gateway.core.config import TableConfig
 
 COEF_TOL = 1e-9
 

@@ -2,12 +2,12 @@
 
 The auditor normalises a condition on one column (``LOWER(city) = 'eger'``,
 ``age / 10 = 3``, ``CASE WHEN zip = '8423' THEN 1 ELSE 0 END = 1``) by evaluating it on
-each value of the column's domain (``gateway/domain.py``): the declared values, the
+each value of the column's domain (``gateway/core/domain.py``): the declared values, the
 integers between the bounds, or — for a text column with no declared values — the
 string constants the condition names plus ``OTHER``, any string it does not name.
 
 The evaluation must agree with what the compiled SQL computes on SQLite, PostgreSQL and
-DuckDB alike (``gateway/portable.py``): integer arithmetic is exact and division
+DuckDB alike (``gateway/sql/portable.py``): integer arithmetic is exact and division
 truncates, a zero divisor gives NULL, ``||`` with NULL is NULL. Whatever could differ
 between backends or cannot be decided for ``OTHER`` — real arithmetic, text order,
 case mapping of non-ASCII text, ``LENGTH`` of an unnamed string — raises ``Unknown``, and

@@ -43,7 +43,7 @@ from gateway.audit.formulas import (
     leaf,
     neg,
 )
-from gateway.config import ColumnConfig, TableConfig
+from gateway.core.config import ColumnConfig, TableConfig
 
 if TYPE_CHECKING:
     from gateway.audit.predicates import FormulaBuilder

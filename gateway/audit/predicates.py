@@ -47,7 +47,7 @@ from gateway.audit.formulas import (
     neg,
 )
 from gateway.audit.normalise import Normaliser, may_be_null
-from gateway.config import TableConfig
+from gateway.core.config import TableConfig
 
 __all__ = [
     "FALSE",
@@ -152,7 +152,7 @@ class FormulaBuilder:
 
     def claims(self, name: str) -> frozenset[str]:
         """The columns a dimension on column ``name`` claims: itself, and the column a
-        joined table's column is a function of (gateway/joins.py), so that the two are
+        joined table's column is a function of (gateway/core/joins.py), so that the two are
         never taken for independent dimensions."""
         col = self.table.columns.get(name)
         if col is None or col.determined_by is None:

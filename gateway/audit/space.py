@@ -2,7 +2,7 @@
 
 Each dimension of a scope's space is partitioned into *pieces* on which every condition
 the scope's queries used is constant. The pieces follow the domain model the compiled
-SQL enforces (``gateway/domain.py``): for an ordered column, the points and open
+SQL enforces (``gateway/core/domain.py``): for an ordered column, the points and open
 intervals between its constants, within the declared bounds (the SQL clamps to them;
 empty integer intervals dropped), or its declared values; for a categorical column, its
 declared values (or the constants seen plus "anything else"); for an opaque condition,
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from gateway.audit.formulas import Condition, DimensionKey, Formula, Prefix
-from gateway.config import ColumnConfig, TableConfig
-from gateway.domain import clamped, declared_values
+from gateway.core.config import ColumnConfig, TableConfig
+from gateway.core.domain import clamped, declared_values
 
 MAX_CELLS = 2_000_000
 """Beyond this many cells the auditor refuses rather than guess (doubt refuses)."""
@@ -70,7 +70,7 @@ class Dimension:
         self.key = key
         col = table.columns.get(key.column) if key.column else None
         self.integer = col is not None and col.type == "integer"
-        # The domain model (gateway/domain.py): the compiled SQL clamps bounded numbers,
+        # The domain model (gateway/core/domain.py): the compiled SQL clamps bounded numbers,
         # so an ordered axis ends at the bounds; it keeps only declared values; NULL is a
         # piece exactly where the column (or the expression) may be NULL.
         self.lower: Fraction | None = None

@@ -11,7 +11,8 @@ import click
 
 from gateway.cli.render import print_answer, print_dry_run
 from gateway.cli.schema_report import SchemaReport, schema_report
-from gateway.config import ConfigError, load_config
+from gateway.core.config import ConfigError
+from gateway.core.config_load import load_config
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -34,7 +35,7 @@ def main() -> None:
 @click.option("--workers", default=1, show_default=True, type=int)
 def serve(config_path: str, host: str, port: int, workers: int) -> None:
     """Serve the gateway with a production WSGI server (gunicorn; waitress as fallback)."""
-    from gateway.serve import run
+    from gateway.server.serve import run
 
     try:
         load_config(config_path)
@@ -142,7 +143,7 @@ dpgate demo
     if no_serve:
         return
     click.echo(f"serving on {url} (Ctrl-C to stop)")
-    from gateway.serve import run
+    from gateway.server.serve import run
 
     run(str(demo_run.config), host=host, port=port, workers=workers)
 
@@ -323,8 +324,8 @@ def _nullability_report(cfg: object) -> list[str]:
     """Columns nullable only because the catalogue says so, and what `nullable: false`
     would change (gateway/cli/nullability.py). Catalogue metadata, never rows."""
     from gateway.cli.nullability import nullability_notes
-    from gateway.config import Config
-    from gateway.execute import nullability_by_schema, open_protected_engine
+    from gateway.core.config import Config
+    from gateway.sql.execute import nullability_by_schema, open_protected_engine
 
     assert isinstance(cfg, Config)
     engine = open_protected_engine(cfg.database.url, statement_timeout_ms=5000)
@@ -337,13 +338,13 @@ def _nullability_report(cfg: object) -> list[str]:
 def _check_against_database(cfg: object) -> SchemaReport:
     """Declared tables and columns exist in the protected database, what its catalogue
     says of them (``gateway/cli/schema_report.py``), and the declared join keys are
-    stored as declared (``gateway/join_keys.py``, ``key_type_problems``)."""
+    stored as declared (``gateway/sql/join_keys.py``, ``key_type_problems``)."""
     import sqlalchemy as sa
 
-    from gateway.config import Config
-    from gateway.engines.catalogue import read_schema
-    from gateway.execute import open_protected_engine
-    from gateway.join_keys import key_type_problems
+    from gateway.core.config import Config
+    from gateway.sql.engines.catalogue import read_schema
+    from gateway.sql.execute import open_protected_engine
+    from gateway.sql.join_keys import key_type_problems
 
     assert isinstance(cfg, Config)
     try:

@@ -1,4 +1,4 @@
-"""Grant and group commands, straight on the ledger (``gateway.access``):
+"""Grant and group commands, straight on the ledger (``gateway.pipeline.access``):
 
     dpgate grant list [--json]                  every table, its groups, who reads it
     dpgate grant add TABLE GROUP                members of GROUP may read TABLE
@@ -17,7 +17,6 @@ import json
 
 import click
 
-from gateway.access import Access
 from gateway.cli.admin import (
     ACTOR_OPTION,
     CONFIG_OPTION,
@@ -26,8 +25,10 @@ from gateway.cli.admin import (
     _ledger_errors,
     open_ledger,
 )
-from gateway.config import ConfigError, load_config
-from gateway.errors import GatewayError
+from gateway.core.config import ConfigError
+from gateway.core.config_load import load_config
+from gateway.core.errors import GatewayError
+from gateway.pipeline.access import Access
 
 
 def _access(config_path: str) -> Access:

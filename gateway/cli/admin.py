@@ -41,7 +41,8 @@ import click
 
 import budget
 from gateway.cli.render import delta_line, number, period_line
-from gateway.config import ConfigError, load_config
+from gateway.core.config import ConfigError
+from gateway.core.config_load import load_config
 
 CONFIG_OPTION = click.option(
     "--config",

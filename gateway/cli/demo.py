@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import budget
-from gateway.config import load_config
+from gateway.core.config_load import load_config
 from gateway.demo.hospital import build, config_yaml, upgrade
 
 DEMO_ANALYST = "demo"

@@ -1,5 +1,5 @@
 """The part of ``dpgate config check --measure`` that times statements on the protected
-database (``gateway/calibration.py``) and prints what the cost model needs: the row
+database (``gateway/pipeline/calibration.py``) and prints what the cost model needs: the row
 counts to declare, each measured shape next to the model's estimate and deadline, and
 the ``execution:`` coefficients to put in the config.
 """
@@ -9,17 +9,17 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from gateway.calibration import Calibration, measure
-from gateway.config import Config
-from gateway.cost_model import EngineCosts
+from gateway.core.config import Config
+from gateway.pipeline.calibration import Calibration, measure
+from gateway.pipeline.cost_model import EngineCosts
 
 
 def measure_config(cfg: Config, repeat: int) -> Calibration:
     """Measure ``cfg``'s tables with a gateway of its own (the real compiler and the
     catalogue's facts) over a throwaway ledger: the real ledger is not touched."""
     from budget import Ledger
-    from gateway.execute import run_aggregate
-    from gateway.pipeline import Gateway
+    from gateway.pipeline.gateway import Gateway
+    from gateway.sql.execute import run_aggregate
 
     with tempfile.TemporaryDirectory(prefix="dpgate-measure-") as tmp:
         ledger = Ledger.from_url(f"sqlite:///{Path(tmp) / 'ledger.db'}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gateway.config import Config
+from gateway.core.config import Config
 
 __all__ = ["nullability_notes"]
 

@@ -1,5 +1,5 @@
 """The part of ``dpgate config check`` that compares the config with the protected
-database's catalogue (``gateway/engines/catalogue.py``) and says what the catalogue means
+database's catalogue (``gateway/sql/engines/catalogue.py``) and says what the catalogue means
 for analysts: which declared tables and columns are missing (problems), and, per table,
 which columns may hold NULL, whether the privacy unit is kept unique, which keys and
 constraints were found, and what the engine could not tell.
@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.config import Config, TableConfig
+from gateway.core.config import Config, TableConfig
 
 if TYPE_CHECKING:  # the catalogue reader imports SQLAlchemy: only when a check runs
-    from gateway.engines.catalogue import SchemaReading, TableFacts
+    from gateway.sql.engines.catalogue import SchemaReading, TableFacts
 
 #: Engines by the name ``read_schema`` gives them, as an operator would write them.
 ENGINE_NAMES = {

@@ -15,7 +15,7 @@ import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
-from gateway.config import Config, with_nullability
+from gateway.core.config import Config, with_nullability
 
 CITIES = ("Budapest", "Debrecen", "Szeged", "Pécs", "Győr", "Miskolc", "Eger", "Sopron")
 CITY_WEIGHTS = (40, 9, 8, 7, 6, 6, 3, 2)

@@ -27,7 +27,7 @@ the end of each period (UTC; ``budget/periods.py``).
 Each admin request appends exactly one row to the ledger's audit log, naming the admin,
 the action and its parameters (never a key): a change writes it in the change's own
 transaction (``budget.AdminCaller``); a read, or a refused request, writes it after the
-response (``gateway.observation``).
+response (``gateway.pipeline.observation``).
 """
 
 from __future__ import annotations
@@ -42,15 +42,15 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, request
 
 import budget
-from gateway.charges import ledger_errors
-from gateway.errors import (
+from gateway.core.errors import (
     Conflict,
     InvalidRequest,
     LedgerUnavailable,
     NotFound,
 )
 from gateway.http.auth import record, require_admin
-from gateway.openapi import array_of, document, ok_answer, register_schema
+from gateway.http.openapi import array_of, document, ok_answer, register_schema
+from gateway.pipeline.charges import ledger_errors
 
 log = logging.getLogger("dpgate.admin")
 admin_bp = Blueprint("admin", __name__)

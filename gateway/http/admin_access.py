@@ -1,4 +1,4 @@
-"""Admin endpoints for table grants and group membership (``gateway.access``), on
+"""Admin endpoints for table grants and group membership (``gateway.pipeline.access``), on
 ``admin_bp`` (``/v1/admin``); each change is one audit-logged admin action, in the
 change's own transaction, and applies to the next request without a restart.
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from flask import Response, jsonify
 
-from gateway.errors import Conflict, InvalidRequest, LedgerUnavailable, NotFound
+from gateway.core.errors import Conflict, InvalidRequest, LedgerUnavailable, NotFound
 from gateway.http.admin import (
     _caller,
     _json_body,
@@ -25,7 +25,7 @@ from gateway.http.admin import (
     admin_bp,
 )
 from gateway.http.auth import gateway
-from gateway.openapi import array_of, document, ok_answer
+from gateway.http.openapi import array_of, document, ok_answer
 
 _NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"}
 _TABLE_GRANTS = {

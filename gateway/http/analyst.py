@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, jsonify, request
 
-from gateway.errors import (
+from gateway.core.errors import (
     AuditRefused,
     BudgetExhausted,
     DatabaseUnavailable,
@@ -27,8 +27,8 @@ from gateway.http.auth import (
     record,
     require_analyst,
 )
-from gateway.openapi import document, ref, register_schema
-from gateway.request import parse_request
+from gateway.http.openapi import document, ref, register_schema
+from gateway.pipeline.request import parse_request
 
 bp = Blueprint("analyst", __name__)
 

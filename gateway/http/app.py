@@ -17,15 +17,11 @@ from flask import Flask, Response, g, jsonify
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import HTTPException
 
-from gateway.config import Config, load_config
-from gateway.errors import (
-    GatewayError,
-    InvalidRequest,
-    MethodNotAllowed,
-    NotFound,
-)
-from gateway.pipeline import Gateway
-from gateway.request import load_json
+from gateway.core.config import Config
+from gateway.core.config_load import load_config
+from gateway.core.errors import GatewayError, InvalidRequest, MethodNotAllowed, NotFound
+from gateway.pipeline.gateway import Gateway
+from gateway.pipeline.request import load_json
 
 log = logging.getLogger("dpgate.http")
 
@@ -58,7 +54,7 @@ def create_app(config: Config, *, gateway: Gateway | None = None) -> Flask:
 
 
 class _BoundedJSON(DefaultJSONProvider):
-    """Flask's JSON, reading request bodies within ``gateway.request``'s limits (depth,
+    """Flask's JSON, reading request bodies within ``gateway.pipeline.request``'s limits (depth,
     digits): a body past them is an ``invalid_request``, not a parser's RecursionError."""
 
     def loads(self, s: str | bytes, **kwargs: Any) -> Any:

@@ -1,14 +1,14 @@
 """Bearer-key authentication, one path for the analyst and admin endpoints, and the
-request record (``gateway.observation``) the endpoints fill in."""
+request record (``gateway.pipeline.observation``) the endpoints fill in."""
 
 from __future__ import annotations
 
 from flask import current_app, g, request
 
-from gateway.errors import Forbidden, Unauthenticated
-from gateway.identity import Principal
-from gateway.observation import RequestRecord
-from gateway.pipeline import Gateway
+from gateway.core.errors import Forbidden, Unauthenticated
+from gateway.pipeline.gateway import Gateway
+from gateway.pipeline.identity import Principal
+from gateway.pipeline.observation import RequestRecord
 
 
 def gateway() -> Gateway:
@@ -72,7 +72,7 @@ def require_admin() -> None:
             raise
         raise Forbidden("an analyst key cannot use the admin endpoints") from None
     except Unauthenticated as exc:
-        if "reason" in exc.detail:  # a token refused: say why (gateway.sso)
+        if "reason" in exc.detail:  # a token refused: say why (gateway.pipeline.sso)
             raise
         if gateway().config.admin_key is None:
             raise Unauthenticated(

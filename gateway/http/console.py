@@ -37,9 +37,9 @@ import budget
 from gateway import console as console_package
 from gateway.console.charts import release_chart, spend_chart
 from gateway.console.spend import spend_series
-from gateway.errors import LedgerUnavailable, NotFound
+from gateway.core.errors import LedgerUnavailable, NotFound
 from gateway.http.auth import gateway, record, require_admin, require_analyst
-from gateway.openapi import document, register_schema
+from gateway.http.openapi import document, register_schema
 
 STATIC = Path(console_package.__file__).parent / "static"
 PREFIX = "/ui"

@@ -3,7 +3,7 @@
 ``install_operations(app)`` registers the ``ops`` blueprint and hooks that run around
 every request:
 
-- before: start the request's record (``gateway.observation.RequestRecord`` in
+- before: start the request's record (``gateway.pipeline.observation.RequestRecord`` in
   ``g.record``: its id is echoed as ``X-Request-Id`` and put into error envelopes by the
   app's error handler) and count the request against the source address's rate limit;
 - after: hand the record, which the endpoints filled in, to ``observation.observe``:
@@ -24,12 +24,12 @@ from flask import Blueprint, Flask, Response, current_app, g, jsonify, request
 from sqlalchemy import Engine, create_engine, literal, select
 
 from budget import Ledger
-from gateway import metrics
-from gateway.errors import DatabaseUnavailable, GatewayError, LedgerUnavailable
-from gateway.logs import configure_logging
-from gateway.observation import RequestRecord, observe
-from gateway.openapi import build_spec, document, register_schema
-from gateway.ratelimit import RateLimiter, limiter_for_ledger
+from gateway.core.errors import DatabaseUnavailable, GatewayError, LedgerUnavailable
+from gateway.http.openapi import build_spec, document, register_schema
+from gateway.ops import metrics
+from gateway.ops.logs import configure_logging
+from gateway.ops.ratelimit import RateLimiter, limiter_for_ledger
+from gateway.pipeline.observation import RequestRecord, observe
 
 EXTENSION = "dpgate_ops"
 QUERY_RULE = "/v1/query"

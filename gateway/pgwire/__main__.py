@@ -13,8 +13,9 @@ import threading
 import time
 from pathlib import Path
 
-from gateway.config import ConfigError, load_config
-from gateway.logs import configure_logging
+from gateway.core.config import ConfigError
+from gateway.core.config_load import load_config
+from gateway.ops.logs import configure_logging
 
 
 def _exit_with_parent(parent: int) -> None:

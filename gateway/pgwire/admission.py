@@ -19,7 +19,7 @@ one byte at a time). Three rules keep that from denying service to analysts:
 - **Idle sessions end** (``idle_session_timeout_s``, ``gateway.pgwire.link``), so a
   slot held by a forgotten client comes back.
 
-Every refusal, eviction and timeout is counted (``gateway.metrics``: ``dpgate_pgwire_*``).
+Every refusal, eviction and timeout is counted (``gateway.ops.metrics``: ``dpgate_pgwire_*``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gateway import metrics
-from gateway.config import PostgresWireConfig
+from gateway.core.config import PostgresWireConfig
+from gateway.ops import metrics
 from gateway.pgwire.link import Link
 
 Refusal = Literal["authenticating_per_address", "authenticating_total"]

@@ -24,14 +24,11 @@ from typing import Any
 import duckdb
 
 import gateway
-from gateway.config import Config
-from gateway.pgwire.catalog_tables import (
-    CATALOG_TABLES,
+from gateway.core.config import Config
+from gateway.pgwire.catalog_settings import (
     DATABASE,
-    DEFAULTS,
     FIRST_USER_OID,
     INFORMATION_SCHEMA_OID,
-    INFORMATION_SCHEMA_TABLES,
     OWNER,
     PG_CATALOG_OID,
     PG_TYPES,
@@ -39,6 +36,7 @@ from gateway.pgwire.catalog_tables import (
     SETTINGS,
     TYPE_OF_VALUE,
 )
+from gateway.pgwire.catalog_tables import CATALOG_TABLES, DEFAULTS, INFORMATION_SCHEMA_TABLES
 
 VERSION_TEXT = gateway.VERSION_TEXT
 STATEMENT_TIMEOUT_S = 2.0

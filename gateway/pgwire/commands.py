@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gateway.errors import InvalidPrivacyParameters, InvalidRequest, UnsupportedQuery
-from gateway.pgwire.catalog_tables import SETTINGS
+from gateway.core.errors import InvalidPrivacyParameters, InvalidRequest, UnsupportedQuery
+from gateway.pgwire.catalog_settings import SETTINGS
 
 if TYPE_CHECKING:
     from gateway.pgwire.server import WireServer

@@ -7,7 +7,7 @@ tell a ``budget_exhausted`` from an ``audit_refused`` without parsing text.
 
 from __future__ import annotations
 
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 
 #: SQLSTATE per dpgate error code (PostgreSQL documentation, Appendix A).
 SQLSTATE_OF_CODE: dict[str, str] = {

@@ -2,7 +2,7 @@
 
 ``POST /v1/query`` is more than the pipeline: the request is counted against the
 source address's and the analyst's rate limits, gets a request id, a JSON log line
-(``gateway.logs``), metrics (``gateway.metrics``) and a row in the ledger's audit log.
+(``gateway.ops.logs``), metrics (``gateway.ops.metrics``) and a row in the ledger's audit log.
 ``Observer.query`` does the same for every statement a wire client sends to the
 pipeline, with the same fields, so operators see one stream of requests whichever door
 they came through (``path`` is ``pgwire:query``, ``method`` ``PG``).
@@ -15,14 +15,14 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from gateway import metrics
-from gateway.config import Config
-from gateway.errors import GatewayError, RateLimited
-from gateway.identity import Principal
-from gateway.logs import RequestLog, log_request
-from gateway.observation import RequestRecord, observe
-from gateway.pipeline import Gateway
-from gateway.ratelimit import RateLimiter, limiter_for_ledger
+from gateway.core.config import Config
+from gateway.core.errors import GatewayError, RateLimited
+from gateway.ops import metrics
+from gateway.ops.logs import RequestLog, log_request
+from gateway.ops.ratelimit import RateLimiter, limiter_for_ledger
+from gateway.pipeline.gateway import Gateway
+from gateway.pipeline.identity import Principal
+from gateway.pipeline.observation import RequestRecord, observe
 
 if TYPE_CHECKING:
     from gateway.pgwire.session import Outcome, Session
@@ -78,8 +78,8 @@ class Observer:
 
     def query(self, session: Session, sql: str, request: object) -> Outcome:
         """Run one statement through ``Gateway.query`` as ``POST /v1/query`` does."""
+        from gateway.core.plan import QueryRequest
         from gateway.pgwire.session import CancelledQuery
-        from gateway.plan import QueryRequest
 
         assert isinstance(request, QueryRequest)
         request_id = uuid.uuid4().hex
@@ -130,7 +130,7 @@ class Observer:
         duration: float,
     ) -> None:
         """Report it as HTTP requests are reported: one request record, read once by
-        the log line, the metrics and the audit-log row (``gateway.observation``)."""
+        the log line, the metrics and the audit-log row (``gateway.pipeline.observation``)."""
         record = RequestRecord(
             request_id=request_id,
             method=METHOD,

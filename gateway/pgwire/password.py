@@ -2,7 +2,7 @@
 
 The client sends its password in the clear (PostgreSQL's AuthenticationCleartextPassword,
 as for ``password`` in pg_hba.conf: use TLS). The password is the analyst's API key or a
-bearer token of a configured SSO issuer (``gateway.sso``); either way it must name the
+bearer token of a configured SSO issuer (``gateway.pipeline.sso``); either way it must name the
 analyst the client logs in as (the startup ``user``). A token's groups then count for the
 session's grants. A key of another analyst, the admin key, or an admin's token fails
 with the same message as a wrong password: the answer says nothing about other names.
@@ -10,9 +10,9 @@ with the same message as a wrong password: the answer says nothing about other n
 
 from __future__ import annotations
 
-from gateway.errors import Unauthenticated
-from gateway.identity import Principal
-from gateway.pipeline import Gateway
+from gateway.core.errors import Unauthenticated
+from gateway.pipeline.gateway import Gateway
+from gateway.pipeline.identity import Principal
 
 
 def check_password(gateway: Gateway, user: str, password: str) -> Principal:

@@ -1,6 +1,6 @@
 """Whether the PostgreSQL front end accepts connections now: what ``/readyz`` reports of it.
 
-The front end runs in a process of its own (``gateway.serve``). ``dpgate serve`` gives
+The front end runs in a process of its own (``gateway.server.serve``). ``dpgate serve`` gives
 it a file to write the address it bound once listening (``python -m gateway.pgwire
 --address-file``) and tells the HTTP workers where that file is (``ADDRESS_FILE_ENV``).
 The probe then asks the front end itself, not just the kernel: it connects and sends an
@@ -17,7 +17,7 @@ import socket
 import struct
 from pathlib import Path
 
-from gateway.config import Config
+from gateway.core.config import Config
 from gateway.pgwire import codec
 
 ADDRESS_FILE_ENV = "DPGATE_PGWIRE_ADDRESS_FILE"

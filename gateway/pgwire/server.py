@@ -10,7 +10,7 @@ accepted, and a session idle for ``idle_session_timeout_s`` is closed
 (``gateway.pgwire.link``).
 
 ``dpgate serve`` runs it in a process of its own beside the HTTP workers
-(``python -m gateway.pgwire``, see ``gateway.serve``), with its own ``Gateway`` on the
+(``python -m gateway.pgwire``, see ``gateway.server.serve``), with its own ``Gateway`` on the
 same config and ledger: budgets, cache, audit and rate limits are shared through the
 ledger exactly as between HTTP workers.
 """
@@ -29,15 +29,15 @@ from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 
-from gateway import metrics
-from gateway.config import Config
+from gateway.core.config import Config
+from gateway.ops import metrics
 from gateway.pgwire import codec
 from gateway.pgwire.admission import Admission, Ticket
 from gateway.pgwire.catalog import Catalog
 from gateway.pgwire.link import AuthenticationTimeout, IdleSessionTimeout, Link
 from gateway.pgwire.observe import Observer
 from gateway.pgwire.session import Session
-from gateway.pipeline import Gateway
+from gateway.pipeline.gateway import Gateway
 
 log = logging.getLogger("dpgate.pgwire")
 TOO_MANY = "sorry, too many clients already"
@@ -58,7 +58,7 @@ class WireServer:
         self.wire = wire
         self.gateway = gateway or Gateway(config)
         self.catalog = Catalog(self.gateway.config)
-        # the catalogues of analysts who may read only some tables (gateway.access)
+        # the catalogues of analysts who may read only some tables (gateway.pipeline.access)
         self._catalogs: OrderedDict[frozenset[str], Catalog] = OrderedDict()
         self._catalogs_lock = threading.Lock()
         self.observe = Observer(self.gateway, config)
@@ -263,7 +263,7 @@ def serve(config: Config, host: str, address_file: Path | None = None) -> None:
     ``address_file``: where to write the address bound (``HOST PORT``), once listening,
     for the HTTP workers' readiness check (``gateway.pgwire.probe``).
     """
-    from gateway.heap import freeze_startup_heap
+    from gateway.ops.heap import freeze_startup_heap
 
     server = WireServer(config)
     freeze_startup_heap()  # a full collection no longer walks the startup heap

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from sqlglot import exp
 
 from budget import LedgerUnavailable
-from gateway.errors import (
+from gateway.core.errors import (
     Forbidden,
     GatewayError,
     InvalidPrivacyParameters,
@@ -42,14 +42,15 @@ from gateway.errors import (
     UnknownColumn,
     UnsupportedQuery,
 )
-from gateway.errors import LedgerUnavailable as GatewayLedgerUnavailable
-from gateway.identity import Principal
+from gateway.core.errors import LedgerUnavailable as GatewayLedgerUnavailable
+from gateway.core.plan import ProbePlan, QueryRequest
 from gateway.pgwire import codec
 from gateway.pgwire.catalog import CatalogError, CatalogResult
-from gateway.pgwire.catalog_tables import REPORTED
+from gateway.pgwire.catalog_settings import REPORTED
 from gateway.pgwire.commands import Outcome, SessionCommands, setting_number
 from gateway.pgwire.errors import sqlstate_of
-from gateway.pgwire.rewrite import SessionContext, classify, rewrite_catalog, split_statements
+from gateway.pgwire.rewrite import classify, rewrite_catalog, split_statements
+from gateway.pgwire.translate import SessionContext
 from gateway.pgwire.values import (
     bind,
     duckdb_type_oid,
@@ -60,8 +61,8 @@ from gateway.pgwire.values import (
     type_size,
     value_type_oid,
 )
-from gateway.plan import ProbePlan, QueryRequest
-from gateway.release import Release
+from gateway.pipeline.identity import Principal
+from gateway.pipeline.release import Release
 
 if TYPE_CHECKING:
     from gateway.pgwire.server import WireServer

@@ -19,8 +19,8 @@ from sqlglot import exp
 from sqlglot.errors import SqlglotError
 from sqlglot.tokens import TokenType
 
-from gateway.errors import InvalidRequest, UnsupportedQuery
-from gateway.pgwire.catalog_tables import PG_TYPES, TYPE_OF_VALUE
+from gateway.core.errors import InvalidRequest, UnsupportedQuery
+from gateway.pgwire.catalog_settings import PG_TYPES, TYPE_OF_VALUE
 
 EPOCH_2000 = dt.date(2000, 1, 1)
 INT_TYPES = {20: "!q", 21: "!h", 23: "!i", 26: "!I"}

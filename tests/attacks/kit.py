@@ -83,7 +83,7 @@ tables:
 
 def query_epsilon() -> float:
     """ε per attack query: 0.01, or the gateway's minimum per query if that is larger."""
-    from gateway.config import PrivacyConfig
+    from gateway.core.config import PrivacyConfig
 
     return max(0.01, float(getattr(PrivacyConfig(), "min_epsilon_per_query", 0.01)))
 

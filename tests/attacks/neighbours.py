@@ -24,10 +24,11 @@ from typing import Any
 import sqlalchemy as sa
 
 import budget
-from gateway.compile import CompiledQuery, compile_plan
-from gateway.config import Config, parse_config
-from gateway.pipeline import Gateway
-from gateway.plan import QueryPlan
+from gateway.core.config import Config
+from gateway.core.config_load import parse_config
+from gateway.core.plan import QueryPlan
+from gateway.pipeline.gateway import Gateway
+from gateway.sql.compile import CompiledQuery, compile_plan
 
 Cells = dict[tuple[Any, ...], tuple[int, ...]]
 #: One person's rows: (table, column, value) — the rows of ``table`` whose ``column``

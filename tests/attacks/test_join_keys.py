@@ -18,10 +18,10 @@ import pytest
 import sqlalchemy as sa
 
 import budget
-from gateway.errors import UnsupportedQuery
-from gateway.join_keys import key_type_problems
-from gateway.pipeline import Gateway
-from gateway.plan import QueryRequest
+from gateway.core.errors import UnsupportedQuery
+from gateway.core.plan import QueryRequest
+from gateway.pipeline.gateway import Gateway
+from gateway.sql.join_keys import key_type_problems
 from tests.attacks.neighbours import (
     Compiled,
     answers,

@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 from sqlglot import exp
 
-from gateway.errors import UnsupportedQuery
-from gateway.execute import StatementFailed, open_protected_engine, run_aggregate
-from gateway.join_keys import key_type_problems
+from gateway.core.errors import UnsupportedQuery
+from gateway.sql.execute import StatementFailed, open_protected_engine, run_aggregate
+from gateway.sql.join_keys import key_type_problems
 from tests import engines
 from tests.attacks.neighbours import (
     Compiled,

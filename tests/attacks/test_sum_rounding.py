@@ -40,10 +40,11 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gateway.analyze import analyze
-from gateway.compile import compile_plan
-from gateway.config import ConfigError, TableConfig, load_config, parse_config
-from gateway.plan import QueryPlan
+from gateway.core.config import ConfigError, TableConfig
+from gateway.core.config_load import load_config, parse_config
+from gateway.core.plan import QueryPlan
+from gateway.sql.analyze import analyze
+from gateway.sql.compile import compile_plan
 from tests.attacks.kit import POSTGRES_URL, write_config
 from tests.test_serve import free_port, serve_command
 

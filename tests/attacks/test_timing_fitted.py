@@ -1,5 +1,5 @@
-"""Timing attacks on release moments that fit the query (issue 33: gateway/cost_model.py,
-gateway/lanes.py).
+"""Timing attacks on release moments that fit the query (issue 33: gateway/pipeline/cost_model.py,
+gateway/pipeline/lanes.py).
 
 The deployment declares the table's row count (`rows: 2048`, public), so every query gets
 the cost model's deadline (its compiled statement, the engine's per-row costs, the load)
@@ -14,7 +14,7 @@ as in kit.assert_attack_fails (at most 60% of the bits, chance is 50%):
   differently.
 - **Concurrent queries of one analyst timing each other**: one fresh analyst per target
   fires, at once, A (the costly branch tipped by the target's secret) and, 5 ms later, B
-  (a cheap count). B's post-audit waits for A's (tickets, gateway/lanes.py), so if B's
+  (a cheap count). B's post-audit waits for A's (tickets, gateway/pipeline/lanes.py), so if B's
   release moment depended on when A's statement ended, B's response time would carry
   the bit. Guesses: B's time, A's time, and which one came back first, each against a
   threshold calibrated a priori from controls (the branch evaluated by a target's row

@@ -10,7 +10,7 @@ who alone evaluates the costliest branch the analyzer accepts in 2,000 character
 
 The released count is 0 on both (the branch is false), so only time could tell them apart.
 Both servers declare the same row count (`rows: 2100`, public: an upper bound of either
-table), so every query gets the cost model's deadline (gateway/cost_model.py; 26 ms for
+table), so every query gets the cost model's deadline (gateway/pipeline/cost_model.py; 26 ms for
 this statement on an idle gateway since issue 33's defaults — margin 2, floor 10 ms —,
 110 ms before), not the 250 ms fallback; the test checks it from a dry run on each
 server.
@@ -71,7 +71,7 @@ from dataclasses import dataclass
 import pytest
 from scipy import stats
 
-from gateway.timing import FALLBACK_DEADLINE_MS
+from gateway.pipeline.timing import FALLBACK_DEADLINE_MS
 from tests.attacks.kit import (
     BRANCH_SQL,
     N_PEOPLE,

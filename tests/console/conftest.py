@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from werkzeug.serving import WSGIRequestHandler
 
-from gateway.config import parse_config
+from gateway.core.config_load import parse_config
 from tests.conftest import ADMIN_KEY, REPOSITORY, demo_config_dict
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -71,7 +71,7 @@ def served(demo_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     from werkzeug.serving import make_server
 
     from gateway.http.app import create_app
-    from gateway.pipeline import Gateway
+    from gateway.pipeline.gateway import Gateway
 
     root = tmp_path_factory.mktemp("console")
     shutil.copy(demo_db, root / "hospital.db")

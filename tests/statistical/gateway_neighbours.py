@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.config import parse_config
-from gateway.pipeline import Gateway
+from gateway.core.config_load import parse_config
+from gateway.pipeline.gateway import Gateway
 
 
 @dataclass

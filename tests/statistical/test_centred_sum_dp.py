@@ -1,4 +1,4 @@
-"""Statistical DP test of the centred sum an AVG noises (``gateway/noising.py``,
+"""Statistical DP test of the centred sum an AVG noises (``gateway/pipeline/noising.py``,
 ``centred``), false-alarm rate ≤ 1e-6 per test.
 
 An AVG's sum is Σ(x − c) for the grid point c nearest the middle of the bounds, noised
@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
-from gateway.config import parse_config
-from gateway.execute import run_aggregate
-from gateway.noising import centred
-from gateway.pipeline import Gateway
-from gateway.plan import QueryPlan, QueryRequest
+from gateway.core.config_load import parse_config
+from gateway.core.plan import QueryPlan, QueryRequest
+from gateway.pipeline.gateway import Gateway
+from gateway.pipeline.noising import centred
+from gateway.sql.execute import run_aggregate
 from mechanisms import Noise, sample
 from tests.statistical.dp_harness import check_release, concentration_power, noise_pmf_abs
 

@@ -31,8 +31,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from gateway.analyze.quantiles import quantile_grid
-from gateway.quantiles import choose_quantile
+from gateway.pipeline.quantiles import choose_quantile
+from gateway.sql.analyze.quantiles import quantile_grid
 from mechanisms import choose_bucket, quantile_sensitivity
 
 from .dp_harness import check_release, concentration_power, concentration_test

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from gateway.plan import QueryRequest
+from gateway.core.plan import QueryRequest
 from mechanisms import Noise
 from tests.statistical.dp_harness import check_release
 from tests.statistical.gateway_neighbours import Side, side
@@ -126,8 +126,8 @@ def test_the_same_test_catches_a_missing_clamp(
     neighbours: tuple[Side, Side], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Break the compiler so SUM is not clamped: the neighbour's 10⁹ must be caught."""
-    import gateway.compile as compile_module
-    import gateway.portable as portable_module
+    import gateway.sql.compile as compile_module
+    import gateway.sql.portable as portable_module
 
     monkeypatch.setattr(portable_module, "clamped", lambda col: False)
     original = compile_module._measure_input

@@ -34,8 +34,8 @@ from typing import Any
 
 import pytest
 
-import gateway.planning as planning_module
-from gateway.plan import QueryRequest
+import gateway.pipeline.planning as planning_module
+from gateway.core.plan import QueryRequest
 from mechanisms import Noise, QueryCalibration, Sensitivity, calibrate_query
 from tests.statistical.dp_harness import check_release
 from tests.statistical.gateway_neighbours import Side, side

@@ -1,0 +1,85 @@
+"""The relation a join query reads, declared as one table (docs/design.md, "Joins").
+
+A table's ``references`` (gateway/core/config.py) form a tree rooted at it: each referenced
+table is a *lookup*, joined on a column that names at most one of its rows — a protected
+table's privacy unit (it holds one row per unit) or a public table's key. The compiled
+SQL keeps one row per key of every lookup, so a join keeps each row of the root (the
+*anchor*) at most once: the relation's rows are the anchor's rows, with the lookups'
+columns beside them (NULL where a LEFT JOIN found no match). Its privacy unit and
+contribution bounds are the anchor's.
+
+One model for the analyzer, the compiler and the auditor: the relation names the
+anchor's columns as declared and a lookup's column as ``table.column``. For the auditor
+every lookup column may be NULL (the anchor's rows that match nothing); a lookup column
+reached through a column that is not the privacy unit (``zip`` → ``zip_regions.region``)
+is a function of that column, and says so (``ColumnConfig.determined_by``), so that the
+auditor never treats the two as independent dimensions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+
+from gateway.core.config import ColumnConfig, Reference, TableConfig
+
+__all__ = ["audit_relations", "lookups", "matched_lookups", "relation", "relation_column"]
+
+
+def relation_column(table: str, column: str) -> str:
+    """A lookup table's column, as the relation names it."""
+    return f"{table}.{column}"
+
+
+def lookups(tables: Mapping[str, TableConfig], anchor: str) -> Iterator[tuple[str, Reference]]:
+    """Every reference reachable from ``anchor``, parents first: (the referencing table,
+    the reference). The config guarantees each table is reached one way only."""
+    queue = [anchor]
+    while queue:
+        current = queue.pop(0)
+        for r in tables[current].references:
+            yield current, r
+            queue.append(r.table)
+
+
+def relation(
+    tables: Mapping[str, TableConfig], anchor: str, required: frozenset[str] | None = None
+) -> TableConfig:
+    """The anchor with every lookup's columns beside its own.
+
+    ``required``: the lookups an inner join requires to match, whose columns keep their
+    declared nullability; the others' columns may be NULL. None (the auditor's view): every
+    lookup column may be NULL.
+    """
+    base = tables[anchor]
+    columns: dict[str, ColumnConfig] = dict(base.columns)
+    for parent, ref in lookups(tables, anchor):
+        via = ref.column if parent == anchor else relation_column(parent, ref.column)
+        # Through the privacy unit, a lookup's columns are attributes of the person: the
+        # unit is never a dimension of a region, so they are independent dimensions.
+        claim = None if via == base.privacy_unit else via
+        keep = required is not None and ref.table in required
+        for name, col in tables[ref.table].columns.items():
+            columns[relation_column(ref.table, name)] = replace(
+                col, nullable=col.nullable if keep else True, determined_by=claim
+            )
+    return replace(base, columns=columns)
+
+
+def audit_relations(tables: Mapping[str, TableConfig]) -> dict[str, TableConfig]:
+    """Each table as the auditor sees it: with every lookup's columns, so a join's regions
+    and the anchor's own queries' regions share one cell space. A lookup's columns may be
+    NULL (the anchor's rows that match nothing), except a lookup every row matches
+    (``matched_lookups``): every query on the table inner-joins it, so its columns keep
+    their declared nullability."""
+    return {
+        name: relation(tables, name, matched_lookups(tables, name)) if t.references else t
+        for name, t in tables.items()
+    }
+
+
+def matched_lookups(tables: Mapping[str, TableConfig], anchor: str) -> frozenset[str]:
+    """The lookups every row of ``anchor`` matches (its references declared
+    ``every_row_matches``): every query on ``anchor`` inner-joins them, so the rows that
+    match none are outside the table (gateway/sql/analyze/joins.py)."""
+    return frozenset(r.table for r in tables[anchor].references if r.every_row_matches)

@@ -1,0 +1,294 @@
+"""Stage: audit policy — what the differencing auditor's decisions mean for a request.
+
+``audit.mode`` is read here and nowhere else: ``off`` audits nothing; ``flag`` answers
+and records the auditor's objection; ``refuse`` refuses. While a scope has audited
+queries in flight in a process, that process holds the scope's lock (``budget.locks``),
+re-syncs the scope's history when it takes it, and audits its queries in the order of
+their tickets (``gateway.pipeline.lanes``): the other half of a differencing pair sent at the same
+moment, to any worker, is post-audited against this one's answer. A pre-audit refusal
+costs nothing; a post-audit refusal comes after the statement was sent, so its charge
+stays and nothing is released (docs/design.md, invariants 2 and 8: the auditor sees only
+plans and noisy values).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import replace
+
+import budget
+from budget import Reservation
+from gateway.audit import (
+    AnsweredCell,
+    AnsweredQuery,
+    AuditDecision,
+    Auditor,
+    AuditPrediction,
+    CountNoise,
+)
+from gateway.core.config import AuditConfig, TableConfig
+from gateway.core.errors import AuditRefused, GatewayError
+from gateway.core.plan import QueryPlan
+from gateway.ops import metrics
+from gateway.pipeline.charges import Charges, ledger_errors
+from gateway.pipeline.lanes import NoLane, ScopeLane
+from gateway.pipeline.noising import audit_cells_from_json
+from gateway.pipeline.planning import PlannedQuery, Planner
+
+GLOBAL_SCOPE = "*"
+log = logging.getLogger("dpgate.audit")
+
+
+class AuditPolicy:
+    """The auditor, its scopes and its records in the ledger, under one ``audit.mode``."""
+
+    def __init__(
+        self,
+        config: AuditConfig,
+        tables: Mapping[str, TableConfig],
+        ledger: budget.Ledger,
+        planner: Planner,
+        charges: Charges,
+    ) -> None:
+        self.mode = config.mode
+        self.scope_kind = config.scope
+        self.ledger = ledger
+        self.planner = planner
+        self.charges = charges
+        self.auditor = Auditor(
+            tables,
+            min_group_size=config.min_group_size,
+            confidence=config.confidence,
+            max_bytes=config.memory_mb * 2**20,
+        )
+        self._synced: dict[str, int] = {}
+        self._sync_lock = threading.Lock()
+        self._lanes: dict[str, ScopeLane] = {}
+        self._lanes_lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        return self.mode != "off"
+
+    def scope_of(self, analyst: str) -> str:
+        return analyst if self.scope_kind == "analyst" else GLOBAL_SCOPE
+
+    @contextmanager
+    def lane(self, analyst: str) -> Iterator[ScopeLane | NoLane]:
+        """Join the analyst's audit scope's lane (``gateway.pipeline.lanes``): the scope's lock
+        is held while it has queries in flight in this process, its history re-read
+        from the ledger when the lock is taken; nothing to hold when the audit is off."""
+        scope = self.scope_of(analyst)
+        if not self.active:
+            yield NoLane(scope)
+            return
+        with self._lanes_lock:
+            lane = self._lanes.get(scope)
+            if lane is None:
+                lane = self._lanes[scope] = ScopeLane(
+                    scope,
+                    lambda: self.ledger.scope_lock(scope),
+                    lambda: self._sync(scope),
+                )
+        asked = time.monotonic()
+        with lane.member():
+            # the wait to join: for the lane to open, and for the ledger's scope lock
+            # when another process holds it (dpgate_audit_lock_wait_seconds)
+            metrics.record_audit_lock_wait(time.monotonic() - asked)
+            yield lane
+
+    @contextmanager
+    def holding(self, analyst: str) -> Iterator[str]:
+        """Hold the analyst's audit scope for one decision outside a query (a dry run's
+        prediction): as a member of its lane, under the lane's mutex; yields the scope."""
+        with self.lane(analyst) as lane, lane.deciding():
+            yield lane.scope
+
+    def before(self, scope: str, analyst: str, planned: PlannedQuery) -> list[str]:
+        """Refuse (free) a request the auditor refused before, or that the pre-audit
+        refuses now; returns the flags to record when ``mode`` is ``flag``."""
+        if not self.active:
+            return []
+        if self.mode == "refuse":
+            self._refused_before(analyst, planned.key)
+        noise = count_noise(planned)
+        decision = _decide(lambda: self.auditor.pre_audit(scope, planned.plan, noise))
+        if decision.allowed:
+            return []
+        if self.mode == "refuse":
+            self._record_refusal(analyst, planned, decision, None)
+            raise AuditRefused(
+                f"{decision.reason} Nothing was charged.",
+                charged=False,
+                combined_with=list(decision.combined_with),
+                groups=list(decision.groups),
+            )
+        return [decision.reason]
+
+    def predict(self, analyst: str, planned: PlannedQuery) -> AuditPrediction:
+        """What the audit would do with ``planned`` now, for a dry run (changes nothing,
+        costs nothing): ``refused`` (free), ``may_be_withheld`` after execution, or
+        ``answered``, with why and the groups concerned (WHERE clauses: public)."""
+        if not self.active:
+            return AuditPrediction("answered", "the audit is off")
+        with self.holding(analyst) as scope:
+            if self.mode == "refuse":
+                with ledger_errors():
+                    refusal = self.ledger.find_refusal(
+                        planned.key, analyst, self.planner.data_version
+                    )
+                if refusal is not None:
+                    return AuditPrediction(
+                        "refused",
+                        f"{refusal.reason} This request was refused before.",
+                        combined_with=tuple(refusal.combined_with),
+                    )
+            noise = count_noise(planned)
+            prediction = _predict(lambda: self.auditor.predict(scope, planned.plan, noise))
+        if self.mode == "flag" and prediction.verdict != "answered":
+            # flag mode answers and records the objection
+            return replace(
+                prediction,
+                verdict="answered",
+                reason=f"{prediction.reason} (audit.mode is flag: answered and flagged)",
+            )
+        return prediction
+
+    def after(
+        self,
+        scope: str,
+        planned: PlannedQuery,
+        reservation: Reservation,
+        cells: tuple[AnsweredCell, ...],
+        cells_json: list[dict[str, object]],
+    ) -> list[str]:
+        """Post-audit the noisy answer; on refusal record it withheld (charged) and
+        raise. Returns the flags to record when ``mode`` is ``flag``."""
+        if not self.active:
+            return []
+        answered = AnsweredQuery(query_id=reservation.id, plan=planned.plan, cells=cells)
+        decision = _decide(lambda: self.auditor.post_audit(scope, answered))
+        if decision.allowed:
+            return []
+        if self.mode != "refuse":
+            return [decision.reason]
+        self.charges.withheld(
+            reservation,
+            {"withheld": True, "audit_cells": cells_json},
+            f"post-audit: {decision.reason}",
+        )
+        self._record_refusal(reservation.analyst, planned, decision, reservation)
+        raise AuditRefused(
+            f"{decision.reason} The query was charged (its answer was computed) but is withheld.",
+            charged=True,
+            combined_with=list(decision.combined_with),
+            groups=list(decision.groups),
+        )
+
+    def remember(
+        self, scope: str, query_id: str, plan: QueryPlan, cells: tuple[AnsweredCell, ...]
+    ) -> None:
+        """Add a released answer to the scope's history."""
+        if self.active:
+            self.auditor.remember(scope, AnsweredQuery(query_id=query_id, plan=plan, cells=cells))
+
+    def _refused_before(self, analyst: str, key: str) -> None:
+        with ledger_errors():
+            refusal = self.ledger.find_refusal(key, analyst, self.planner.data_version)
+        if refusal is not None:
+            raise AuditRefused(
+                f"{refusal.reason} This request was refused before: it is refused again, "
+                "and nothing was charged.",
+                charged=False,
+                combined_with=list(refusal.combined_with),
+                refused_before=True,
+            )
+
+    def _record_refusal(
+        self,
+        analyst: str,
+        planned: PlannedQuery,
+        decision: AuditDecision,
+        reservation: Reservation | None,
+    ) -> None:
+        """Record a refusal (for the history, and to refuse a repeat for free)."""
+        with ledger_errors():
+            self.ledger.record_refusal(
+                analyst,
+                query_key=planned.key,
+                sql=planned.request.sql,
+                data_version=self.planner.data_version,
+                reason=decision.reason,
+                combined_with=decision.combined_with,
+                reservation_id=None if reservation is None else reservation.id,
+            )
+
+    def _sync(self, scope: str) -> None:
+        """Replay answers other workers released since the last sync, so every process
+        audits the same history (incremental: only ledger entries past the last one
+        seen). Withheld answers are not replayed: nobody saw them."""
+        analyst = None if scope == GLOBAL_SCOPE else scope
+        with self._sync_lock:
+            after = self._synced.get(scope)
+            with ledger_errors():
+                entries = self.ledger.releases(analyst, self.planner.data_version, after=after)
+            for entry in entries:
+                self._synced[scope] = max(self._synced.get(scope, 0), entry.seq)
+                if entry.outcome != "answered" or entry.release is None:
+                    continue
+                if self.auditor.knows(scope, entry.reservation_id):
+                    continue
+                cells = entry.release.get("audit_cells")
+                if cells is None:
+                    continue
+                try:
+                    plan = self.planner.analyze(entry.sql)
+                except GatewayError:
+                    continue
+                if isinstance(plan, QueryPlan):
+                    self.auditor.remember(
+                        scope,
+                        AnsweredQuery(
+                            query_id=entry.reservation_id,
+                            plan=plan,
+                            cells=audit_cells_from_json(cells),
+                        ),
+                    )
+
+
+def count_noise(planned: PlannedQuery) -> CountNoise | None:
+    """The public noise of the count each released cell will carry (the first of
+    COUNT(*), COUNT(DISTINCT unit), COUNT(x), as ``gateway/pipeline/noising.py`` picks it)."""
+    plan, calibration = planned.plan, planned.calibration
+    for kind in ("count_rows", "count_units", "count_values"):
+        for j, m in enumerate(plan.measures):
+            if m.kind == kind:
+                n = calibration.noises[j]
+                return CountNoise(n.mechanism, float(n.scale))
+    return None
+
+
+def _predict(predict: Callable[[], AuditPrediction]) -> AuditPrediction:
+    """Run one prediction; an auditor that cannot decide would refuse."""
+    try:
+        return predict()
+    except Exception as e:
+        log.error("the auditor failed (%s); predicting a refusal", type(e).__name__)
+        return AuditPrediction("refused", "The auditor could not decide on this query.")
+
+
+def _decide(decide: Callable[[], AuditDecision]) -> AuditDecision:
+    """Run one audit decision; an auditor that cannot decide refuses (fails closed)."""
+    try:
+        return decide()
+    except Exception as e:
+        log.error("the auditor failed (%s); refusing", type(e).__name__, exc_info=True)
+        return AuditDecision(
+            allowed=False,
+            combined_with=(),
+            reason="The auditor could not decide on this query, so it is refused.",
+        )

@@ -1,0 +1,580 @@
+"""The Gateway: one query's way from a checked request to a released answer, stage by stage.
+
+    request → identify + answer cache (one ledger read) → plan → [audit scope: pre-audit
+    → reserve → execute → noise → post-audit → post-process → record] → response
+
+Each stage is a module with one entry point: ``request`` (the only check of ε, δ and
+mechanism), ``planning`` (plan cache, calibration, cache key), ``identity`` with
+``answer_cache`` (who is asking, and a release they may reuse, in one read),
+``audit_policy`` (``audit.mode``, scope locks, pre- and post-audit), ``charges`` (reserve,
+outcome, refund; the ledger's errors), ``compile`` and ``execute``, ``noising``,
+``postprocess``, ``release``; a nested aggregation's outer query runs last, on the
+inner query's release (``post_query``).
+
+Invariants kept here (docs/design.md): nothing computed from protected rows leaves
+except as a noisy value whose cost was durably reserved in the ledger first (1); every
+failure before ``reserve`` costs nothing; after it, only a failure to reach the database
+at all is refunded — once the statement is sent, an error, a timeout or a post-audit
+refusal stays charged and releases nothing (2); an identical request gets the identical
+release, free (7); the auditor sees only plans and noisy values (8); every query that
+reaches the database is answered at a release moment fixed from public facts, and costs
+at least the configured minimum (9; ``gateway.pipeline.timing``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, NoReturn
+
+import sqlalchemy as sa
+
+import budget
+from budget import BudgetStatus, Reservation
+from gateway.core.config import Config, with_enforced_domains, with_nullability
+from gateway.core.errors import DatabaseUnavailable, Forbidden, GatewayError, LedgerUnavailable
+from gateway.core.plan import ProbePlan, QueryPlan, QueryRequest
+from gateway.ops import metrics
+from gateway.pipeline.access import Access
+from gateway.pipeline.answer_cache import AnswerCache
+from gateway.pipeline.audit_policy import AuditPolicy
+from gateway.pipeline.catalog import public_schema
+from gateway.pipeline.charges import (
+    Charges,
+    charged_ledger_failure,
+    ledger_errors,
+    uncharged_ledger_failures,
+)
+from gateway.pipeline.cost_model import CostModel, build_model
+from gateway.pipeline.dry_run import dry_run
+from gateway.pipeline.identity import Principal, identify
+from gateway.pipeline.lanes import NoLane, ScopeLane, TurnMissed
+from gateway.pipeline.noising import add_noise
+from gateway.pipeline.planning import PLAN_CACHE_SIZE, PlannedQuery, Planner
+from gateway.pipeline.post_query import run_post_query
+from gateway.pipeline.postprocess import finish, shown
+from gateway.pipeline.release import NO_PRIVACY_SPENT, ColumnInfo, Release, privacy_spent
+from gateway.pipeline.request import check_request
+from gateway.pipeline.sso import TokenVerifier
+from gateway.pipeline.timing import ReleaseClock, ReleaseTiming
+from gateway.sql.compile import CompiledQuery, compile_plan
+from gateway.sql.execute import (
+    StatementFailed,
+    check_parses,
+    domains_enforced_by_schema,
+    nullability_by_schema,
+    open_protected_engine,
+    ping,
+    run_aggregate,
+    run_aggregate_until,
+    sqlglot_dialect,
+    units_unique_by_schema,
+)
+from gateway.sql.join_keys import join_keys_by_schema, with_public_keys_as_units
+from mechanisms import prefill
+
+log = logging.getLogger("dpgate.pipeline")
+
+#: A ready answer is reused this long (seconds): /readyz needs no key, and each probe
+#: is a durable write to the ledger. A failed probe is not reused: recovery shows at once.
+READY_PROBE_INTERVAL_S = 0.5
+CHARGED_FAILURE_MESSAGE = (
+    "the protected database did not complete this query before its deadline; the query "
+    "was charged and nothing was released (a query that keeps failing may need a later "
+    "deadline: ask the administrator)"
+)
+
+
+def _admit_anyone(principal: Principal) -> None:
+    return None
+
+
+class Gateway:
+    """One configured dpgate: the protected database, the ledger and the auditor."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        engine: sa.Engine | None = None,
+        ledger: budget.Ledger | None = None,
+    ) -> None:
+        self.engine = engine or open_protected_engine(
+            config.database.url, statement_timeout_ms=config.database.statement_timeout_ms
+        )
+        self.dialect = sqlglot_dialect(self.engine)
+        # undeclared ``nullable:`` comes from the catalogue (gateway/core/domain.py)
+        nullable = nullability_by_schema(self.engine, config.tables)
+        tables = with_nullability(config.tables, nullable)
+        # columns the database keeps in their domain need no filter (gateway/sql/constraints.py)
+        tables = with_enforced_domains(tables, *domains_enforced_by_schema(self.engine, tables))
+        self.config = config = replace(config, tables=tables)
+        self.unique_units = units_unique_by_schema(self.engine, config.tables)
+        # what the catalogue proves about each declared join on this engine (issue 31)
+        keyed = with_public_keys_as_units(config.tables)
+        unique_keys = frozenset(self.unique_units | units_unique_by_schema(self.engine, keyed))
+        self.join_keys = join_keys_by_schema(self.engine, config.tables, unique_keys)
+        self.ledger = ledger or budget.Ledger.from_url(
+            config.ledger.url, **config.privacy.ledger_options()
+        )
+        self.ledger.migrate()
+        self.ledger.on_connection_wait = metrics.watch_ledger_pool(self.ledger.engine)
+        metrics.record_build_info()
+        for a in config.analysts:
+            self.ledger.ensure_analyst(a.name, a.epsilon, a.delta, a.period)
+        data_version = config.database.data_version
+        self.planner = Planner(config.tables, config.privacy, data_version)
+        self.access = Access(
+            config.tables,
+            config.access,
+            lambda tables: Planner(tables, config.privacy, data_version),
+        )
+        self.tokens = TokenVerifier(config.sso) if config.sso is not None else None
+        # the tables every analyst may read, as the latest request's ledger read found
+        # them (what a request is planned against before its caller is known)
+        self._open_tables = self.access.open_tables(self.ledger.access())
+        self.charges = Charges(self.ledger, data_version)
+        self.cache = AnswerCache(self.ledger, config.cache.scope, data_version)
+        self.audit = AuditPolicy(
+            config.audit, config.tables, self.ledger, self.planner, self.charges
+        )
+        self.auditor = self.audit.auditor
+        # Compiled statements of recent plans (compiling is a pure function of the plan
+        # and the public config, and costs more than the rest of planning together).
+        self._compiled: OrderedDict[str, CompiledQuery] = OrderedDict()
+        self._compiled_lock = threading.Lock()
+        self._ready_lock = threading.Lock()
+        self._ready: dict[str, bool] | None = None
+        self._ready_at = 0.0
+        self.timing = ReleaseTiming(config.execution, self._cost_model())
+
+    def _cost_model(self) -> CostModel | None:
+        """The cost model (``gateway.pipeline.cost_model``) of the tables whose deadline it sets:
+        from the config and the catalogue only; ``None`` when it sets none."""
+        ex = self.config.execution
+        if ex.timing == "off" or ex.deadline_ms is not None:
+            return None
+        return build_model(ex, self.config.tables, self.dialect, self.unique_units)
+
+    # -- identity and public metadata ----------------------------------------------------
+
+    def authenticate(self, key: str | None) -> Principal:
+        """The caller behind a bearer key or token; raises ``Unauthenticated`` or
+        ``Forbidden``."""
+        return identify(self.ledger, key, self.config.admin_key, tokens=self.tokens)[0]
+
+    def readable(self, principal: Principal) -> frozenset[str]:
+        """The declared tables ``principal`` may read (``gateway.pipeline.access``): all, for an
+        admin; one read of the ledger."""
+        if principal.is_admin:
+            return self.access.all_tables
+        with ledger_errors():
+            stored = self.ledger.access(principal.name)
+        return self.access.readable(stored, principal.groups)
+
+    def planner_for(self, readable: frozenset[str]) -> Planner:
+        """The planner of a caller who may read ``readable``: other tables do not exist
+        for it."""
+        if readable == self.access.all_tables:
+            return self.planner
+        view = self.access.view(readable)
+        assert isinstance(view, Planner)
+        return view
+
+    def schema(self, principal: Principal | None = None) -> dict[str, Any]:
+        """What the admin declared public — tables, columns, types, bounds, value domains
+        — of the tables ``principal`` may read (every table when ``None``)."""
+        if principal is None:
+            return public_schema(self.config.tables)
+        return public_schema(self.access.tables_of(self.readable(principal)))
+
+    def budget(self, analyst: str) -> dict[str, Any]:
+        return self.charges.status(analyst).to_json()
+
+    def history(self, analyst: str, *, limit: int = 1000) -> list[dict[str, Any]]:
+        """The analyst's own charged and refused queries, as JSON (``GET /v1/queries``)."""
+        return self.charges.history(analyst, limit=limit)
+
+    def ready(self) -> dict[str, bool]:
+        """Whether the protected database answers and the ledger takes a write (a ready
+        answer is reused for ``READY_PROBE_INTERVAL_S``). A ledger that is back first gets
+        the outcomes it missed (``Charges.settle_pending``)."""
+        now = time.monotonic()
+        with self._ready_lock:
+            if self._ready is not None and now - self._ready_at < READY_PROBE_INTERVAL_S:
+                return self._ready
+            ledger_ok = True
+            try:
+                self.ledger.probe_write()
+                self.charges.settle_pending()
+            except Exception:
+                log.warning("ledger readiness probe failed", exc_info=True)
+                ledger_ok = False
+            checks = {"database": ping(self.engine), "ledger": ledger_ok}
+            self._ready = checks if all(checks.values()) else None
+            self._ready_at = time.monotonic()
+            return checks
+
+    def analyze(self, sql: str, readable: frozenset[str] | None = None) -> Any:
+        """The plan of ``sql`` (from the plan cache when it was seen recently), against
+        the tables ``readable`` (all when ``None``)."""
+        planner = self.planner if readable is None else self.planner_for(readable)
+        return planner.analyze(sql)
+
+    # -- the pipeline --------------------------------------------------------------------
+
+    def query(
+        self, analyst: str, request: QueryRequest, groups: frozenset[str] = frozenset()
+    ) -> Release:
+        """Answer one request of a known ``analyst`` (in-process callers, the wire front
+        end; ``groups``: a token's), or raise the ``GatewayError`` that says why not.
+        The tables the analyst may not read do not exist for this request."""
+        readable = self.readable(Principal(analyst, is_admin=False, groups=groups))
+        check_request(request, self.config.privacy)
+        planned = self.planner_for(readable).plan(request)
+        if isinstance(planned, ProbePlan):
+            return self._probe(self.charges.status(analyst), planned)
+        if not request.dry_run:
+            cached = self.cache.lookup(analyst, planned)
+            if cached is not None:
+                return _post_process(planned, cached)
+        return _post_process(planned, self._answer(analyst, planned))
+
+    def answer(
+        self,
+        key: str | None,
+        request: QueryRequest,
+        *,
+        admit: Callable[[Principal], None] = _admit_anyone,
+    ) -> tuple[Principal, Release]:
+        """Answer a request that carries its bearer ``key`` (the HTTP and wire front
+        ends): the caller and a release they may reuse come from one ledger read.
+        ``admit`` runs once the caller is known (rate limits), before anything else
+        they could observe. Who is asking is checked before what is asked."""
+        # Planned before the caller is known against the tables every analyst may read
+        # (as the last request found them): a table closed to some analyst is unknown
+        # here, alike for one that is not declared, so what this costs cannot tell them
+        # apart (gateway.pipeline.access).
+        seen_open = self._open_tables
+        planned, refusal = self._plan(self.planner_for(seen_open), request)
+        probe = None
+        if isinstance(planned, PlannedQuery) and not request.dry_run:
+            probe = self.cache.probe(planned)
+        principal, lookup = identify(
+            self.ledger,
+            key,
+            self.config.admin_key,
+            probe,
+            access=True,
+            groups=self.access.configured_restricts,
+            tokens=self.tokens,
+        )
+        if principal.is_admin:
+            raise Forbidden("the admin key cannot run queries: use an analyst's key")
+        admit(principal)
+        assert lookup is not None
+        self._open_tables = self.access.open_tables(lookup.access)
+        readable = self.access.readable(lookup.access, principal.groups)
+        if readable != seen_open:
+            # Planned again as if only the tables the caller may read were declared. A
+            # plan both planners make is the same plan, with the same cache key: the
+            # lookup's release stands; otherwise nothing was probed yet. (Refusals are not
+            # kept by a planner: a closed table's name is parsed and refused afresh, as
+            # an undeclared one is, whoever asked about it before.)
+            planned, refusal = self._plan(self.planner_for(readable), request)
+            if isinstance(planned, PlannedQuery) and probe is None and not request.dry_run:
+                with ledger_errors():  # the release and the budget, in one more read
+                    found = self.ledger.lookup(None, self.cache.probe(planned), name=principal.name)
+                if found.release is not None and found.budget is not None:
+                    hit = self.cache.hit(planned, found.release, found.budget)
+                    return principal, _post_process(planned, hit)
+        if refusal is not None:
+            raise refusal
+        assert planned is not None
+        if isinstance(planned, ProbePlan):
+            return principal, self._probe(self.charges.status(principal.name), planned)
+        if lookup.release is not None and lookup.budget is not None:
+            hit = self.cache.hit(planned, lookup.release, lookup.budget)
+            return principal, _post_process(planned, hit)
+        return principal, _post_process(planned, self._answer(principal.name, planned))
+
+    def _plan(
+        self, planner: Planner, request: QueryRequest
+    ) -> tuple[PlannedQuery | ProbePlan | None, GatewayError | None]:
+        """The request checked and planned, or the refusal (reported once the caller is
+        known to be allowed: who is asking is checked before what is asked)."""
+        try:
+            check_request(request, self.config.privacy)
+            return planner.plan(request), None
+        except GatewayError as e:
+            return None, e
+
+    def _answer(self, analyst: str, planned: PlannedQuery) -> Release:
+        """A planned request that is not in the cache: a dry run, or the data's turn."""
+        if planned.request.dry_run:
+            with uncharged_ledger_failures():  # the audit's scope lock: nothing is charged
+                return self._dry_run(analyst, planned)
+        plan, calibration = planned.plan, planned.calibration
+        table = self.config.tables[plan.table]
+        compiled = self._compile(planned)  # pure functions of the plan: outside the lane
+        _prefill(planned)
+        # The scope lock's own failure is the ledger's, before anything is charged.
+        with uncharged_ledger_failures(), self.audit.lane(analyst) as lane:
+            with lane.deciding():
+                flags = self.audit.before(lane.scope, analyst, planned)
+                reservation = self.charges.reserve(
+                    analyst, planned.request, calibration.cost, planned.key
+                )
+                clock = self.timing.start(
+                    plan,
+                    table,
+                    compiled.sql,
+                    self.config.database.statement_timeout_ms,
+                    after=lane.last_release,
+                    analyst=self._stretched(analyst),
+                )
+                ticket = lane.ticket(clock.release_at)
+            answered = False
+            missed = _Missed()
+            try:
+                release = self._release(
+                    lane, ticket, planned, compiled, reservation, clock, flags, missed
+                )
+                answered = True
+                return release
+            except (LedgerUnavailable, budget.LedgerUnavailable) as e:
+                if isinstance(e, LedgerUnavailable) and e.detail.get("charged") is True:
+                    raise
+                raise charged_ledger_failure() from None  # the charge above stands
+            finally:
+                lane.done(ticket)
+                # Whatever happened — answer, failure, withheld — it leaves at the release
+                # moment fixed before execution (invariant: observables are public or DP).
+                held = clock.wait()
+                if clock.release_at is not None:
+                    metrics.record_release_wait(held)
+                    # a failure is counted once, by the stage that failed (statement, turn)
+                    late = held == 0.0 and answered
+                    # what the analyst sees now, at the release moment: their next
+                    # deadlines follow it (gateway.pipeline.timing: stretch)
+                    stretched = self._stretched(analyst)
+                    if stretched is not None and (answered or missed.stage is not None):
+                        self.timing.observe(stretched, missed.stage is not None or late)
+                    if late:
+                        metrics.record_deadline_miss("release", plan.table)
+                        log.warning(
+                            "deadline miss: query %s was ready only after its release moment "
+                            "(deadline %.0f ms)",
+                            reservation.id,
+                            clock.deadline_ms or 0,
+                        )
+
+    def _stretched(self, analyst: str) -> str | None:
+        """Whose own misses stretch this analyst's deadlines (``gateway.pipeline.timing``): their
+        own, unless a global audit scope chains their release moments to everyone's
+        (then nobody's, so that one analyst's misses move no other's release moment)."""
+        if self.audit.active and self.audit.scope_kind != "analyst":
+            return None
+        return analyst
+
+    def _dry_run(self, analyst: str, planned: PlannedQuery) -> Release:
+        """The plan, cost and expected accuracy of a request; nothing runs or is charged."""
+        release = dry_run(
+            planned,
+            self.charges,
+            analyst,
+            self.config.execution,
+            self.config.tables,
+            self.audit.predict(analyst, planned),
+        )
+        # the cost model's deadline on an idle gateway (public: plan, config, model)
+        table = self.config.tables[planned.plan.table]
+        sql = self._compile(planned).sql
+        deadline = self.timing.deadline_ms(
+            planned.plan, table, sql, analyst=self._stretched(analyst)
+        )
+        ms = None if deadline is None else int(deadline)
+        return replace(release, extra={**release.extra, "release_deadline_ms": ms})
+
+    def _compile(self, planned: PlannedQuery) -> CompiledQuery:
+        """The one statement of a plan (from the cache of recently compiled plans)."""
+        key = planned.plan.canonical_sql
+        with self._compiled_lock:
+            compiled = self._compiled.get(key)
+            if compiled is not None:
+                self._compiled.move_to_end(key)
+                return compiled
+        compiled = self.compile(planned.plan)
+        check_parses(compiled.sql, self.dialect)  # refused free, before the charge
+        with self._compiled_lock:
+            self._compiled[key] = compiled
+            if len(self._compiled) > PLAN_CACHE_SIZE:
+                self._compiled.popitem(last=False)
+        return compiled
+
+    def compile(self, plan: QueryPlan) -> CompiledQuery:
+        """The one statement of ``plan`` on this gateway's database, with what its
+        catalogue proves (unique units, join keys) and nothing more."""
+        return compile_plan(
+            plan,
+            self.config.tables[plan.table],
+            self.dialect,
+            unit_unique=plan.table in self.unique_units,
+            join_keys=self.join_keys,
+        )
+
+    def _release(
+        self,
+        lane: ScopeLane | NoLane,
+        ticket: int,
+        planned: PlannedQuery,
+        compiled: CompiledQuery,
+        reservation: Reservation,
+        clock: ReleaseClock,
+        flags: list[str],
+        missed: _Missed,
+    ) -> Release:
+        """Execute a reserved query, noise it, post-audit it in its ticket's turn
+        (``gateway.pipeline.lanes``), post-process it and record it."""
+        plan, calibration = planned.plan, planned.calibration
+        slots = self.timing.slots if clock.starts_at is not None else None
+
+        def run_in_slot(engine: sa.Engine, sql: str, *, timeout_ms: int) -> Any:
+            # in its slot of the public schedule (gateway.pipeline.timing.StatementSlots)
+            if slots is None:
+                return run_aggregate(engine, sql, timeout_ms=timeout_ms)
+            with slots.enter(clock.starts_at):
+                if clock.statement_until is not None:  # what is left after the wait
+                    left = int((clock.statement_until - time.monotonic()) * 1000)
+                    timeout_ms = max(1, min(timeout_ms, left))
+                return run_aggregate(engine, sql, timeout_ms=timeout_ms)
+
+        try:
+            exact = run_aggregate_until(
+                self.engine,
+                compiled.sql,
+                timeout_ms=clock.statement_timeout_ms,
+                until=clock.statement_until,
+                query_id=reservation.id,
+                run=run_in_slot,
+            )
+        except DatabaseUnavailable:
+            lane.done(ticket)
+            # The statement was never sent: the failure cannot depend on the rows.
+            self.charges.refund(reservation, "the protected database was unreachable")
+            raise
+        except StatementFailed as failure:
+            lane.done(ticket)
+            _count_past_deadline(plan.table, clock)
+            if failure.timed_out:
+                missed.stage = "statement"
+                metrics.record_deadline_miss("statement", plan.table)
+            self._charged_failure(reservation, "timeout" if failure.timed_out else "error")
+        _count_past_deadline(plan.table, clock)
+        try:
+            noisy = add_noise(plan, compiled, exact, calibration)
+        except Exception:
+            lane.done(ticket)
+            log.error("noising failed after execution; the query stays charged", exc_info=True)
+            self._charged_failure(reservation, "noising")
+        cells_json = noisy.cells_json()
+        try:
+            with lane.turn(ticket, clock.release_at):
+                flags += self.audit.after(lane.scope, planned, reservation, noisy.cells, cells_json)
+                self.audit.remember(lane.scope, reservation.id, plan, noisy.cells)
+        except TurnMissed:
+            lane.done(ticket)
+            missed.stage = "turn"
+            metrics.record_deadline_miss("turn", plan.table)
+            self._charged_failure(reservation, "turn")
+        lane.done(ticket)
+        uncut = finish(plan, calibration, noisy)
+        release = Release(
+            query_id=reservation.id,
+            cached=False,
+            columns=tuple(ColumnInfo(o.name, o.type) for o in plan.visible_outputs),
+            rows=uncut.rows,
+            accuracy=uncut.accuracy,
+            privacy=privacy_spent(planned),
+            budget=reservation.budget,
+            charge=reservation.charge,
+        )
+        release = shown(planned, release, uncut)
+        record = release.answer_json()
+        record["uncut"] = {"rows": [list(r) for r in uncut.rows], "accuracy": uncut.accuracy}
+        record["audit_cells"] = cells_json
+        if flags:
+            record["audit_flags"] = flags
+        # Its charge is durable already. Another worker's auditor replays this row once it
+        # has the scope lock, which this process holds until its last query of the scope
+        # leaves, so with the audit on it is committed before this query leaves the lane;
+        # otherwise it rides on the writer's next batch.
+        self.charges.answered(reservation, record, wait=self.audit.active)
+        return release
+
+    def _charged_failure(self, reservation: Reservation, cause: str) -> NoReturn:
+        """Record a failure after the statement reached the database — charged, nothing
+        released — and raise the one error every such failure gets. Its status, code and
+        message are the same for an error, a timeout or a cancellation: which one it was
+        can depend on the rows (``cause`` goes to the operator's log only)."""
+        log.warning("query %s failed after reaching the database (%s)", reservation.id, cause)
+        metrics.record_statement_failure(cause)
+        self.charges.withheld(
+            reservation,
+            {"withheld": True, "failed": True},
+            "execution failed after the statement reached the database",
+        )
+        raise DatabaseUnavailable(CHARGED_FAILURE_MESSAGE, charged=True)
+
+    def _probe(self, status: BudgetStatus, plan: ProbePlan) -> Release:
+        """A query about public facts only (``SELECT 1``, a client's probe): free."""
+        return Release(
+            query_id=uuid.uuid4().hex,
+            cached=False,
+            columns=tuple(ColumnInfo(n, t) for n, t in plan.columns),
+            rows=plan.rows,
+            accuracy={},
+            privacy=NO_PRIVACY_SPENT,
+            budget=status,
+        )
+
+
+@dataclass
+class _Missed:
+    """The deadline stage a query failed at (``None``: none), for the timing's stretch."""
+
+    stage: str | None = None
+
+
+def _count_past_deadline(table: str, clock: ReleaseClock) -> None:
+    """Count a statement that returned after its query's release moment (operator's
+    metric: its response cannot leave at the deadline)."""
+    if clock.release_at is not None and time.monotonic() > clock.release_at:
+        metrics.record_past_deadline(table)
+
+
+def _post_process(planned: PlannedQuery, release: Release) -> Release:
+    """A nested aggregation's outer query, run on the (inner) release just obtained —
+    fresh, cached or a dry run; post-processing of noisy values only."""
+    if planned.plan.post_query is None:
+        return release
+    return run_post_query(planned, release)
+
+
+def _prefill(planned: PlannedQuery) -> None:
+    """Have each measure's noise drawn before the data is read, so that the release does
+    no sampling work whose duration could depend on the values (docs/design.md,
+    invariant 4: noise is exact, secret and timing-blind)."""
+    cells = 1
+    for g in planned.plan.group_keys:
+        cells *= len(g.domain) if g.domain is not None else 64
+    calibration = planned.calibration
+    for noise in calibration.noises:
+        prefill(noise, min(cells, 100_000))
+    if calibration.selection is not None:
+        prefill(calibration.selection.noise, min(cells, 100_000))
