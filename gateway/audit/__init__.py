@@ -9,7 +9,6 @@
     confidence  lower confidence bounds on sizes, from the public noise scales
     describe    a region as a WHERE clause over declared columns (refusals name it)
     resident    which scopes' knowledge stays in memory (a byte budget; the rest on disk)
-    heap        freed arrays kept for reuse (the span's rebuilds are not page-faulted)
     auditor     Auditor.pre_audit / predict / post_audit / remember
     findings    what answered regions determine, sized: the groups too small
 
