@@ -308,23 +308,40 @@ def pg_schema() -> Iterator[tuple[sa.Engine, str]]:
 
 
 def _citext_schema(conn: sa.Connection, schema: str) -> str:
-    """The schema of the citext extension: where it already is, else the test's own
-    (dropped with it); the test is skipped where the server does not ship it."""
-    found = conn.execute(
-        sa.text(
-            "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace "
-            "WHERE e.extname = 'citext'"
-        )
-    ).scalar()
-    if found is not None:
-        return str(found)
+    """The schema of the citext extension: where it already is, else ``CITEXT_SCHEMA``,
+    which no test drops. Not the test's own schema: dropping it (CASCADE) took the
+    extension, and with it the citext column of a test running beside it on another
+    worker ("column k does not exist"). Skipped where the server does not ship citext."""
+
+    def found() -> str | None:
+        where = conn.execute(
+            sa.text(
+                "SELECT n.nspname FROM pg_extension e "
+                "JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'citext'"
+            )
+        ).scalar()
+        return None if where is None else str(where)
+
+    where = found()
+    if where is not None:
+        return where
     available = conn.execute(
         sa.text("SELECT 1 FROM pg_available_extensions WHERE name = 'citext'")
     ).scalar()
     if available is None:
         pytest.skip("this PostgreSQL server has no citext extension")
-    conn.execute(sa.text(f'CREATE EXTENSION citext SCHEMA "{schema}"'))
-    return schema
+    # one worker creates it; the other waits here and then finds it
+    conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('dpgate-test-citext'))"))
+    where = found()
+    if where is None:
+        conn.execute(sa.text(f'CREATE SCHEMA IF NOT EXISTS "{CITEXT_SCHEMA}"'))
+        conn.execute(sa.text(f'CREATE EXTENSION citext SCHEMA "{CITEXT_SCHEMA}"'))
+        where = CITEXT_SCHEMA
+    return where
+
+
+#: Where the tests put the citext extension when the server has it nowhere yet.
+CITEXT_SCHEMA = "dpgate_test_citext"
 
 
 PG_CASES = {
