@@ -49,7 +49,9 @@ def test_a_waiting_post_audit_goes_before_a_burst_of_admissions() -> None:
     time.sleep(0.05)  # the burst is queued behind the first admission
     post = threading.Thread(target=post_audit)
     post.start()
-    time.sleep(0.05)  # and the post-audit behind it too
+    deadline = time.monotonic() + 5
+    while not getattr(lane, "_post_waiting", 0) and time.monotonic() < deadline:  # it waits
+        time.sleep(0.001)
     release_first.set()
     for t in [*threads, post]:
         t.join(5)
