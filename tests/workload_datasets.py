@@ -27,7 +27,7 @@ from typing import Any
 
 # -- telecom -----------------------------------------------------------------------------
 
-SUBSCRIBERS = 9_000
+SUBSCRIBERS = 6_000
 TELECOM_SEED = 20261127
 TELECOM_REGIONS = ("Capital", "North", "South", "East", "West", "Coast")
 TELECOM_REGION_WEIGHTS = (34, 14, 16, 13, 12, 11)
