@@ -333,7 +333,9 @@ def build_census(path: Path, *, persons: int = PERSONS, seed: int = CENSUS_SEED)
     while pid < persons:
         household += 1
         region = rng.choices(CENSUS_REGIONS, CENSUS_REGION_WEIGHTS)[0]
-        area = rng.choices(by_region[region], [3 if a[2] == "Urban" else 2 for a in by_region[region]])[0]
+        area = rng.choices(
+            by_region[region], [3 if a[2] == "Urban" else 2 for a in by_region[region]]
+        )[0]
         size = min(8, 1 + int(rng.expovariate(0.65)))
         tenure = rng.choices(TENURE, (25, 38, 37))[0]
         head_age = min(95, max(18, int(rng.gauss(50, 17))))
