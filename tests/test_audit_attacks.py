@@ -185,3 +185,87 @@ def test_attack_is_refused_in_99_of_100_trials(
             continue
         answered += 1
     assert answered <= MAX_ANSWERED, f"{name}: {answered} of {TRIALS} trials answered"
+
+
+# -- two columns of one public lookup (issue 32) ----------------------------------------
+#
+# The auditor reads a public lookup's rows (gateway/sql/public_lookups.py) and turns a
+# condition on one of its columns into the set of keys whose row meets it, so that two
+# columns of one lookup relate through the key. The attack: a lookup of zips with a
+# region and a district, where one district is one zip Z holding one Crohn patient;
+# "Crohn in Z's region" minus "Crohn in Z's region, district 'Main'" is that patient.
+# Each variant of the lookup is one the translation could get wrong if it read the rows
+# naively; each must still be refused.
+
+LOOKUP_VARIANTS = {
+    # the honest lookup, with keys no patient has
+    "exact": [],
+    # Z twice: the compiled cut keeps the first row by its values ('Alone'), a reader
+    # keeping the last row read would take Z for 'Main' and see no difference
+    "duplicate key": ["INSERT INTO zip_districts VALUES ('{z}', '{r}', 'Main')"],
+    # NULL keys match nothing: a row of them must not move Z's district
+    "null key": ["INSERT INTO zip_districts VALUES (NULL, '{r}', 'Main')"],
+    # Z again, stored as a number: the compiled join compares text keys as text, so it
+    # matches no patient, and Z stays 'Alone'; a reader reading keys as text would not
+    "key stored as a number": [
+        "INSERT INTO zip_districts VALUES (CAST('{z}' AS INTEGER), '{r}', 'Main')"
+    ],
+}
+
+
+def _lookup_attack(demo_db: Path, folder: Path, variant: str) -> tuple[Path, list[str]]:
+    """A copy of the demo data with the ``zip_districts`` lookup (in ``variant``), and
+    the attack's two queries."""
+    db = folder / "hospital.db"
+    shutil.copy(demo_db, db)
+    with sqlite3.connect(db) as conn:
+        z, region = conn.execute(
+            "SELECT p.zip, r.region FROM patients p JOIN zip_regions r ON p.zip = r.zip "
+            "GROUP BY p.zip HAVING SUM(p.disease = 'Crohn') = 1 "
+            "ORDER BY COUNT(*) DESC, p.zip LIMIT 1"
+        ).fetchone()
+        # untyped key column: it keeps whatever class a value is stored as
+        conn.execute("CREATE TABLE zip_districts (zip, region TEXT, district TEXT)")
+        conn.execute(
+            "INSERT INTO zip_districts SELECT zip, region, "
+            "CASE WHEN zip = ? THEN 'Alone' ELSE 'Main' END FROM zip_regions",
+            (z,),
+        )
+        conn.execute("INSERT INTO zip_districts VALUES ('0001', ?, 'Main')", (region,))
+        for statement in LOOKUP_VARIANTS[variant]:
+            conn.execute(statement.format(z=z, r=region))
+    join = "SELECT COUNT(*) FROM patients p JOIN zip_districts d ON p.zip = d.zip WHERE "
+    crohn = f"d.region = '{region}' AND p.disease = 'Crohn'"
+    return db, [join + crohn, join + crohn + " AND d.district = 'Main'"]
+
+
+@pytest.mark.parametrize("variant", list(LOOKUP_VARIANTS))
+def test_a_differencing_pair_across_two_columns_of_a_public_lookup_is_refused(
+    variant: str, demo_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DPGATE_ADMIN_KEY", ADMIN_KEY)
+    db, queries = _lookup_attack(demo_db, tmp_path, variant)
+    raw = demo_config_dict(db, tmp_path / "ledger.db")
+    raw["ledger"]["url"] += "?synchronous=normal"
+    raw["tables"]["patients"]["references"] = {"zip": "zip_districts.zip"}
+    raw["tables"]["zip_districts"] = {
+        "public": True,
+        "key": "zip",
+        "columns": {
+            "zip": {"type": "text"},
+            "region": {"type": "text"},
+            "district": {"type": "text"},
+        },
+    }
+    gateway = Gateway(parse_config(raw))
+    answered = 0
+    for trial in range(TRIALS):
+        analyst = f"attacker{trial}"
+        gateway.ledger.create_analyst(analyst, 100.0, 1e-6)
+        try:
+            for sql in queries:
+                gateway.query(analyst, QueryRequest(sql, EPSILON, 0.0, "laplace"))
+        except AuditRefused:
+            continue
+        answered += 1
+    assert answered <= MAX_ANSWERED, f"{variant}: {answered} of {TRIALS} trials answered"

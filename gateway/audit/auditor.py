@@ -33,7 +33,7 @@ from gateway.audit.resident import ResidentScopes
 from gateway.audit.space import SpaceTooLarge
 from gateway.audit.span import Doubt
 from gateway.core.config import TableConfig
-from gateway.core.joins import audit_relations
+from gateway.core.joins import PublicLookup, audit_relations, translations
 from gateway.core.plan import QueryPlan
 from gateway.ops.heap import retain_freed_memory
 
@@ -103,14 +103,18 @@ class Auditor:
         min_group_size: int,
         confidence: float = DEFAULT_CONFIDENCE,
         max_bytes: int | None = None,
+        public: Mapping[tuple[str, str], PublicLookup] | None = None,
     ) -> None:
         # Each table with the columns of the tables it may join (gateway/core/joins.py): a
         # join's regions live in its anchor table's cell space.
-        self.tables = audit_relations(tables)
+        self.tables = audit_relations(tables, public)
+        through = translations(tables, self.tables, public)
         self.min_group_size = min_group_size
         self.alpha = 1 - confidence
         self.observe: Callable[[Sizing], None] | None = None  # sees every region sized
-        self._builders = {name: FormulaBuilder(t) for name, t in self.tables.items()}
+        self._builders = {
+            name: FormulaBuilder(t, through.get(name)) for name, t in self.tables.items()
+        }
         self._state: dict[tuple[str, str], TableKnowledge] = {}
         self._saturated: set[tuple[str, str]] = set()
         self._pending: dict[tuple[str, str], tuple[str, TableKnowledge, TableKnowledge]] = {}

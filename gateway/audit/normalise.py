@@ -86,7 +86,10 @@ class Normaliser:
         if len(columns) == 1:
             (name,) = columns
             try:
-                found = self.enumerated(node, name)
+                if name in self.builder.lookups:
+                    found = self.through_key(node, name)
+                else:
+                    found = self.enumerated(node, name)
             except Unknown:
                 found = None
             if found is not None:
@@ -200,6 +203,32 @@ class Normaliser:
                 return None
             truth[None] = t
         return self.truth_table(name, col, truth)
+
+    def through_key(self, node: exp.Expr, name: str) -> Formula | None:
+        """A condition on a public lookup's column, as the keys whose row meets it
+        (``PublicLookup``): evaluated on each row the join can attach, and on NULL for the
+        anchor's rows it attaches none to (a key no row has, or NULL)."""
+        via, lookup, column = self.builder.lookups[name]
+        named = string_constants(node)
+        truth_of: dict[Any, Any] = {}
+
+        def truth(value: Any) -> Any:
+            if value not in truth_of:
+                t = evaluate(node, name, value, named)
+                if t is not None and not isinstance(t, bool):
+                    raise Unknown("not a truth value")
+                truth_of[value] = t
+            return truth_of[value]
+
+        unmatched = truth(None)
+        key = self.table.columns[via]
+        table: dict[Any, Any] = {}
+        for value in key.values if key.values is not None else (*lookup.rows, OTHER):
+            row = lookup.rows.get(value) if isinstance(value, str) else None
+            table[value] = unmatched if row is None else truth(row[column])
+        if key.may_be_null:
+            table[None] = unmatched
+        return self.truth_table(via, key, table)
 
     def truth_table(self, name: str, col: ColumnConfig, truth: dict[Any, Any]) -> Formula:
         """Conditions on column ``name`` true exactly where ``truth`` says so (Kleene)."""

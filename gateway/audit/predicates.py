@@ -48,6 +48,7 @@ from gateway.audit.formulas import (
 )
 from gateway.audit.normalise import Normaliser, may_be_null
 from gateway.core.config import TableConfig
+from gateway.core.joins import PublicLookup
 
 __all__ = [
     "FALSE",
@@ -133,8 +134,13 @@ def date_number(v: Any) -> Fraction:
 class FormulaBuilder:
     """Turns sqlglot predicates over one table into formulas (a pure pass over the AST)."""
 
-    def __init__(self, table: TableConfig) -> None:
+    def __init__(
+        self, table: TableConfig, lookups: Mapping[str, tuple[str, PublicLookup, str]] | None = None
+    ) -> None:
         self.table = table
+        # public lookups' columns read through their rows (gateway/core/joins.py,
+        # ``translations``): a condition on one is a condition on the key it is joined on
+        self.lookups = dict(lookups or {})
         self._normaliser = Normaliser(table, self)
         self._cache: dict[int, tuple[exp.Expr, Formula]] = {}
         self._cells: dict[tuple[str, Any], Formula] = {}
@@ -162,8 +168,9 @@ class FormulaBuilder:
     def bare_column(self, node: exp.Expr) -> DimensionKey | None:
         while isinstance(node, exp.Paren):
             node = node.this
-        if isinstance(node, exp.Column) and node.name.lower() in self.table.columns:
-            return self.column_dim(node.name.lower())
+        name = node.name.lower() if isinstance(node, exp.Column) else ""
+        if name in self.table.columns and name not in self.lookups:
+            return self.column_dim(name)
         return None
 
     def normalise_value(self, value: Any, dim: DimensionKey) -> Any:

@@ -19,11 +19,32 @@ auditor never treats the two as independent dimensions.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from gateway.core.config import ColumnConfig, Reference, TableConfig
 
-__all__ = ["audit_relations", "lookups", "matched_lookups", "relation", "relation_column"]
+__all__ = [
+    "PublicLookup",
+    "audit_relations",
+    "lookups",
+    "matched_lookups",
+    "relation",
+    "relation_column",
+]
+
+
+@dataclass(frozen=True)
+class PublicLookup:
+    """The rows of a public lookup as a join through one reference reads them: each key
+    (a text value, as the join's ``=`` compares it) with the lookup's text columns
+    (``rows[key][column]``, None for NULL). Read by the gateway at start-up
+    (gateway/sql/public_lookups.py) only where that is exact (every key a distinct text);
+    the auditor translates a condition on such a column into the set of keys whose row
+    meets it, so two columns of one lookup relate through the key (docs/privacy.md,
+    "Joins")."""
+
+    key: str
+    rows: Mapping[str, Mapping[str, str | None]]
 
 
 def relation_column(table: str, column: str) -> str:
@@ -66,16 +87,84 @@ def relation(
     return replace(base, columns=columns)
 
 
-def audit_relations(tables: Mapping[str, TableConfig]) -> dict[str, TableConfig]:
+def audit_relations(
+    tables: Mapping[str, TableConfig],
+    public: Mapping[tuple[str, str], PublicLookup] | None = None,
+) -> dict[str, TableConfig]:
     """Each table as the auditor sees it: with every lookup's columns, so a join's regions
     and the anchor's own queries' regions share one cell space. A lookup's columns may be
     NULL (the anchor's rows that match nothing), except a lookup every row matches
     (``matched_lookups``): every query on the table inner-joins it, so its columns keep
-    their declared nullability."""
-    return {
-        name: relation(tables, name, matched_lookups(tables, name)) if t.references else t
-        for name, t in tables.items()
-    }
+    their declared nullability, and where its rows were read (``public``, translated by
+    ``translations``) the column it is joined on holds one of its keys: a row whose value
+    is none of them is outside the table in every query."""
+    out: dict[str, TableConfig] = {}
+    for name, t in tables.items():
+        if not t.references:
+            out[name] = t
+            continue
+        matched = matched_lookups(tables, name)
+        rel = relation(tables, name, matched)
+        for via, lookup in _translatable(tables, name, rel, public or {}, matched):
+            col = rel.columns[via]
+            keys = tuple(k for k in lookup.rows if col.values is None or k in col.values)
+            rel = replace(rel, columns={**rel.columns, via: replace(col, values=keys, nullable=False)})
+        out[name] = rel
+    return out
+
+
+def translations(
+    tables: Mapping[str, TableConfig],
+    relations: Mapping[str, TableConfig],
+    public: Mapping[tuple[str, str], PublicLookup] | None,
+) -> dict[str, dict[str, tuple[str, PublicLookup, str]]]:
+    """Per table, the relation columns of public lookups the auditor reads through their
+    rows: ``{relation column: (the column the lookup is joined on, its rows, the lookup's
+    own column name)}``. Only the text columns of a lookup whose rows were read, joined on
+    a column that is itself no function of another (the anchor's, or a lookup's through
+    the privacy unit)."""
+    out: dict[str, dict[str, tuple[str, PublicLookup, str]]] = {}
+    for name, t in tables.items():
+        if not t.references or not public:
+            continue
+        found: dict[str, tuple[str, PublicLookup, str]] = {}
+        rel = relations[name]
+        for via, lookup in _translatable(tables, name, rel, public, None):
+            ref_table = next(
+                r.table for p, r in lookups(tables, name) if _via(tables, name, p, r) == via
+            )
+            for column, col in tables[ref_table].columns.items():
+                if col.type == "text":
+                    found[relation_column(ref_table, column)] = (via, lookup, column)
+        if found:
+            out[name] = found
+    return out
+
+
+def _via(tables: Mapping[str, TableConfig], anchor: str, parent: str, ref: Reference) -> str:
+    return ref.column if parent == anchor else relation_column(parent, ref.column)
+
+
+def _translatable(
+    tables: Mapping[str, TableConfig],
+    anchor: str,
+    rel: TableConfig,
+    public: Mapping[tuple[str, str], PublicLookup],
+    only: frozenset[str] | None,
+) -> Iterator[tuple[str, PublicLookup]]:
+    """The references of ``anchor``'s relation whose lookup rows were read, joined on a
+    text column that is no function of another (``only``: to these lookups)."""
+    for parent, ref in lookups(tables, anchor):
+        lookup = public.get((parent.lower(), ref.column.lower()))
+        if lookup is None or (only is not None and ref.table not in only):
+            continue
+        via = _via(tables, anchor, parent, ref)
+        col = rel.columns.get(via)
+        if col is None or col.type != "text" or col.determined_by is not None:
+            continue
+        if via == rel.privacy_unit:
+            continue
+        yield via, lookup
 
 
 def matched_lookups(tables: Mapping[str, TableConfig], anchor: str) -> frozenset[str]:

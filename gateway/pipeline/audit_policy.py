@@ -32,6 +32,7 @@ from gateway.audit import (
 )
 from gateway.core.config import AuditConfig, TableConfig
 from gateway.core.errors import AuditRefused, GatewayError
+from gateway.core.joins import PublicLookup
 from gateway.core.plan import QueryPlan
 from gateway.ops import metrics
 from gateway.pipeline.charges import Charges, ledger_errors
@@ -53,6 +54,7 @@ class AuditPolicy:
         ledger: budget.Ledger,
         planner: Planner,
         charges: Charges,
+        public: Mapping[tuple[str, str], PublicLookup] | None = None,
     ) -> None:
         self.mode = config.mode
         self.scope_kind = config.scope
@@ -64,6 +66,7 @@ class AuditPolicy:
             min_group_size=config.min_group_size,
             confidence=config.confidence,
             max_bytes=config.memory_mb * 2**20,
+            public=public,
         )
         self._synced: dict[str, int] = {}
         self._sync_lock = threading.Lock()

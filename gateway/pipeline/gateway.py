@@ -76,6 +76,7 @@ from gateway.sql.execute import (
     units_unique_by_schema,
 )
 from gateway.sql.join_keys import join_keys_by_schema, with_public_keys_as_units
+from gateway.sql.public_lookups import read_public_lookups
 from mechanisms import prefill
 
 log = logging.getLogger("dpgate.pipeline")
@@ -140,8 +141,10 @@ class Gateway:
         self._open_tables = self.access.open_tables(self.ledger.access())
         self.charges = Charges(self.ledger, data_version)
         self.cache = AnswerCache(self.ledger, config.cache.scope, data_version)
+        # public lookups' rows, where the auditor may read them (gateway/sql/public_lookups.py)
+        public = read_public_lookups(self.engine, config.tables, self.join_keys, self.dialect)
         self.audit = AuditPolicy(
-            config.audit, config.tables, self.ledger, self.planner, self.charges
+            config.audit, config.tables, self.ledger, self.planner, self.charges, public
         )
         self.auditor = self.audit.auditor
         # Compiled statements of recent plans (compiling is a pure function of the plan
