@@ -30,7 +30,10 @@ catalogue decides them). Three checks per session:
 
 A session the product refuses or withholds today although the reference calls it honest
 says why in its ``known_gap:``; its checks 2. and 3. are strict expected failures (they
-fail the suite once the auditor answers it, so that the mark goes).
+fail the suite once the auditor answers it, so that the mark goes). A gap that only some
+noise draws hit (``gap_by_noise: true``: a real group of more than k people, determined
+and sized through noisy answers) is a strict expected failure of check 2. and a plain one
+of check 3.
 """
 
 from __future__ import annotations
@@ -75,27 +78,39 @@ class Session:
     dataset: str = "hospital"
     # why the product refuses or withholds this honest session today (None: it must not)
     known_gap: str | None = None
+    # the gap is a real group sized through noise: the pipeline refuses it in some runs
+    # only, so that check is a plain (not strict) expected failure
+    gap_by_noise: bool = False
 
 
 def _session(path: Path) -> Session:
     raw = yaml.safe_load(path.read_text())
     queries = tuple((q["sql"], float(q["epsilon"])) for q in raw["queries"])
-    return Session(raw["name"], queries, raw.get("dataset", "hospital"), raw.get("known_gap"))
+    return Session(
+        raw["name"],
+        queries,
+        raw.get("dataset", "hospital"),
+        raw.get("known_gap"),
+        bool(raw.get("gap_by_noise", False)),
+    )
 
 
 SESSIONS = {p.stem: _session(p) for p in WORKLOADS}
 
 
-def _answered(name: str) -> Any:
+def _answered(name: str, *, noisy: bool = False) -> Any:
     """A session for the product's checks: one with a known gap is expected to fail them
-    (strictly: once the auditor answers it, the mark must go)."""
-    gap = SESSIONS[name].known_gap
-    if gap is None:
+    (strictly: once the auditor answers it, the mark must go), except the check through
+    the noise (``noisy``) of a gap that only some noise draws hit (``gap_by_noise``)."""
+    session = SESSIONS[name]
+    if session.known_gap is None:
         return name
-    return pytest.param(name, marks=pytest.mark.xfail(reason=gap, strict=True))
+    strict = not (noisy and session.gap_by_noise)
+    return pytest.param(name, marks=pytest.mark.xfail(reason=session.known_gap, strict=strict))
 
 
 ANSWERED = [_answered(name) for name in sorted(SESSIONS)]
+ANSWERED_WITH_NOISE = [_answered(name, noisy=True) for name in sorted(SESSIONS)]
 
 
 @dataclass(frozen=True)
@@ -471,7 +486,7 @@ def test_sessions_are_answered_with_exact_counts_by_a_margin(name: str, gateway:
         assert slack >= noise_quantile(list(s.terms), alpha), (name, s)
 
 
-@pytest.mark.parametrize("name", ANSWERED)
+@pytest.mark.parametrize("name", ANSWERED_WITH_NOISE)
 def test_sessions_are_answered_through_the_pipeline(name: str, gateway: Gateway) -> None:
     gateway.ledger.create_analyst("honest", 100.0, 1e-6)
     for sql, epsilon in SESSIONS[name].queries:
