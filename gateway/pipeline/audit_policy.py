@@ -66,6 +66,11 @@ class AuditPolicy:
             max_bytes=config.memory_mb * 2**20,
         )
         self._synced: dict[str, int] = {}
+        # per scope: the lock's turn this process took last (``_hold``), and the turn at
+        # which it last read the history (``_sync``): the next turn up means no one else
+        # held the scope in between, so its history has nothing new
+        self._taken: dict[str, int | None] = {}
+        self._synced_turn: dict[str, int] = {}
         self._sync_lock = threading.Lock()
         self._lanes: dict[str, ScopeLane] = {}
         self._lanes_lock = threading.Lock()
@@ -91,7 +96,7 @@ class AuditPolicy:
             if lane is None:
                 lane = self._lanes[scope] = ScopeLane(
                     scope,
-                    lambda: self.ledger.scope_lock(scope),
+                    lambda: self._hold(scope),
                     lambda: self._sync(scope),
                 )
         asked = time.monotonic()
@@ -227,12 +232,30 @@ class AuditPolicy:
                 reservation_id=None if reservation is None else reservation.id,
             )
 
+    @contextmanager
+    def _hold(self, scope: str) -> Iterator[None]:
+        """The ledger's lock of ``scope`` (``budget.locks``), noting the turn taken."""
+        with self.ledger.scope_lock(scope) as turn:
+            self._taken[scope] = turn
+            yield
+
     def _sync(self, scope: str) -> None:
         """Replay answers other workers released since the last sync, so every process
         audits the same history (incremental: only ledger entries past the last one
-        seen). Withheld answers are not replayed: nobody saw them."""
+        seen). Withheld answers are not replayed: nobody saw them.
+
+        Called holding the scope's lock, just taken (``_hold``). Answers of the scope are
+        recorded only under that lock, so when this process's turn follows its previous
+        one directly (``budget.locks``: nobody else took the lock in between) the ledger
+        holds none it has not seen — its own are remembered as they are released — and
+        nothing is read. An unknown turn (PostgreSQL) always reads."""
         analyst = None if scope == GLOBAL_SCOPE else scope
         with self._sync_lock:
+            turn = self._taken.pop(scope, None)
+            last = self._synced_turn.pop(scope, None)
+            if turn is not None and last is not None and turn == last + 1:
+                self._synced_turn[scope] = turn
+                return
             after = self._synced.get(scope)
             with ledger_errors():
                 entries = self.ledger.releases(analyst, self.planner.data_version, after=after)
@@ -258,6 +281,8 @@ class AuditPolicy:
                             cells=audit_cells_from_json(cells),
                         ),
                     )
+            if turn is not None:  # read up to now: the next turn up needs no read
+                self._synced_turn[scope] = turn
 
 
 def count_noise(planned: PlannedQuery) -> CountNoise | None:
