@@ -105,6 +105,14 @@ class Journal(_Base):
             row = self._analyst_row(conn, analyst)
             return reads.find_refusal(conn, row.id, query_key, data_version)
 
+    def refused_keys(
+        self, analyst: str | None, data_version: str, *, after: int | None = None
+    ) -> list[tuple[int, str, str]]:
+        """(id, analyst, query key) of the auditor's refusals for ``data_version`` (of one
+        analyst, or all), in ledger order; ``after``: only ids past it (incremental)."""
+        with self._transaction(write=False) as conn:
+            return reads.refused_keys(conn, analyst, data_version, after)
+
     @contextmanager
     def scope_lock(self, scope: str) -> Iterator[int | None]:
         """Hold the audit lock of ``scope`` (``locks``): across processes and hosts

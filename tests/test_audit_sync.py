@@ -102,3 +102,39 @@ def test_a_failed_read_is_read_again(
         ask(first, HALF)
     with pytest.raises(AuditRefused):  # the next turn reads what the failed one missed
         ask(first, HALF)
+
+
+def test_a_refusal_recorded_by_another_worker_is_refused_again_free(
+    workers: tuple[Gateway, Gateway],
+) -> None:
+    first, second = workers
+    ask(first, "SELECT COUNT(*) FROM patients WHERE age < 30")  # it has read alice's refusals
+    ask(second, WHOLE)
+    with pytest.raises(AuditRefused):
+        ask(second, HALF)  # recorded by the second worker
+    with pytest.raises(AuditRefused) as again:
+        ask(first, HALF)
+    assert again.value.detail.get("refused_before") is True
+
+
+def test_no_refusal_is_looked_up_for_a_request_never_refused(
+    workers: tuple[Gateway, Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, _ = workers
+    lookups: list[int] = []
+    real = first.ledger.find_refusal
+
+    def find_refusal(*args: Any, **kwargs: Any) -> Any:
+        lookups.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(first.ledger, "find_refusal", find_refusal)
+    ask(first, WHOLE)
+    ask(first, "SELECT COUNT(*) FROM patients WHERE age < 30")
+    assert lookups == []
+    with pytest.raises(AuditRefused):
+        ask(first, HALF)
+    with pytest.raises(AuditRefused) as again:
+        ask(first, HALF)  # its own refusal, kept in memory: looked up for its reason
+    assert again.value.detail.get("refused_before") is True
+    assert lookups == [1]

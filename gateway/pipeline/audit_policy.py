@@ -71,6 +71,11 @@ class AuditPolicy:
         # held the scope in between, so its history has nothing new
         self._taken: dict[str, int | None] = {}
         self._synced_turn: dict[str, int] = {}
+        # per scope: the (analyst, query key) of every refusal read or recorded (complete
+        # up to the last sync: refusals, too, are recorded only under the scope's lock),
+        # and the last refusal id read
+        self._refused: dict[str, set[tuple[str, str]]] = {}
+        self._refusals_read: dict[str, int] = {}
         self._sync_lock = threading.Lock()
         self._lanes: dict[str, ScopeLane] = {}
         self._lanes_lock = threading.Lock()
@@ -202,6 +207,12 @@ class AuditPolicy:
             self.auditor.remember(scope, AnsweredQuery(query_id=query_id, plan=plan, cells=cells))
 
     def _refused_before(self, analyst: str, key: str) -> None:
+        """Refuse again, free, a request refused before. Called in the scope's lane,
+        whose sync read every refusal recorded before (``_sync``): a request not among
+        them needs no read of the ledger."""
+        known = self._refused.get(self.scope_of(analyst))
+        if known is not None and (analyst, key) not in known:
+            return
         with ledger_errors():
             refusal = self.ledger.find_refusal(key, analyst, self.planner.data_version)
         if refusal is not None:
@@ -231,6 +242,9 @@ class AuditPolicy:
                 combined_with=decision.combined_with,
                 reservation_id=None if reservation is None else reservation.id,
             )
+        known = self._refused.get(self.scope_of(analyst))
+        if known is not None:  # recorded under the scope's lock: the set stays complete
+            known.add((analyst, planned.key))
 
     @contextmanager
     def _hold(self, scope: str) -> Iterator[None]:
@@ -248,7 +262,8 @@ class AuditPolicy:
         recorded only under that lock, so when this process's turn follows its previous
         one directly (``budget.locks``: nobody else took the lock in between) the ledger
         holds none it has not seen — its own are remembered as they are released — and
-        nothing is read. An unknown turn (PostgreSQL) always reads."""
+        nothing is read. An unknown turn (PostgreSQL) always reads. The refusals recorded
+        since the last read are read with the answers (``_refused_before``)."""
         analyst = None if scope == GLOBAL_SCOPE else scope
         with self._sync_lock:
             turn = self._taken.pop(scope, None)
@@ -281,6 +296,14 @@ class AuditPolicy:
                             cells=audit_cells_from_json(cells),
                         ),
                     )
+            with ledger_errors():
+                refused = self.ledger.refused_keys(
+                    analyst, self.planner.data_version, after=self._refusals_read.get(scope)
+                )
+            known = self._refused.setdefault(scope, set())
+            for refusal_id, who, key in refused:
+                known.add((who, key))
+                self._refusals_read[scope] = refusal_id
             if turn is not None:  # read up to now: the next turn up needs no read
                 self._synced_turn[scope] = turn
 
