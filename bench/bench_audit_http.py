@@ -27,7 +27,9 @@ counted, not timed. At each mark (that many answered queries in the history) the
 ``--probes`` answered queries are timed. Both servers see the same query sequence.
 Beside the wall times: the server's CPU of each answered request (its median: what load
 distorts least) and of the window. After ``--max-refused`` refusals the run stops
-(``stalled_at``).
+(``stalled_at``). By default the two servers run one after the other; with
+``--side-by-side`` both run at once and each query goes to both (in alternating order),
+so that a machine whose load swings weighs on both alike.
 """
 
 from __future__ import annotations
@@ -253,10 +255,109 @@ def run(
     return out
 
 
+def run_side_by_side(
+    root: Path,
+    sqls: list[str],
+    marks: list[int],
+    probes: int,
+    max_refused: int | None = None,
+    epsilon: float = 0.01,
+) -> dict[str, dict[str, Any]]:
+    """``run`` for both servers at once (``--side-by-side``): each query goes to both,
+    in alternating order, so the machine's load weighs on both alike. The marks count
+    the audited server's answered queries; a probe is timed where it answered (the
+    other server answers everything)."""
+    audits = ("off", "refuse")
+    started = {audit: start_server(root, audit) for audit in audits}
+    out: dict[str, dict[str, Any]] = {audit: {} for audit in audits}
+    try:
+        conns = {
+            a: http.client.HTTPConnection("127.0.0.1", started[a][1], timeout=60) for a in audits
+        }
+
+        def send(audit: str, sql: str) -> tuple[bool, float, float]:
+            pid = started[audit][0].pid
+            ns = server_cpu_ns(pid)
+            t = time.perf_counter()
+            body = post(conns[audit], started[audit][2], sql, epsilon)
+            elapsed = time.perf_counter() - t
+            return bool(body.get("ok")), elapsed * 1000, (server_cpu_ns(pid) - ns) / 1e6
+
+        answered = refused = 0
+        queue = iter(sqls)
+        for mark in marks:
+            while answered < mark:
+                sql = next(queue, None)
+                if sql is None:
+                    out["refuse"]["exhausted_at"] = answered
+                    return out
+                send("off", sql)
+                if send("refuse", sql)[0]:
+                    answered += 1
+                else:
+                    refused += 1
+                    if max_refused is not None and refused > max_refused:
+                        out["refuse"]["stalled_at"] = {"answered": answered, "refused": refused}
+                        return out
+            times: dict[str, list[float]] = {a: [] for a in audits}
+            cpus: dict[str, list[float]] = {a: [] for a in audits}
+            refusal_cpus: list[float] = []
+            cpu_before = {a: server_cpu_s(started[a][0].pid) for a in audits}
+            sent = 0
+            while len(times["refuse"]) < probes:
+                sql = next(queue, None)
+                if sql is None:
+                    out["refuse"]["exhausted_at"] = answered
+                    return out
+                order = audits if sent % 2 == 0 else audits[::-1]
+                result = {a: send(a, sql) for a in order}
+                sent += 1
+                if result["refuse"][0]:
+                    answered += 1
+                    for a in audits:
+                        times[a].append(result[a][1])
+                        cpus[a].append(result[a][2])
+                else:
+                    refused += 1
+                    refusal_cpus.append(result["refuse"][2])
+            for a in audits:
+                cpu = server_cpu_s(started[a][0].pid) - cpu_before[a]
+                ordered = sorted(times[a])
+                out[a][str(mark)] = {
+                    "median_ms": statistics.median(ordered),
+                    "p90_ms": ordered[int(0.9 * (len(ordered) - 1))],
+                    "refused_so_far": refused if a == "refuse" else 0,
+                    "server_cpu_ms_per_request": 1000 * cpu / sent,
+                    "server_cpu_ms_median_answered": statistics.median(cpus[a]),
+                    "refusals_in_window": len(refusal_cpus) if a == "refuse" else 0,
+                    "server_cpu_ms_median_refused": (
+                        statistics.median(refusal_cpus) if a == "refuse" and refusal_cpus else None
+                    ),
+                    "requests_in_window": sent,
+                    "load1": os.getloadavg()[0],
+                }
+                print(f"audit {a}, {mark} answered: {out[a][str(mark)]}", flush=True)
+        for conn in conns.values():
+            conn.close()
+    finally:
+        for proc, _, _ in started.values():
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="boxes")
     parser.add_argument("--probes", type=int, default=60)
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="run both servers at once, each query to both (load weighs on both alike)",
+    )
     parser.add_argument("--marks", type=int, nargs="+", default=[300, 1000])
     parser.add_argument(
         "--max-refused",
@@ -268,10 +369,13 @@ def main() -> None:
     make, epsilon = WORKLOADS[args.workload]
     sqls = make(random.Random(11))
     root = Path(tempfile.mkdtemp(prefix="dpgate-audit-http-"))
-    results = {
-        audit: run(audit, root, sqls, args.marks, args.probes, args.max_refused, epsilon)
-        for audit in ("off", "refuse")
-    }
+    if args.side_by_side:
+        results = run_side_by_side(root, sqls, args.marks, args.probes, args.max_refused, epsilon)
+    else:
+        results = {
+            audit: run(audit, root, sqls, args.marks, args.probes, args.max_refused, epsilon)
+            for audit in ("off", "refuse")
+        }
     print(
         "| answered in history | audit off median ms | audit refuse median ms | added "
         "| server CPU ms/answered (median) off | refuse | added "
