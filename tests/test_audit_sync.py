@@ -138,3 +138,12 @@ def test_no_refusal_is_looked_up_for_a_request_never_refused(
         ask(first, HALF)  # its own refusal, kept in memory: looked up for its reason
     assert again.value.detail.get("refused_before") is True
     assert lookups == [1]
+
+
+def test_a_forgotten_scope_is_read_again_whole(workers: tuple[Gateway, Gateway]) -> None:
+    first, _ = workers
+    ask(first, WHOLE)
+    first.audit.forget("alice")
+    assert not first.auditor.knows("alice", "anything")
+    with pytest.raises(AuditRefused):  # WHOLE was read again from the ledger
+        ask(first, HALF)

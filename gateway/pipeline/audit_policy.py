@@ -246,6 +246,16 @@ class AuditPolicy:
         if known is not None:  # recorded under the scope's lock: the set stays complete
             known.add((analyst, planned.key))
 
+    def forget(self, scope: str) -> None:
+        """Drop what this process knows of ``scope`` — the auditor's knowledge and what
+        was read of the ledger — so that the next query of the scope re-reads its whole
+        history (whatever makes the auditor forget a scope must come through here: the
+        re-read is skipped only while the knowledge is what was read)."""
+        with self._sync_lock:
+            self.auditor.forget_scope(scope)
+            for kept in (self._synced, self._synced_turn, self._refused, self._refusals_read):
+                kept.pop(scope, None)
+
     @contextmanager
     def _hold(self, scope: str) -> Iterator[None]:
         """The ledger's lock of ``scope`` (``budget.locks``), noting the turn taken."""
