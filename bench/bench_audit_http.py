@@ -279,7 +279,15 @@ def run_side_by_side(
             pid = started[audit][0].pid
             ns = server_cpu_ns(pid)
             t = time.perf_counter()
-            body = post(conns[audit], started[audit][2], sql, epsilon)
+            try:
+                body = post(conns[audit], started[audit][2], sql, epsilon)
+            except (http.client.RemoteDisconnected, ConnectionError):
+                # idle past the server's keep-alive (5 s, while the other server was busy
+                # refusing), the connection was closed: once more, on a new one
+                conns[audit].close()
+                ns = server_cpu_ns(pid)
+                t = time.perf_counter()
+                body = post(conns[audit], started[audit][2], sql, epsilon)
             elapsed = time.perf_counter() - t
             return bool(body.get("ok")), elapsed * 1000, (server_cpu_ns(pid) - ns) / 1e6
 
