@@ -129,8 +129,10 @@ class ScopeLocks:
 def _advance_turn(fd: int) -> int:
     """The lock file's turn plus one, written back (under the lock: no other writer).
     No fsync: the number only has to be seen by the processes of this host, through the
-    page cache; after a reboot every process starts afresh and re-reads everything."""
+    page cache; after a reboot every process starts afresh and re-reads everything. The
+    file's inode number is in the high bits: a lock file removed and made again counts
+    afresh, and its turns never follow one of the old file's."""
     raw = os.pread(fd, 8, 0)
     turn = (struct.unpack("<Q", raw)[0] if len(raw) == 8 else 0) + 1
     os.pwrite(fd, struct.pack("<Q", turn), 0)
-    return turn
+    return (os.fstat(fd).st_ino << 64) | turn

@@ -95,10 +95,11 @@ def test_each_holder_takes_the_next_turn(ledger_url: str) -> None:
             pass
         with first.scope_lock("alice") as d:
             pass
-        with second.scope_lock("bob") as other:
+        with second.scope_lock("bob"):
             pass
-        assert (b, c, d) == (a + 1, a + 2, a + 3)
-        assert other == 1  # scopes count apart
+        with first.scope_lock("alice") as e:
+            pass
+        assert (b, c, d, e) == (a + 1, a + 2, a + 3, a + 4)  # bob's turns count apart
     finally:
         first.close()
         second.close()
@@ -137,3 +138,23 @@ def test_an_in_memory_ledger_counts_turns_itself() -> None:
         pass
     assert a is not None and b == a + 1
     ledger.close()
+
+
+def test_a_lock_file_made_again_counts_afresh(tmp_path: Path) -> None:
+    """After the lock file is removed, another worker's first turn on the new file must
+    not look like nobody came between: the new file's turns never follow the old's."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    ledger, other = Ledger.from_url(url), Ledger.from_url(url)
+    ledger.migrate()
+    with ledger.scope_lock("alice") as a:
+        pass
+    for lock in (tmp_path / "ledger.db.locks").iterdir():
+        if lock.name != "write.lock":
+            lock.rename(lock.with_suffix(".old"))  # keeps the inode: not reused
+    with other.scope_lock("alice"):  # the new file's first turn, as the old file's was
+        pass
+    with ledger.scope_lock("alice") as b:
+        pass
+    assert a is not None and b is not None and b != a + 1
+    ledger.close()
+    other.close()
