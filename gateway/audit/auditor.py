@@ -450,6 +450,7 @@ class Auditor:
                     open_groups=open_groups,
                     pending_counts=pending_counts,
                     pending_noise=pending_noise,
+                    lookups=self._builders[table].lookups,
                 )
             except SpaceTooLarge:
                 return AuditDecision(

@@ -13,6 +13,7 @@ declared values, NULL only where the column is nullable), are the region's rows.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -21,17 +22,30 @@ from sqlglot import exp
 
 from gateway.audit.formulas import Prefix
 from gateway.audit.space import OTHER, CellSpace, Dimension, Piece
+from gateway.core.joins import PublicLookup
 
 MAX_TERMS = 6
 """An OR of more boxes than this is summarised (the clause would not help anyone)."""
 
 
-def describe_region(space: CellSpace, atoms: np.ndarray) -> str:
-    """The WHERE clause selecting exactly the cells of ``atoms`` (atom ids of ``space``)."""
+MAX_VALUES = 12
+"""A condition on a join column listing more values than this is said through a public
+lookup's column where one states it exactly (``zip_regions.region = 'North'`` rather than
+240 zip codes)."""
+
+#: Public lookups' columns by relation column: (the column joined on, the rows, the
+#: lookup's own column name) — ``FormulaBuilder.lookups``.
+Lookups = Mapping[str, tuple[str, PublicLookup, str]]
+
+
+def describe_region(space: CellSpace, atoms: np.ndarray, lookups: Lookups | None = None) -> str:
+    """The WHERE clause selecting exactly the cells of ``atoms`` (atom ids of ``space``);
+    ``lookups``: public lookups' rows, to say a long list of join keys through a lookup
+    column (public: the rows are declared so)."""
     if not space.dims:
         return "TRUE"
     region = np.isin(space.atom_of, atoms)
-    terms = _boxes(space, region, list(range(len(space.dims))))
+    terms = _boxes(space, region, list(range(len(space.dims))), lookups or {})
     if terms is None:
         return "a combination of the conditions above that no short WHERE clause states"
     if not terms:
@@ -41,7 +55,9 @@ def describe_region(space: CellSpace, atoms: np.ndarray) -> str:
     return " OR ".join(f"({t})" if " AND " in t or " OR " in t else t for t in terms)
 
 
-def _boxes(space: CellSpace, region: np.ndarray, axes: list[int]) -> list[str] | None:
+def _boxes(
+    space: CellSpace, region: np.ndarray, axes: list[int], lookups: Lookups
+) -> list[str] | None:
     """``region`` (over the grid's group axes; axes not in ``axes`` have length 1) as
     an OR of AND-clauses, or None when it takes more than ``MAX_TERMS`` of them."""
     if not region.any():
@@ -54,18 +70,18 @@ def _boxes(space: CellSpace, region: np.ndarray, axes: list[int]) -> list[str] |
             kept = np.zeros(region.shape[d], dtype=bool)
             for groups, _ in classes[d]:
                 kept[groups] = True
-            parts.append(_axis(space, d, kept))
+            parts.append(_axis(space, d, kept, lookups))
         return [" AND ".join(p for p in parts if p)]
     d = min(varying, key=lambda a: len(classes[a]))
     rest = [a for a in axes if a != d]
     out: list[str] = []
     for groups, piece in classes[d]:
-        inner = _boxes(space, piece, rest)
+        inner = _boxes(space, piece, rest, lookups)
         if inner is None:
             return None
         chosen = np.zeros(region.shape[d], dtype=bool)
         chosen[groups] = True
-        head = _axis(space, d, chosen)
+        head = _axis(space, d, chosen, lookups)
         out += [" AND ".join(p for p in (head, t) if p) for t in inner]
         if len(out) > MAX_TERMS:
             return None
@@ -82,12 +98,15 @@ def _classes(region: np.ndarray, axis: int) -> list[tuple[list[int], np.ndarray]
     return list(found.values())
 
 
-def _axis(space: CellSpace, axis: int, groups: np.ndarray) -> str:
+def _axis(space: CellSpace, axis: int, groups: np.ndarray, lookups: Lookups) -> str:
     """The condition on one dimension selecting the pieces of the chosen groups."""
     dim = space.dims[axis]
     chosen = groups[dim.group_of]
     if chosen.all():
         return ""
+    through = _through_lookup(dim, chosen, lookups)
+    if through is not None:
+        return through
     pieces = [p for p, c in zip(dim.pieces, chosen, strict=True) if c]
     null = any(p.sample is None for p in pieces)
     values = [p for p in pieces if p.sample is not None]
@@ -107,6 +126,44 @@ def _axis(space: CellSpace, axis: int, groups: np.ndarray) -> str:
     if not parts:
         return "FALSE"
     return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
+
+
+def _through_lookup(dim: Dimension, chosen: np.ndarray, lookups: Lookups) -> str | None:
+    """The chosen pieces of a join column as a condition on a lookup column, where it
+    selects exactly them: every key of the lookup is a piece of its own (named), and
+    every value of the lookup column is wholly chosen or wholly not. ``column IS NULL``
+    is the anchor's rows with no lookup row (a value no key has, NULL) and the keys whose
+    row holds NULL there. None where no lookup column does, or the plain list is short."""
+    if dim.key.kind != "categorical" or dim.key.column is None:
+        return None
+    named = {p.sample for p in dim.pieces if _is_named(p)}
+    if len(named) <= MAX_VALUES:
+        return None
+    best: tuple[int, str] | None = None
+    for name, (via, lookup, column) in lookups.items():
+        domain = lookup.rows if dim.declared is None else set(lookup.rows) & set(dim.declared)
+        if via != dim.key.column or not named.issuperset(domain):
+            continue
+        classes: dict[Any, set[bool]] = {}
+        for p, c in zip(dim.pieces, chosen, strict=True):
+            row = lookup.rows.get(p.sample) if _is_named(p) else None
+            classes.setdefault(None if row is None else row[column], set()).add(bool(c))
+        if any(len(c) > 1 for c in classes.values()):
+            continue
+        values = sorted(v for v, c in classes.items() if v is not None and True in c)
+        parts = [_in(name, values)] if values else []
+        if True in classes.get(None, set()):
+            parts.append(f"{name} IS NULL")
+        said = (
+            "FALSE"
+            if not parts
+            else parts[0]
+            if len(parts) == 1
+            else "(" + " OR ".join(parts) + ")"
+        )
+        if best is None or len(values) < best[0]:
+            best = (len(values), said)
+    return None if best is None else best[1]
 
 
 def _subject(dim: Dimension) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 
 from gateway.audit.components import Extension, TableKnowledge, add_noise_terms
 from gateway.audit.confidence import CountNoise, noise_quantile, quantile_upper_bound
-from gateway.audit.describe import describe_region
+from gateway.audit.describe import Lookups, describe_region
 from gateway.audit.knowledge import Knowledge, RowInfo
 from gateway.audit.predicates import Formula
 from gateway.audit.span import DOUBT_TOL, ZERO_TOL, Block, coefficients, determined_regions, in_span
@@ -241,6 +241,7 @@ def _findings(
     open_groups: list[str] | None = None,
     pending_counts: bool = True,
     pending_noise: CountNoise | None = None,
+    lookups: Lookups | None = None,
 ) -> list[Finding]:
     """The candidates not shown to hold ``k`` people or more with confidence 1 − ``alpha``
     (a lower confidence bound from the noisy answers and their public noise scales)."""
@@ -366,7 +367,7 @@ def _findings(
         waits = pre and not small and open_groups is not None and len(open_groups) < MAX_FINDINGS
         if waits and open_groups is not None and pending_used:
             # its size rests on the new answer too: the post-audit decides
-            open_groups.append(describe_region(new.space, block.cols[local]))
+            open_groups.append(describe_region(new.space, block.cols[local], lookups))
         if observe is not None:
             terms = None if noise is None else tuple(noise.values())
             if margin is None:
@@ -379,7 +380,7 @@ def _findings(
                 else set(block.members[i] for i in np.nonzero(used)[0]) | bounds
             )
             names = {q for r in rows for q in new.info[r].query_id.split(",") if q}
-            group = describe_region(new.space, block.cols[local])
+            group = describe_region(new.space, block.cols[local], lookups)
             out.append(Finding(tuple(sorted(names)), group))
             if len(out) >= MAX_FINDINGS:
                 break  # enough to refuse and to name the queries involved

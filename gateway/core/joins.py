@@ -108,7 +108,9 @@ def audit_relations(
         for via, lookup in _translatable(tables, name, rel, public or {}, matched):
             col = rel.columns[via]
             keys = tuple(k for k in lookup.rows if col.values is None or k in col.values)
-            rel = replace(rel, columns={**rel.columns, via: replace(col, values=keys, nullable=False)})
+            rel = replace(
+                rel, columns={**rel.columns, via: replace(col, values=keys, nullable=False)}
+            )
         out[name] = rel
     return out
 
