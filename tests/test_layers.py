@@ -151,10 +151,15 @@ RULES: list[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], str]] = [
     ),
     (
         ("gateway.sql",),
-        ("gateway.sql.execute", "gateway.sql.engines", "gateway.sql.join_keys"),
+        (
+            "gateway.sql.execute",
+            "gateway.sql.engines",
+            "gateway.sql.join_keys",
+            "gateway.sql.public_lookups",
+        ),
         ("sqlalchemy",),
-        "the SQL layer reads and writes SQL text; only execute, engines/ and the join-key "
-        "catalogue open connections",
+        "the SQL layer reads and writes SQL text; only execute, engines/, the join-key "
+        "catalogue and the public lookups' rows open connections",
     ),
     (
         ("gateway.pipeline",),

@@ -19,6 +19,12 @@ Rewrites of one condition must be one region, or a differencing pair gets throug
    auditor refuses to combine it with any other dimension on those columns (conservative:
    it cannot relate them, so it does not pretend they are unrelated).
 
+A condition on one text column of a public lookup whose rows the gateway read
+(``PublicLookup``, gateway/sql/public_lookups.py) is read instead as a condition on the
+column the lookup is joined on: evaluated on each key's row, and on NULL for the anchor's
+rows the join attaches no row to (``through_key``), so two columns of one lookup are
+conditions on one dimension, the key's. Where that evaluation fails it is claimed (4.).
+
 A condition with no column at all is evaluated; one that cannot be is ``Undecidable``.
 """
 
