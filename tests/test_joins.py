@@ -433,6 +433,29 @@ def test_a_lookup_column_relates_to_its_join_column_through_the_public_rows(
     assert "cannot relate" not in info.value.message
 
 
+def test_a_refusal_names_a_group_of_join_keys_through_the_lookup(
+    build_gateway: Callable[..., Gateway],
+) -> None:
+    """The regions of listed zips, then every patient: the patients whose zip is not
+    listed (none in the demo, which the noise cannot show to hold 5). The group is a set
+    of zip codes the regions' rows name — 1,920 of them — and the refusal says it through
+    the lookup instead: no row in zip_regions."""
+    gw = build_gateway()
+    gw.query(
+        "alice",
+        request(
+            "SELECT z.region, COUNT(*) FROM patients p JOIN zip_regions z ON p.zip = z.zip "
+            "GROUP BY z.region",
+            epsilon=1.0,
+        ),
+    )
+    with pytest.raises(GatewayError) as info:
+        gw.query("alice", request("SELECT COUNT(*) FROM patients", epsilon=1.0))
+    assert info.value.code == "audit_refused"
+    assert "WHERE zip_regions.zip IS NULL" in info.value.message
+    assert "'1000'" not in info.value.message
+
+
 # -- the public contract -------------------------------------------------------------------
 
 
