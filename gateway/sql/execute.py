@@ -388,6 +388,7 @@ def _arm_timeout(engine: sa.Engine, raw: Any, deadline: float) -> threading.Time
 def _disarm(raw: Any, timer: threading.Timer | None) -> None:
     if timer is not None:
         timer.cancel()
+        timer.join(1.0)  # an interrupt under way lands before the connection is reused
     if isinstance(raw, sqlite3.Connection):
         raw.set_progress_handler(None, 0)
 
