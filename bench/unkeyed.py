@@ -163,7 +163,11 @@ def _postgres(url: str, db: Path, root: Path, reps: int, patients: int) -> dict[
         conn.exec_driver_sql(f"ANALYZE {schema}.visits")
     source.close()
     try:
-        statements = {n: sql for n, (sql, _) in _compiled(url, schema, root, patients).items()}
+        statements = {n: sql for n, (sql, _) in _compiled(url, schema, root, patients).items()} | {
+            f"{n} (read bound {READ_EQUALS_ROWS})": sql
+            for n, (sql, _) in _compiled(url, schema, root, patients, READ_EQUALS_ROWS).items()
+            if "where" in n
+        }
         with engine.connect() as conn:
 
             def run(sql: str) -> None:
