@@ -60,8 +60,9 @@ MEANINGS = {
     "sqlite index": (
         "no index leads with the unit: SQLite then sorts the whole table for each per-unit "
         "bound; with the index a query that only counts reads it in unit order with no "
-        "sort (a quarter of the time, half the CPU, at 258K rows), and a window's input is sorted "
-        "unit by unit (bench/README.md, 'Tables without a unit key'). It changes no answer"
+        "sort (a COUNT at 258K rows: 0.96 s, then 0.26 s, at load 25), and a window's "
+        "input is sorted unit by unit (bench/README.md, 'Tables without a unit key'). It "
+        "changes no answer"
     ),
     "read bound": (
         "read bound: a query with a WHERE evaluates it on each unit's first "
