@@ -9,7 +9,9 @@ used to miss it:
 - while Spark still plans the statement (``sql``), before any job exists: it stops at
   its next step, before ``collect`` sends its job;
 - after planning, before the statement's first job (``collect``): the local session
-  cancels the job group's future jobs, so the job is cancelled as it starts;
+  marks the job group's future jobs cancelled, and the cancel is sent again until the
+  statement has ended (without that, the shuffle stage that adaptive execution submits
+  ran on for over a minute: this test failed at 60 s);
 - before the statement started at all (the timer can fire while the driver still checks
   the statement's text): it is cancelled as it starts; a cancel left over when the
   connection goes back to the pool does not reach the next statement;
@@ -112,7 +114,7 @@ def test_a_cancel_before_spark_s_first_job_cancels_that_job_as_it_starts(
 ) -> None:
     """Under load the planning inside ``collect`` takes seconds: a cancel then finds no
     job, and the job started afterwards is cancelled too (it once ran on for over ten
-    minutes, holding both of local[2]'s cores)."""
+    minutes, holding both of local[2]'s cores), at the latest by the repeated cancel."""
     spark, conn = _local(tmp_path_factory)
     plan = spark.sql
     monkeypatch.setattr(spark, "sql", lambda sql: _Frame(plan(sql), conn.cancel))
