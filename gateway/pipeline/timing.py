@@ -88,6 +88,7 @@ class ReleaseClock:
     statement_until: float | None = None
     deadline_ms: float | None = None
     starts_at: float | None = None
+    fixed_at: float | None = None  # when this clock was fixed (``time.monotonic()``)
 
     def wait(self) -> float:
         """Sleep until the release moment; return the seconds spent waiting."""
@@ -285,6 +286,7 @@ class ReleaseTiming:
             statement_until=until,
             deadline_ms=math.ceil((release_at - now) * 1000),
             starts_at=starts_at if scheduling else None,
+            fixed_at=now,
         )
 
     def _model_sized(self, plan: QueryPlan, table: TableConfig, sql: str) -> bool:
