@@ -11,7 +11,8 @@ known yet, the statement's running time — and so the person — shows through 
 - **a refusal recorded by a post-audit**, which refuses a repeat of that request for
   free ("refused before");
 - **the answer cache**, which hands an identical request the earlier release, free,
-  once it is in the ledger.
+  once it is in the ledger;
+- **the history** (``GET /v1/queries``), which shows the charge's outcome once recorded.
 
 Each attack sends query A, whose statement is made slow or fast on purpose (the secret),
 then, while A is surely in flight and after the fast statement is surely done, a probe
@@ -114,6 +115,8 @@ def probe(
 def setup(
     make_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Gateway, SlowStatement]:
+    """A gateway whose statements holding the marker are slowed by the secret; a fixed
+    deadline (it takes no statement slot, so the trials do not queue on the schedule)."""
     slow = SlowStatement("99")
     monkeypatch.setattr(gateway.pipeline.gateway, "run_aggregate", slow)
     gw = make_gateway(
@@ -177,10 +180,35 @@ def test_the_answer_cache_does_not_serve_an_answer_before_its_release_moment(
     setup: tuple[Gateway, SlowStatement],
 ) -> None:
     gw, slow = setup
-    slow.marker = "age >= 0"
+    slow.marker = "END >= 0"  # the compiled WHERE age >= 0 (age clamped to its bounds)
     seen = _observed(gw, slow, "cache", WHOLE, WHOLE)
     assert seen[0] == seen[1], seen
     # honest session: after the release moment, the identical request is a free hit
     analyst = _analyst(gw, "honest-cache")
     assert outcome(gw, analyst, WHOLE) == ("answered", False)
     assert outcome(gw, analyst, WHOLE) == ("answered", True)
+
+
+def test_the_history_does_not_show_an_outcome_before_its_release_moment(
+    setup: tuple[Gateway, SlowStatement],
+) -> None:
+    """``GET /v1/queries`` read while the query is in flight: its charge is there (it was
+    reserved at a public moment), its outcome is not, fast statement or slow."""
+    gw, slow = setup
+    slow.marker = "END >= 0"
+    seen: dict[int, set[tuple[Any, ...]]] = {0: set(), 1: set()}
+    for secret in (0, 1):
+        for trial in range(TRIALS):
+            analyst = _analyst(gw, f"history{secret}{trial}")
+            slow.delay = SLOW_S * secret
+            thread = threading.Thread(target=outcome, args=(gw, analyst, WHOLE))
+            thread.start()
+            time.sleep(PROBE_AFTER_S)
+            shown = gw.history(analyst)
+            seen[secret].add(tuple((h["outcome"], h["release"] is None) for h in shown))
+            thread.join()
+    assert seen[0] == seen[1] == {(("pending", True),)}, seen
+    # honest session: after the release moment the answer is in the history
+    analyst = _analyst(gw, "honest-history")
+    assert outcome(gw, analyst, WHOLE) == ("answered", False)
+    assert [h["outcome"] for h in gw.history(analyst)] == ["answered"]
