@@ -159,9 +159,7 @@ class AuditPolicy:
                     )
             noise = count_noise(planned)
             now = time.monotonic()
-            prediction = _predict(
-                lambda: self.auditor.predict(scope, planned.plan, noise, at=now)
-            )
+            prediction = _predict(lambda: self.auditor.predict(scope, planned.plan, noise, at=now))
         if self.mode == "flag" and prediction.verdict != "answered":
             # flag mode answers and records the objection
             return replace(
@@ -200,9 +198,7 @@ class AuditPolicy:
         if visible_at is not None:
             with self._lanes_lock:
                 now = time.monotonic()
-                self._refused_until = {
-                    r: t for r, t in self._refused_until.items() if t > now
-                }
+                self._refused_until = {r: t for r, t in self._refused_until.items() if t > now}
                 self._refused_until[reservation.id] = visible_at
         self._record_refusal(reservation.analyst, planned, decision, reservation)
         raise AuditRefused(

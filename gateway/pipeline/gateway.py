@@ -500,9 +500,7 @@ class Gateway:
                 flags += self.audit.after(
                     lane.scope, planned, reservation, noisy.cells, cells_json, clock.release_at
                 )
-                self.audit.remember(
-                    lane.scope, reservation.id, plan, noisy.cells, clock.release_at
-                )
+                self.audit.remember(lane.scope, reservation.id, plan, noisy.cells, clock.release_at)
         except TurnMissed:
             lane.done(ticket)
             missed.stage = "turn"
