@@ -32,7 +32,7 @@ from gateway.core.errors import DatabaseUnavailable
 from gateway.core.plan import QueryRequest
 from gateway.pipeline.cost_model import ENGINE_COSTS
 from gateway.pipeline.gateway import CHARGED_FAILURE_MESSAGE, Gateway
-from gateway.pipeline.timing import FALLBACK_DEADLINE_MS, StatementSlots
+from gateway.pipeline.timing import ARRIVAL_WINDOW_S, FALLBACK_DEADLINE_MS, StatementSlots
 
 DEADLINE = {"timing": "deadline"}
 DASHBOARD = [
@@ -133,6 +133,35 @@ def test_the_deadline_follows_the_querys_cost(
     assert model.load_factor(cpus, 2.5 * cpus) == pytest.approx(2**1.5 + 1)
 
 
+def test_requests_present_lengthen_a_statements_allowance_not_its_slot(
+    make_gateway: Callable[..., Gateway], idle_machine: None
+) -> None:
+    """Requests that reached the pipeline in the last ``ARRIVAL_WINDOW_S`` (public:
+    arrival times) each add ``interpreter_ms`` to the allowance of a statement starting
+    beside them (their Python work shares the interpreter with it); the statement's slot
+    is reserved for the model's allowance alone, so the statements after it do not move."""
+    gw = make_gateway(execution={**DEADLINE, "interpreter_ms": 3})
+    planned = gw.planner.plan(request("SELECT COUNT(*) FROM patients"))
+    plan = planned.plan  # type: ignore[union-attr]
+    sql = gw._compile(planned).sql  # type: ignore[arg-type]
+    table = gw.config.tables["patients"]
+
+    def allowance_and_reservation() -> tuple[float, float]:
+        clock = gw.timing.start(plan, table, sql, 10_000)
+        assert clock.statement_until is not None and clock.fixed_at is not None
+        slot = max(gw.timing._slot_free)
+        return clock.statement_until - clock.fixed_at, slot - clock.fixed_at
+
+    alone, alone_slot = allowance_and_reservation()
+    time.sleep(ARRIVAL_WINDOW_S + 0.05)  # its release moment and the window have passed
+    gw.timing._slot_free = [0.0] * len(gw.timing._slot_free)
+    for _ in range(11):
+        gw.timing.arrived()
+    crowded, crowded_slot = allowance_and_reservation()
+    assert crowded - alone == pytest.approx(10 * 0.003, abs=0.003)
+    assert crowded_slot == pytest.approx(alone_slot, abs=0.003)
+
+
 def test_without_a_declared_row_count_the_fixed_deadline_applies(
     make_gateway: Callable[..., Gateway],
 ) -> None:
@@ -161,7 +190,15 @@ def test_the_cost_model_settings_are_checked() -> None:
     cfg = parse_config({**base, "tables": table, "execution": {"row_ns": 10, "base_ms": 2}})
     assert cfg.tables["t"].rows == 1000
     assert cfg.execution.row_ns == 10 and cfg.execution.base_ms == 2
-    for bad in ({"row_ns": -1}, {"deadline_margin": 0.5}, {"post_ms": 0}, {"speed": 1}):
+    assert cfg.execution.interpreter_ms == 1.0
+    bad_settings = (
+        {"row_ns": -1},
+        {"deadline_margin": 0.5},
+        {"post_ms": 0},
+        {"speed": 1},
+        {"interpreter_ms": -1},
+    )
+    for bad in bad_settings:
         with pytest.raises(Exception, match="execution"):
             parse_config({**base, "tables": table, "execution": bad})
     with pytest.raises(Exception, match="rows"):

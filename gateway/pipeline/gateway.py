@@ -323,6 +323,7 @@ class Gateway:
                 return self._dry_run(analyst, planned)
         plan, calibration = planned.plan, planned.calibration
         table = self.config.tables[plan.table]
+        self.timing.arrived()  # present beside the statements that start meanwhile
         compiled = self._compile(planned)  # pure functions of the plan: outside the lane
         _prefill(planned)
         # The scope lock's own failure is the ledger's, before anything is charged.
