@@ -383,6 +383,7 @@ class Auditor:
             first = next((h for h in hidden if h[0] > at), None)
             if first is not None:
                 return first[1], first[2]
+            del self._unreleased[key]  # all released by now (one scope decides at a time)
         return self._knowledge(key), key in self._saturated
 
     def _knowledge(self, key: tuple[str, str]) -> TableKnowledge:
