@@ -101,8 +101,10 @@ AUDIT_LOCK_WAIT = Histogram(
 )
 STATEMENT_PHASES = Histogram(
     "dpgate_statement_phase_seconds",
-    "Where a statement's allowance goes (execution.timing: deadline, cost-model deadlines): "
-    "queue (from its release moment being fixed to its thread running: the interpreter "
+    "Where a query's time goes (execution.timing: deadline): admission (from the pipeline "
+    "to its release moment being fixed: compiling, the audit lane, the pre-audit, the "
+    "reservation — before the clock, so not padded), then, for a statement the cost model "
+    "sizes, queue (from its release moment being fixed to its thread running: the interpreter "
     "shared with other requests' own work), slot (waiting for its statement slot), run "
     "(the statement itself, to its rows; an abandoned one counts its run to its deadline).",
     ["phase"],

@@ -324,6 +324,7 @@ class Gateway:
         plan, calibration = planned.plan, planned.calibration
         table = self.config.tables[plan.table]
         self.timing.arrived()  # present beside the statements that start meanwhile
+        arrived = time.monotonic()
         compiled = self._compile(planned)  # pure functions of the plan: outside the lane
         _prefill(planned)
         # The scope lock's own failure is the ledger's, before anything is charged.
@@ -342,6 +343,8 @@ class Gateway:
                     analyst=self._stretched(analyst),
                 )
                 ticket = lane.ticket(clock.release_at)
+                if clock.fixed_at is not None:  # not padded: the operator's figure
+                    metrics.record_statement_phase("admission", clock.fixed_at - arrived)
                 # its outcome is not shown (cache, history) before its release moment
                 self.charges.hold(reservation, clock.release_at)
             answered = False
