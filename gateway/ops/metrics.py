@@ -99,6 +99,17 @@ AUDIT_LOCK_WAIT = Histogram(
     "analyst, or of anyone under audit.scope: global, from its pre-audit to its release).",
     buckets=_WAIT_BUCKETS,
 )
+STATEMENT_PHASES = Histogram(
+    "dpgate_statement_phase_seconds",
+    "Where a query's time goes (execution.timing: deadline): admission (from the pipeline "
+    "to its release moment being fixed: compiling, the audit lane, the pre-audit, the "
+    "reservation — before the clock, so not padded), then, for a statement the cost model "
+    "sizes, queue (from its release moment being fixed to its thread running: the interpreter "
+    "shared with other requests' own work), slot (waiting for its statement slot), run "
+    "(the statement itself, to its rows; an abandoned one counts its run to its deadline).",
+    ["phase"],
+    buckets=_LATENCY_BUCKETS,
+)
 DEADLINE_MISSES = Counter(
     "dpgate_deadline_misses",
     "Queries that missed their release deadline (charged, nothing released; the deadline "
@@ -239,6 +250,10 @@ def record_rate_limited(scope: str) -> None:
 
 def record_audit_lock_wait(seconds: float) -> None:
     AUDIT_LOCK_WAIT.observe(seconds)
+
+
+def record_statement_phase(phase: str, seconds: float) -> None:
+    STATEMENT_PHASES.labels(phase).observe(max(0.0, seconds))
 
 
 def record_deadline_miss(stage: str, table: str) -> None:
