@@ -34,7 +34,7 @@ class RowInfo:
     distribution — ``noise`` hands back the same terms, equal value for value. Immutable
     like the frozen dataclass it replaces (``with_formula`` makes a new one)."""
 
-    __slots__ = ("query_id", "cell", "count", "pending", "formula", "_noise", "stats")
+    __slots__ = ("_noise", "cell", "count", "formula", "pending", "query_id", "stats")
     query_id: str
     cell: int
     count: float | None
