@@ -116,6 +116,25 @@ PAST_DEADLINE = Counter(
     "database rather than by the deadline (docs/privacy.md, Timing).",
     ["table"],
 )
+#: From a few milliseconds (a cancel honoured at once) to minutes (an engine that plans
+#: for long, or ignores the cancel).
+_OVERRUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+ABANDONED_OVERRUN = Histogram(
+    "dpgate_abandoned_statement_overrun_seconds",
+    "Statements abandoned at their deadline (reported as failed at the release moment) "
+    "that have since ended, by table, and how long after their deadline each ended: the "
+    "time the engine kept working on a cancelled statement. Its _count counts the "
+    "statements that ended after their deadline.",
+    ["table"],
+    buckets=_OVERRUN_BUCKETS,
+)
+ABANDONED_RUNNING = Gauge(
+    "dpgate_abandoned_statements_running",
+    "Statements abandoned at their deadline that are still running now (the engine has "
+    "not honoured their cancel yet), by table, summed over workers.",
+    ["table"],
+    multiprocess_mode="livesum",
+)
 LEDGER_POOL_IN_USE = Gauge(
     "dpgate_ledger_pool_in_use",
     "Ledger database connections checked out of the pool now (summed over workers).",
@@ -228,6 +247,21 @@ def record_deadline_miss(stage: str, table: str) -> None:
 
 def record_past_deadline(table: str) -> None:
     PAST_DEADLINE.labels(table).inc()
+
+
+class AbandonedStatements:
+    """Counts one query's abandoned statement (``gateway.sql.execute.AbandonWatch``):
+    running now, then how long after its deadline it ended."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+
+    def abandoned(self) -> None:
+        ABANDONED_RUNNING.labels(self.table).inc()
+
+    def ended(self, seconds_late: float) -> None:
+        ABANDONED_RUNNING.labels(self.table).dec()
+        ABANDONED_OVERRUN.labels(self.table).observe(seconds_late)
 
 
 def record_build_info() -> None:

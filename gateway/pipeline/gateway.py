@@ -462,6 +462,7 @@ class Gateway:
                 until=clock.statement_until,
                 query_id=reservation.id,
                 run=run_in_slot,
+                watch=metrics.AbandonedStatements(plan.table),
             )
         except DatabaseUnavailable:
             lane.done(ticket)
