@@ -27,7 +27,7 @@ from sqlglot import exp
 from gateway.audit.components import TableKnowledge
 from gateway.audit.confidence import CountNoise
 from gateway.audit.findings import Candidate, Sizing, _candidates, _extend, _findings
-from gateway.audit.knowledge import RowInfo
+from gateway.audit.knowledge import RowInfo, shared
 from gateway.audit.normalise import Undecidable
 from gateway.audit.predicates import DimensionKey, Formula, FormulaBuilder, conj
 from gateway.audit.resident import ResidentScopes
@@ -414,14 +414,17 @@ class Auditor:
 
     def _rows(self, answer: AnsweredQuery) -> list[tuple[RowInfo, Formula]]:
         formulas = self._formulas(answer.plan, [c.group_values for c in answer.cells])
-        stats = statistics(answer.plan)
+        # rows of every answer share one object per noise distribution and statistics
+        stats = shared(statistics(answer.plan))
         return [
             (
                 RowInfo(
                     answer.query_id,
                     j,
                     c.count,
-                    noise=None if c.noise is None else (((answer.query_id, j), 1.0, c.noise),),
+                    noise=None
+                    if c.noise is None
+                    else (((answer.query_id, j), 1.0, shared(c.noise)),),
                     stats=stats,
                 ),
                 f,
