@@ -48,9 +48,7 @@ def _read(db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **kind: obj
         }
     )
     engine = sa.create_engine(f"sqlite:///{db}")
-    return read_public_lookups(engine, config.tables, JoinKeys(), "sqlite").get(
-        ("people", "code")
-    )
+    return read_public_lookups(engine, config.tables, JoinKeys(), "sqlite").get(("people", "code"))
 
 
 def test_the_rows_the_join_can_attach_are_read(
