@@ -4,8 +4,10 @@ Each attack is a short list of queries that, all answered, single out a group of
 one person in the test data (found in the data below). Each is run in 100 trials, each
 with a fresh analyst (so nothing carries over) through the whole pipeline, at the default
 audit settings (k = 5, confidence 0.999) and at ε = 1: the largest an analyst may ask,
-so the least noise — the hardest case for a noise-aware threshold. An attack *succeeds*
-when every one of its queries is answered; it must fail in at least 99 of 100 trials.
+so the least noise — the hardest case for a noise-aware threshold. (Far below it, at
+ε ≲ 0.2, a pair's estimate is too noisy to single anyone out, and the auditor answers it
+by design; refining it is refused: the last test.) An attack *succeeds* when every one of
+its queries is answered; it must fail in at least 99 of 100 trials.
 
 False-alarm rate. Rewrites the auditor cannot normalise are refused before anything runs,
 whatever the noise. For the others the refusal depends on the noise: the attack gets
@@ -28,11 +30,13 @@ from pathlib import Path
 
 import pytest
 
+from gateway.audit.findings import UNPINNED_MARGIN_PER_K, Sizing
 from gateway.core.config_load import parse_config
 from gateway.core.errors import AuditRefused
 from gateway.core.plan import QueryRequest
 from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY, demo_config_dict
+from tests.test_audit_workloads import _exact_answer
 
 TRIALS = 100
 MAX_ANSWERED = 1
@@ -185,3 +189,42 @@ def test_attack_is_refused_in_99_of_100_trials(
             continue
         answered += 1
     assert answered <= MAX_ANSWERED, f"{name}: {answered} of {TRIALS} trials answered"
+
+
+# -- estimates too noisy to single anyone out ---------------------------------------------
+
+
+def test_refining_a_noisy_pair_is_refused_before_it_pins_the_group_down(
+    attacks: dict[str, list[str]], demo_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At ε = 0.1 the zip pair's estimate of its one Crohn patient has a 99.9% margin of
+    about 110 people, above ``UNPINNED_MARGIN_PER_K`` · k = 50: it cannot tell a group of
+    one from one of fifty, so it is answered (docs/privacy.md, "Estimates too noisy to
+    single anyone out"). Asking both halves again (new releases: each at another ε)
+    narrows the least-noise combination; the auditor refuses the answer that would bring
+    the margin to 50 or less. Deterministic: the auditor is fed the exact counts with the
+    public noise scales of the releases, so no estimate clears k by luck (the noisy case,
+    at ε = 1, is the corpus above)."""
+    gateway = _gateway(demo_db, tmp_path, monkeypatch)
+    auditor = gateway.auditor
+    sized: list[Sizing] = []
+    auditor.observe = sized.append
+    whole, rest = attacks["in one value"]
+    k = gateway.config.audit.min_group_size
+    answered = 0
+    for i in range(40):
+        sql = (whole, rest)[i % 2]
+        sized.clear()
+        answer = _exact_answer(gateway, f"q{i}", sql, 0.1 + 0.001 * i)
+        pre = auditor.pre_audit("a", answer.plan)
+        post = auditor.post_audit("a", answer) if pre.allowed else pre
+        if not post.allowed:
+            assert any(s.estimate - s.margin < k and s.margin <= 50 for s in sized)
+            break
+        auditor.remember("a", answer)
+        answered += 1
+        # what was released never sizes the one-person group within ± 50
+        assert all(s.margin > UNPINNED_MARGIN_PER_K * k for s in sized if not s.pre and s.estimate < k)
+    else:
+        pytest.fail("refining the pair was never refused")
+    assert answered >= 2  # the pair itself was answered at ε = 0.1
