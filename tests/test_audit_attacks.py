@@ -4,10 +4,8 @@ Each attack is a short list of queries that, all answered, single out a group of
 one person in the test data (found in the data below). Each is run in 100 trials, each
 with a fresh analyst (so nothing carries over) through the whole pipeline, at the default
 audit settings (k = 5, confidence 0.999) and at ε = 1: the largest an analyst may ask,
-so the least noise — the hardest case for a noise-aware threshold. (Far below it, at
-ε ≲ 0.2, a pair's estimate is too noisy to single anyone out, and the auditor answers it
-by design; refining it is refused: the last test.) An attack *succeeds* when every one of
-its queries is answered; it must fail in at least 99 of 100 trials.
+so the least noise — the hardest case for a noise-aware threshold. An attack *succeeds*
+when every one of its queries is answered; it must fail in at least 99 of 100 trials.
 
 False-alarm rate. Rewrites the auditor cannot normalise are refused before anything runs,
 whatever the noise. For the others the refusal depends on the noise: the attack gets
@@ -30,13 +28,11 @@ from pathlib import Path
 
 import pytest
 
-from gateway.audit.findings import UNPINNED_MARGIN_PER_K, Sizing
 from gateway.core.config_load import parse_config
 from gateway.core.errors import AuditRefused
 from gateway.core.plan import QueryRequest
 from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY, demo_config_dict
-from tests.test_audit_workloads import _exact_answer
 
 TRIALS = 100
 MAX_ANSWERED = 1
@@ -191,40 +187,70 @@ def test_attack_is_refused_in_99_of_100_trials(
     assert answered <= MAX_ANSWERED, f"{name}: {answered} of {TRIALS} trials answered"
 
 
-# -- estimates too noisy to single anyone out ---------------------------------------------
+# -- rows a join drops, where the reference is plain --------------------------------------
+
+ORPHAN = 999_999  # a person with visits and no patient row
+UNLISTED = 999_998  # a patient whose zip no zip_regions row lists
+
+#: The table alone minus its inner join: the one person whose rows match nothing.
+#: Possible only where the reference is plain (the demo declares its references
+#: every_row_matches, which puts such rows outside every query: tests/test_join_matches.py).
+JOIN_ATTACKS = {
+    "orphan visits": [
+        "SELECT COUNT(*) FROM visits",
+        "SELECT COUNT(*) FROM visits v JOIN patients p ON p.patient_id = v.patient_id",
+    ],
+    "unlisted zip": [
+        "SELECT COUNT(*) FROM patients",
+        "SELECT COUNT(*) FROM patients p JOIN zip_regions z ON p.zip = z.zip",
+    ],
+}
 
 
-def test_refining_a_noisy_pair_is_refused_before_it_pins_the_group_down(
-    attacks: dict[str, list[str]], demo_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+#: Trials per join attack: the orphan visit's pair has a larger miss rate (below).
+JOIN_TRIALS = {"orphan visits": 50, "unlisted zip": TRIALS}
+
+
+@pytest.mark.parametrize("name", sorted(JOIN_ATTACKS))
+def test_a_join_differencing_attack_on_plain_references_is_refused(
+    name: str, demo_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """At ε = 0.1 the zip pair's estimate of its one Crohn patient has a 99.9% margin of
-    about 110 people, above ``UNPINNED_MARGIN_PER_K`` · k = 50: it cannot tell a group of
-    one from one of fifty, so it is answered (docs/privacy.md, "Estimates too noisy to
-    single anyone out"). Asking both halves again (new releases: each at another ε)
-    narrows the least-noise combination; the auditor refuses the answer that would bring
-    the margin to 50 or less. Deterministic: the auditor is fed the exact counts with the
-    public noise scales of the releases, so no estimate clears k by luck (the noisy case,
-    at ε = 1, is the corpus above)."""
-    gateway = _gateway(demo_db, tmp_path, monkeypatch)
-    auditor = gateway.auditor
-    sized: list[Sizing] = []
-    auditor.observe = sized.append
-    whole, rest = attacks["in one value"]
-    k = gateway.config.audit.min_group_size
+    """As the corpus above, at ε = 1, on the demo data with one person planted whose
+    rows match nothing: a visit without a patient row, or a patient whose zip is not
+    listed. At most one trial may get through. False alarm: the unlisted patient's pair
+    is the COUNT pair above (≤ 6.8e-7 per trial, 100 trials). A `visits` count carries
+    noise of scale 5 (five visits a person), q ≈ 55, and the one-visit group gets through
+    only if the difference of two such noises exceeds q + 4 = 59: about 2.6e-5 per trial
+    (two Laplace noises of scale 5: ½·e^(−59/5)·(1 + 59/10)), so two of 50 trials with
+    probability ≈ C(50, 2)·(2.6e-5)² ≈ 8.3e-7 < 1e-6."""
+    monkeypatch.setenv("DPGATE_ADMIN_KEY", ADMIN_KEY)
+    db = tmp_path / "hospital.db"
+    shutil.copy(demo_db, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "INSERT INTO visits (patient_id, year, department, length_of_stay, cost) "
+            "VALUES (?, 2020, 'Oncology', 3, 1000.0)",
+            (ORPHAN,),
+        )
+        conn.execute(
+            "INSERT INTO patients VALUES (?, 'Nóra Új', 'F', 50, 'Budapest', '0999', 1, "
+            "6.0, 50000, 'Crohn')",
+            (UNLISTED,),
+        )
+    raw = demo_config_dict(db, tmp_path / "ledger.db")
+    raw["ledger"]["url"] += "?synchronous=normal"
+    raw["tables"]["visits"]["references"] = {"patient_id": "patients.patient_id"}
+    raw["tables"]["patients"]["references"] = {"zip": "zip_regions.zip"}
+    gateway = Gateway(parse_config(raw))
     answered = 0
-    for i in range(40):
-        sql = (whole, rest)[i % 2]
-        sized.clear()
-        answer = _exact_answer(gateway, f"q{i}", sql, 0.1 + 0.001 * i)
-        pre = auditor.pre_audit("a", answer.plan)
-        post = auditor.post_audit("a", answer) if pre.allowed else pre
-        if not post.allowed:
-            assert any(s.estimate - s.margin < k and s.margin <= 50 for s in sized)
-            break
-        auditor.remember("a", answer)
+    for trial in range(JOIN_TRIALS[name]):
+        analyst = f"attacker{trial}"
+        gateway.ledger.create_analyst(analyst, 100.0, 1e-6)
+        try:
+            for sql in JOIN_ATTACKS[name]:
+                gateway.query(analyst, QueryRequest(sql, EPSILON, 0.0, "laplace"))
+        except AuditRefused:
+            continue
         answered += 1
-        # what was released never sizes the one-person group within ± 50
-        assert all(s.margin > UNPINNED_MARGIN_PER_K * k for s in sized if not s.pre and s.estimate < k)
-    else:
-        pytest.fail("refining the pair was never refused")
-    assert answered >= 2  # the pair itself was answered at ε = 0.1
+    trials = JOIN_TRIALS[name]
+    assert answered <= MAX_ANSWERED, f"{name}: {answered} of {trials} trials answered"

@@ -25,12 +25,6 @@ from gateway.audit.span import DOUBT_TOL, ZERO_TOL, Block, coefficients, determi
 
 MAX_FINDINGS = 8
 COEF_TOL = 1e-9
-#: A determined group whose size the answers estimate no better than ± this many times k
-#: people (the 99.9% margin of the least-noise combination) is not pinned down: the
-#: estimate cannot tell a group of one from a group of ten times k, so it singles no one
-#: out (docs/privacy.md, "Estimates too noisy to single anyone out"). At k = 5: ± 50, a
-#: COUNT pair at ε ≤ 0.22, an AVG pair at ε ≤ 0.44; the attacks at ε = 1 have 11 and 22.
-UNPINNED_MARGIN_PER_K = 10
 
 
 @dataclass(frozen=True)
@@ -305,7 +299,6 @@ def _findings(
             else:
                 extra = math.inf
         direct: set[int] | None = None
-        unpinned = False  # the pre-audit found the estimate too noisy to pin the group down
         upper = math.inf if unknown else estimate + extra
         pending_used = bool(np.any(used & bc.member_pending))
         if pre and (unknown or (pending_used and not pending_counts)):
@@ -347,10 +340,6 @@ def _findings(
                 small = False  # then upper − full ≥ k too
             else:
                 small = min(upper - noise_quantile(full_terms, alpha), upper_direct) < k
-            if small and upper_direct >= k and full_terms is not None:
-                # too noisy to pin down (the post-audit's margin, with the same terms)
-                unpinned = noise_quantile(full_terms, alpha) > UNPINNED_MARGIN_PER_K * k
-                small = not unpinned
             if small and upper_direct < upper:
                 best = int(np.nonzero(supersets)[0][np.argmin(bc.counts[supersets])])
                 direct = {block.asked_ids[best]}
@@ -373,10 +362,9 @@ def _findings(
             if margin is None:
                 assert noise is not None
                 margin = noise_quantile(list(noise.values()), alpha)
-            pinned = noise is None or margin <= UNPINNED_MARGIN_PER_K * k  # None: unknown
-            small = estimate - margin < k and pinned
+            small = estimate - margin < k
         waits = pre and not small and open_groups is not None and len(open_groups) < MAX_FINDINGS
-        if waits and open_groups is not None and pending_used and not unpinned:
+        if waits and open_groups is not None and pending_used:
             # its size rests on the new answer too: the post-audit decides
             open_groups.append(describe_region(new.space, block.cols[local]))
         if observe is not None:
