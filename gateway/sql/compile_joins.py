@@ -198,8 +198,8 @@ def joined(plan: QueryPlan, keys: JoinKeys, dialect: str, *, row_unit: bool) -> 
         ):
             # an inner join whose lookup only filters (none of its columns is read, no
             # join hangs off it): the same anchor rows, each once, as a semi-join
-            keys = _lookup_keys(table, key_name, lk.mode)
-            query = query.where(exp.In(this=left, query=exp.Subquery(this=keys)), copy=False)
+            listed = exp.Subquery(this=_lookup_keys(table, key_name, lk.mode))
+            query = query.where(exp.In(this=left, query=listed), copy=False)
             continue
         if lk.mode == "canonical":
             right: exp.Expr = exp.column(JOIN_KEY, table=key_side, quoted=True)
