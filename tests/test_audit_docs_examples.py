@@ -9,8 +9,9 @@ Not yet met in every order: in three of the six shuffles (seeds 0, 2 and 4) a di
 breakdown comes after answers that, with it, determine a rare disease's group (seed 0:
 ``disease … WHERE age >= 40`` after ``disease, sex`` and ``sex … WHERE age >= 40``, a
 rare disease's patients under 40) — a group of a few dozen that the noise at ε = 0.1
-cannot show to hold 5 — and it is refused, free (docs/privacy.md, "What the auditor refuses"). Those orders are marked
-``xfail(strict=True)``: the day they are answered the mark fails and must go.
+cannot show to hold 5 — and it is refused, free (docs/privacy.md, "What the auditor
+refuses"). Those orders are marked ``xfail(strict=True)``: the day they are answered the
+mark fails and must go.
 
 Deterministic: the auditor is fed the exact counts of the released cells with the public
 noise scales of the real releases (``tests/test_audit_walkthrough.exact_replay``), so what
