@@ -31,7 +31,7 @@ import pytest
 from bench.walkthrough import DOCS_EXAMPLES, make_gateway
 from tests.conftest import REPOSITORY
 from tests.test_audit_walkthrough import exact_replay
-from tests.test_audit_workloads import full_demo as full_demo
+from tests.test_audit_walkthrough import full_demo as full_demo
 
 SEEDS = range(6)
 TEXTS = (

@@ -31,12 +31,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.walkthrough import WALKTHROUGH, make_gateway
+from gateway.demo.hospital import PATIENTS, build
 from gateway.pipeline.gateway import Gateway
 from tests.test_audit_workloads import _exact_answer
-from tests.test_audit_workloads import full_demo as full_demo
 
 EPSILON = 0.1
+
+
+@pytest.fixture(scope="module")
+def full_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo database at its real size (``dpgate demo``)."""
+    path = tmp_path_factory.mktemp("full-demo") / "hospital.db"
+    build(path, patients=PATIENTS)
+    return path
 
 
 def exact_replay(gateway: Gateway, questions: list[str]) -> list[tuple[str, bool]]:
