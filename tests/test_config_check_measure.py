@@ -294,6 +294,19 @@ def test_sqlite_says_what_the_per_unit_windows_cost(small_demo: Path, tmp_path: 
     patients = result.output.split("tables.patients")[1].split("tables.visits")[0]
     assert "per-unit windows" not in patients  # its unit is its key
     assert "several times a scan of the table, with or without an index" in result.output
+    # the read bound that spares a query with a WHERE its second window; no index is
+    # named on SQLite (it slowed the windowed queries at 1M rows)
+    assert "max_rows_read_per_unit: 5 keeps the rows read" in visits
+    assert "CREATE INDEX" not in result.output
+    assert "max_rows_read_per_unit" not in patients
+    raw = yaml.safe_load(path.read_text())
+    raw["tables"]["visits"]["max_rows_read_per_unit"] = 5
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(main, ["config", "check", str(path)])
+    assert result.exit_code == 0, result.output
+    visits = result.output.split("tables.visits")[1].split("tables.zip_regions")[0]
+    assert "max_rows_read_per_unit" not in visits
+    assert "bounded by per-unit windows" in visits
 
 
 def test_the_fitted_features_are_the_cost_models_own(small_demo: Path, tmp_path: Path) -> None:
