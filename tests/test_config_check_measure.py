@@ -325,18 +325,18 @@ def test_the_fitted_features_are_the_cost_models_own(small_demo: Path, tmp_path:
         tables={k: TableCost(rows=n, sorts=False) for k, n in rows.items()}, engine=costs, cpus=2
     )
     cal = Calibration("sqlite", rows, (), 3.0, costs, costs, 0.0, 2)
-    for sql, joined in [
-        ("SELECT AVG(age) FROM patients", None),
-        ("SELECT department, COUNT(*) FROM visits WHERE year >= 2022 GROUP BY department", None),
-        (
-            "SELECT COUNT(*) FROM visits a JOIN patients b ON a.patient_id = b.patient_id",
-            "patients",
-        ),
+    for sql in [
+        "SELECT AVG(age) FROM patients",
+        "SELECT department, COUNT(*) FROM visits WHERE year >= 2022 GROUP BY department",
+        "SELECT COUNT(*) FROM visits a JOIN patients b ON a.patient_id = b.patient_id",
     ]:
         plan = gw.analyze(sql)
         statement = gw.compile(plan).sql
         anchor = rows[plan.table]
-        lookup = rows[joined] if joined else 0
+        # the demo's references are every_row_matches: each query joins its lookup
+        joined = [t.name.lower() for t in plan.join.tables[1:]] if plan.join else []
+        assert joined
+        lookup = sum(rows[t] for t in joined)
         shape = Shape(
             plan.table,
             sql,
@@ -347,6 +347,7 @@ def test_the_fitted_features_are_the_cost_models_own(small_demo: Path, tmp_path:
             max(anchor, lookup),
             0.0,
             len(plan.group_keys),
+            len(joined),
         )
         assert cal.estimate_ms(shape, costs) == pytest.approx(model.statement_ms(plan, statement))
     gw.engine.dispose()

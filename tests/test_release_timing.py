@@ -478,6 +478,7 @@ def test_a_query_whose_declared_rows_understate_the_table_misses_and_stays_charg
     handful of rows, so the costly query gets the least deadline and cannot make it."""
     tables = _without_rows(make_gateway)
     tables["visits"]["rows"] = 1
+    tables["patients"]["rows"] = 1  # every visits query joins patients (every_row_matches)
     gw = make_gateway(
         execution={**DEADLINE, "min_deadline_ms": 1, "post_ms": 5, "deadline_margin": 1},
         tables=tables,

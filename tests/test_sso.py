@@ -129,6 +129,10 @@ def make_sso(
         raw = demo_config_dict(tmp_path / "unused.db", tmp_path / "unused-ledger.db")
         tables = raw["tables"]
         tables["patients"] = {**tables["patients"], "grants": ["oncology"]}
+        # plain references: visits, open to everyone, is not read through patients
+        # (every_row_matches: tests/test_grants.py)
+        tables["visits"]["references"] = {"patient_id": "patients.patient_id"}
+        tables["patients"]["references"] = {"zip": "zip_regions.zip"}
         overrides = {"tables": tables, "analysts": [], "sso": sso_section(idp, **extra)}
         gw = make_gateway(**overrides)
         gw.ledger.create_analyst("alice", 10.0, 1e-6)
