@@ -288,7 +288,7 @@ def test_admin_groups_make_admins_and_auditors(
     assert r.status_code == 403
     gw.ledger.flush()
     rows = {(e.actor, e.action, e.status) for e in gw.ledger.audit_log()}
-    assert ("root-ann", "grant.add", 201) in rows and ("ivy", None, 403) in rows
+    assert ("root-ann", "grant.add", 201) in rows and ("ivy", "group.add_member", 403) in rows
     # an admin's token runs no queries
     assert _query(client, admin)[0] == 403
     # an analyst's token is no admin's
