@@ -256,7 +256,6 @@ def test_a_join_differencing_attack_on_plain_references_is_refused(
     assert answered <= MAX_ANSWERED, f"{name}: {answered} of {trials} trials answered"
 
 
-
 # -- two columns of one public lookup (issue 32) ----------------------------------------
 #
 # The auditor reads a public lookup's rows (gateway/sql/public_lookups.py) and turns a
