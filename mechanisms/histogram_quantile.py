@@ -200,8 +200,10 @@ def window_level_runs(
     below are more than W from t too (``window_ranks``)."""
     n = window.n
     kept = sorted((j, c, below) for j, c, below in window.kept if c > 0)
-    if n <= 0 or not kept:
-        return [LevelRun(0, buckets, cap)] if buckets else []
+    if not kept:
+        if n > 0:  # some bucket holds the target's position: it meets the window
+            raise ValueError("a rank window of a non-empty cell must hold a bucket")
+        return list(level_runs({}, buckets, p, sensitivity, cap))
     counts = {j: c for j, c, _ in kept}
     first, last = kept[0], kept[-1]
     below = first[2]
