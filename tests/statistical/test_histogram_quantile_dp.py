@@ -49,8 +49,13 @@ DB1 = {62: 1, 63: 1}
 
 
 def _release(epsilon: Fraction) -> object:
+    """``choose_quantile`` as the pipeline calls it: on what the statement returns."""
+    sensitivity = quantile_sensitivity(GRID.p, GRID.rows_per_unit)
+
     def release(histogram: dict[int, int]) -> int:
-        return int(choose_quantile(GRID, histogram, epsilon))
+        ranks = window_ranks(epsilon, GRID.buckets, sensitivity)
+        window = window_like_the_statement(histogram, GRID.p, ranks)
+        return int(choose_quantile(GRID, window, epsilon))
 
     return release
 
