@@ -98,8 +98,10 @@ def start_server(
     raise RuntimeError("dpgate did not start")
 
 
-def post(conn: http.client.HTTPConnection, key: str, sql: str) -> dict[str, Any]:
-    body = json.dumps({"sql": sql, "epsilon": 0.01})
+def post(
+    conn: http.client.HTTPConnection, key: str, sql: str, epsilon: float = 0.01
+) -> dict[str, Any]:
+    body = json.dumps({"sql": sql, "epsilon": epsilon})
     conn.request(
         "POST",
         "/v1/query",

@@ -105,12 +105,22 @@ class Journal(_Base):
             row = self._analyst_row(conn, analyst)
             return reads.find_refusal(conn, row.id, query_key, data_version)
 
+    def refused_keys(
+        self, analyst: str | None, data_version: str, *, after: int | None = None
+    ) -> list[tuple[int, str, str]]:
+        """(id, analyst, query key) of the auditor's refusals for ``data_version`` (of one
+        analyst, or all), in ledger order; ``after``: only ids past it (incremental)."""
+        with self._transaction(write=False) as conn:
+            return reads.refused_keys(conn, analyst, data_version, after)
+
     @contextmanager
-    def scope_lock(self, scope: str) -> Iterator[None]:
+    def scope_lock(self, scope: str) -> Iterator[int | None]:
         """Hold the audit lock of ``scope`` (``locks``): across processes and hosts
-        sharing this ledger, one query of a scope is audited and answered at a time."""
-        with self._locks.hold(scope):
-            yield
+        sharing this ledger, one query of a scope is audited and answered at a time.
+        Yields the holder's turn (``locks``: turn = previous turn + 1 means nobody else
+        held it in between; None: not known)."""
+        with self._locks.hold(scope) as turn:
+            yield turn
 
     def history(self, analyst: str, *, limit: int | None = None) -> list[HistoryEntry]:
         """The analyst's charged queries with their outcomes, oldest first (last ``limit``)."""

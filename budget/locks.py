@@ -16,12 +16,21 @@ whatever the number of workers. Different scopes never wait for each other.
 
 Each process first takes an in-process lock per scope, so that at most one of its threads
 waits on the database (or the file) for a scope, holding at most one connection.
+
+**Turns.** ``hold`` yields the scope's *turn*: a number every holder advances by one the
+moment it takes the lock (in the lock file's first 8 bytes on SQLite; in memory for an
+in-memory ledger), so a holder whose turn is its previous turn + 1 knows that nobody took
+the lock in between — nobody else can have recorded anything under it (the auditor then
+skips re-reading the scope's history: ``gateway.pipeline.audit_policy``). It is advanced on
+taking, not on leaving, so a holder that died with the lock still counts. ``None``: not
+known (PostgreSQL, or a file ledger without ``flock``) — the caller must assume others held it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,7 +56,13 @@ class ScopeLocks:
         self.engine = engine
         self._mutex = threading.Lock()
         self._local: dict[str, threading.Lock] = {}
+        self._turns: dict[str, int] = {}  # an in-memory ledger's turns (one process)
         self._dir: Path | None = None
+        # an in-memory SQLite ledger: no other process can hold its locks
+        self._private = engine.dialect.name == "sqlite" and (engine.url.database or "") in (
+            "",
+            ":memory:",
+        )
         if engine.dialect.name == "sqlite":
             database = engine.url.database or ""
             if database and database != ":memory:" and not database.startswith("file:"):
@@ -61,16 +76,20 @@ class ScopeLocks:
             return lock
 
     @contextmanager
-    def hold(self, scope: str) -> Iterator[None]:
+    def hold(self, scope: str) -> Iterator[int | None]:
+        """Hold ``scope``'s lock; yields this holder's turn (see the module; None: unknown)."""
         with self._thread_lock(scope):
             if self.engine.dialect.name == "postgresql":
                 with self._advisory(scope):
-                    yield
+                    yield None
             elif self._dir is not None and fcntl is not None:
-                with self._file(scope):
-                    yield
+                with self._file(scope) as turn:
+                    yield turn
+            elif self._private:  # in memory: private to this process, and to this object
+                turn = self._turns[scope] = self._turns.get(scope, 0) + 1
+                yield turn
             else:
-                yield
+                yield None
 
     @contextmanager
     def _advisory(self, scope: str) -> Iterator[None]:
@@ -92,7 +111,7 @@ class ScopeLocks:
                 conn.invalidate()
 
     @contextmanager
-    def _file(self, scope: str) -> Iterator[None]:
+    def _file(self, scope: str) -> Iterator[int]:
         assert self._dir is not None
         self._dir.mkdir(exist_ok=True)
         name = hashlib.sha256(scope.encode()).hexdigest()[:32] + ".lock"
@@ -100,8 +119,20 @@ class ScopeLocks:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                yield
+                yield _advance_turn(fd)
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)
+
+
+def _advance_turn(fd: int) -> int:
+    """The lock file's turn plus one, written back (under the lock: no other writer).
+    No fsync: the number only has to be seen by the processes of this host, through the
+    page cache; after a reboot every process starts afresh and re-reads everything. The
+    file's inode number is in the high bits: a lock file removed and made again counts
+    afresh, and its turns never follow one of the old file's."""
+    raw = os.pread(fd, 8, 0)
+    turn = (struct.unpack("<Q", raw)[0] if len(raw) == 8 else 0) + 1
+    os.pwrite(fd, struct.pack("<Q", turn), 0)
+    return (os.fstat(fd).st_ino << 64) | turn

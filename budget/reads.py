@@ -134,6 +134,28 @@ def find_refusal(
     )
 
 
+_REFUSED_KEYS = (
+    sa.select(_r.id, t_analysts.c.name, _r.query_key)
+    .join(t_analysts, t_analysts.c.id == _r.analyst_id)
+    .where(_r.data_version == sa.bindparam("data_version"))
+    .order_by(_r.id)
+)
+
+
+def refused_keys(
+    conn: Connection, analyst: str | None, data_version: str, after: int | None
+) -> list[tuple[int, str, str]]:
+    """(id, analyst, query key) of every refusal for ``data_version`` (of one analyst, or
+    all), in ledger order, after ``id``."""
+    query = _REFUSED_KEYS
+    if analyst is not None:
+        query = query.where(t_analysts.c.name == analyst)
+    if after is not None:
+        query = query.where(_r.id > after)
+    rows = conn.execute(query, {"data_version": data_version}).all()
+    return [(int(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+
 def history(conn: Connection, analyst_id: int, limit: int | None) -> list[HistoryEntry]:
     """The analyst's charges with their outcomes, and the queries refused before
     spending, oldest first (the last ``limit``)."""

@@ -22,6 +22,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -146,6 +147,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> str:
         command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
     atexit.register(_stop, server)
+    _watch(server)
     deadline = time.monotonic() + CONNECT_START_S
     while not _listening(port):
         if server.poll() is not None or time.monotonic() > deadline:
@@ -155,6 +157,38 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> str:
         time.sleep(0.5)
     _CONNECT["url"] = f"spark+connect://127.0.0.1:{port}"
     return _CONNECT["url"]
+
+
+#: A watchdog stops the server's process group once this test process is gone, however
+#: it ended: ``atexit`` does not run when a worker is killed, and the server lives in its
+#: own session (so that stopping it stops Spark's JVM too), where it would outlive us.
+_WATCHDOG = """
+import os, signal, sys, time
+parent, group = int(sys.argv[1]), int(sys.argv[2])
+while True:
+    try:
+        os.kill(parent, 0)
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        break
+    time.sleep(1)
+try:
+    os.killpg(group, signal.SIGTERM)
+    time.sleep(10)
+    os.killpg(group, signal.SIGKILL)
+except ProcessLookupError:
+    pass
+"""
+
+
+def _watch(server: subprocess.Popen[bytes]) -> None:
+    subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(server.pid)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def _listening(port: int) -> bool:

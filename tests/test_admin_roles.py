@@ -78,6 +78,16 @@ def test_an_auditor_reads_and_is_forbidden_every_write(app: Flask) -> None:
     refused = [e for e in entries["entries"] if e["status"] == 403]
     assert len(refused) == len(routes)
     assert all(e["error_code"] == "forbidden" and e["outcome"] == "refused" for e in refused)
+    # each refused row names the action that was attempted, as an allowed one would
+    from gateway.http.admin import ACTIONS
+
+    write_endpoints = {
+        rule.endpoint.rpartition(".")[2]
+        for rule in app.url_map.iter_rules()
+        if rule.rule.startswith("/v1/admin")
+        and (rule.methods or set()) - {"GET", "HEAD", "OPTIONS"}
+    }
+    assert sorted(e["action"] for e in refused) == sorted(ACTIONS[e] for e in write_endpoints)
 
 
 def test_a_named_admin_acts_under_its_own_name(app: Flask) -> None:

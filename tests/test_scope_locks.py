@@ -73,3 +73,88 @@ def test_one_holder_per_scope_across_processes(ledger_url: str, tmp_path: Path) 
         if child.poll() is None:
             child.kill()
         ledger.close()
+
+
+def test_each_holder_takes_the_next_turn(ledger_url: str) -> None:
+    """A holder's turn is the previous holder's plus one, whoever that was (another
+    ledger object: another worker), per scope; so "my turn is my last one plus one"
+    means nobody held the scope in between. Unknown (None) on PostgreSQL."""
+    first = Ledger.from_url(ledger_url)
+    first.migrate()
+    second = Ledger.from_url(ledger_url)
+    try:
+        with first.scope_lock("alice") as a:
+            pass
+        if ledger_url.startswith("postgresql"):
+            assert a is None
+            return
+        assert isinstance(a, int)
+        with first.scope_lock("alice") as b:
+            pass
+        with second.scope_lock("alice") as c:
+            pass
+        with first.scope_lock("alice") as d:
+            pass
+        with second.scope_lock("bob"):
+            pass
+        with first.scope_lock("alice") as e:
+            pass
+        assert (b, c, d, e) == (a + 1, a + 2, a + 3, a + 4)  # bob's turns count apart
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_turn_taken_in_another_process_counts(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    ledger = Ledger.from_url(url)
+    ledger.migrate()
+    code = (
+        "import sys\n"
+        "from budget import Ledger\n"
+        "with Ledger.from_url(sys.argv[1]).scope_lock('alice') as turn:\n"
+        "    print(turn)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    try:
+        with ledger.scope_lock("alice") as mine:
+            pass
+        out = subprocess.run(
+            [sys.executable, "-c", code, url], env=env, capture_output=True, text=True, check=True
+        )
+        assert int(out.stdout) == mine + 1
+        with ledger.scope_lock("alice") as again:
+            assert again == mine + 2  # not mine + 1: someone held it in between
+    finally:
+        ledger.close()
+
+
+def test_an_in_memory_ledger_counts_turns_itself() -> None:
+    ledger = Ledger.from_url("sqlite://")
+    ledger.migrate()
+    with ledger.scope_lock("alice") as a:
+        pass
+    with ledger.scope_lock("alice") as b:
+        pass
+    assert a is not None and b == a + 1
+    ledger.close()
+
+
+def test_a_lock_file_made_again_counts_afresh(tmp_path: Path) -> None:
+    """After the lock file is removed, another worker's first turn on the new file must
+    not look like nobody came between: the new file's turns never follow the old's."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    ledger, other = Ledger.from_url(url), Ledger.from_url(url)
+    ledger.migrate()
+    with ledger.scope_lock("alice") as a:
+        pass
+    for lock in (tmp_path / "ledger.db.locks").iterdir():
+        if lock.name != "write.lock":
+            lock.rename(lock.with_suffix(".old"))  # keeps the inode: not reused
+    with other.scope_lock("alice"):  # the new file's first turn, as the old file's was
+        pass
+    with ledger.scope_lock("alice") as b:
+        pass
+    assert a is not None and b is not None and b != a + 1
+    ledger.close()
+    other.close()

@@ -126,12 +126,40 @@ def _ledger() -> budget.Ledger:
     return ledger
 
 
-def _caller(action: str, params: dict[str, Any], status: int = 200) -> budget.AdminCaller:
+#: Each admin endpoint's action, as its audit-log row names it (also when the request is
+#: refused before the endpoint runs: a role without the right, a bad key).
+ACTIONS: dict[str, str] = {
+    "create_analyst": "analyst.create",
+    "list_analysts": "analyst.list",
+    "get_analyst": "budget.show",
+    "update_analyst": "analyst.update",
+    "get_global_budget": "budget.show_global",
+    "set_global_budget": "budget.set_global",
+    "rotate_key": "key.rotate",
+    "audit_log": "audit_log.read",
+    "create_admin": "admin.create",
+    "list_admins": "admin.list",
+    "update_admin": "admin.update",
+    "list_grants": "grant.list",
+    "add_grant": "grant.add",
+    "remove_grant": "grant.remove",
+    "list_groups": "group.list",
+    "add_member": "group.add_member",
+    "remove_member": "group.remove_member",
+}
+
+
+def _action() -> str | None:
+    endpoint = request.endpoint or ""
+    return ACTIONS.get(endpoint.rpartition(".")[2])
+
+
+def _caller(params: dict[str, Any], status: int = 200) -> budget.AdminCaller:
     """The calling admin, for the audit row the ledger writes with the change (in its
-    transaction); this request then writes no other row. ``action``/``params`` are also
-    what the row of a refused attempt says."""
+    transaction); this request then writes no other row. ``params`` are also what the
+    row of a refused attempt says."""
     rec = record()
-    rec.action, rec.params = action, params
+    rec.params = params
     principal = rec.principal
     assert principal is not None  # require_admin let the request in
     return budget.AdminCaller(
@@ -146,10 +174,9 @@ def _written() -> None:
     record().audit_written = True
 
 
-def _reading(action: str, params: dict[str, Any] | None = None) -> None:
+def _reading(params: dict[str, Any] | None = None) -> None:
     """A read: its audit row is the request's own, written after the response."""
-    rec = record()
-    rec.action, rec.params = action, params
+    record().params = params
 
 
 def _ledger_errors() -> AbstractContextManager[None]:
@@ -159,7 +186,10 @@ def _ledger_errors() -> AbstractContextManager[None]:
 
 @admin_bp.before_request
 def _require_admin() -> None:
-    record().audited = "admin"  # every admin request, allowed or not, is audit-logged
+    rec = record()
+    rec.audited = "admin"  # every admin request, allowed or not, is audit-logged
+    rec.action = _action()
+    rec.params = dict(request.view_args or {}) or None
     require_admin()
 
 
@@ -224,7 +254,7 @@ def create_analyst() -> tuple[Response, int]:
     period = _period(body) or "none"
     ledger = _ledger()
     params = {"name": name, "epsilon": epsilon, "delta": delta, "period": period}
-    caller = _caller("analyst.create", params, 201)
+    caller = _caller(params, 201)
     with _ledger_errors():
         key = ledger.create_analyst(name, epsilon, delta, period, caller=caller)
         _written()
@@ -246,7 +276,7 @@ def create_analyst() -> tuple[Response, int]:
     tags=["admin"],
 )
 def list_analysts() -> Response:
-    _reading("analyst.list")
+    _reading()
     ledger = _ledger()
     with _ledger_errors():
         statuses = ledger.list_analysts()
@@ -272,7 +302,7 @@ _ONE_ANALYST = ok_answer({"analyst": _BUDGET_STATUS})
     tags=["admin"],
 )
 def get_analyst(name: str) -> Response:
-    _reading("budget.show", {"name": name})
+    _reading({"name": name})
     with _ledger_errors():
         status = _ledger().budget_status(name)
     return jsonify({"ok": True, "analyst": _status_json(status)})
@@ -302,7 +332,7 @@ def update_analyst(name: str) -> Response:
     epsilon, delta, period = _number(body, "epsilon"), _number(body, "delta"), _period(body)
     given = {"epsilon": epsilon, "delta": delta, "period": period, "disabled": disabled}
     params = {"name": name, **{k: v for k, v in given.items() if v is not None}}
-    caller = _caller("analyst.update", params)
+    caller = _caller(params)
     with _ledger_errors():
         status = _ledger().update_analyst(
             name, epsilon=epsilon, delta=delta, disabled=disabled, period=period, caller=caller
@@ -323,7 +353,7 @@ _GLOBAL = ok_answer({"budget": {"oneOf": [_BUDGET_STATUS, {"type": "null"}]}})
     tags=["admin"],
 )
 def get_global_budget() -> Response:
-    _reading("budget.show_global")
+    _reading()
     with _ledger_errors():
         status = _ledger().global_status()
     return jsonify({"ok": True, "budget": None if status is None else _status_json(status)})
@@ -344,7 +374,7 @@ def set_global_budget() -> Response:
     body = _json_body({"epsilon", "delta", "period"})
     epsilon, delta, period = _number(body, "epsilon"), _number(body, "delta"), _period(body)
     given = {"epsilon": epsilon, "delta": delta, "period": period}
-    caller = _caller("budget.set_global", {k: v for k, v in given.items() if v is not None})
+    caller = _caller({k: v for k, v in given.items() if v is not None})
     with _ledger_errors():
         status = _ledger().set_global_budget(
             epsilon=epsilon, delta=delta, period=period, caller=caller
@@ -362,7 +392,7 @@ def set_global_budget() -> Response:
     tags=["admin"],
 )
 def rotate_key(name: str) -> tuple[Response, int]:
-    caller = _caller("key.rotate", {"name": name}, 201)
+    caller = _caller({"name": name}, 201)
     with _ledger_errors():
         key = _ledger().rotate_key(name, caller=caller)
         _written()
@@ -403,7 +433,7 @@ def audit_log() -> Response:
         raise InvalidRequest("limit must be an integer", field="limit") from None
     if not 1 <= limit <= MAX_AUDIT_LIMIT:
         raise InvalidRequest(f"limit must be between 1 and {MAX_AUDIT_LIMIT}", field="limit")
-    _reading("audit_log.read", {k: v for k, v in request.args.items() if k in _AUDIT_ARGS})
+    _reading({k: v for k, v in request.args.items() if k in _AUDIT_ARGS})
     with _ledger_errors():
         entries = _ledger().audit_log(
             analyst=request.args.get("analyst") or None,
@@ -463,7 +493,7 @@ def create_admin() -> tuple[Response, int]:
         raise InvalidRequest("name must be a string", field="name")
     if role is None:
         raise InvalidRequest(f"role must be one of {', '.join(budget.ADMIN_ROLES)}", field="role")
-    caller = _caller("admin.create", {"name": name, "role": role}, 201)
+    caller = _caller({"name": name, "role": role}, 201)
     with _ledger_errors():
         key = _ledger().create_admin(name, role, caller=caller)
         _written()
@@ -479,7 +509,7 @@ def create_admin() -> tuple[Response, int]:
     tags=["admin"],
 )
 def list_admins() -> Response:
-    _reading("admin.list")
+    _reading()
     with _ledger_errors():
         admins = _ledger().list_admins()
     return jsonify({"ok": True, "admins": [a.to_json() for a in admins]})
@@ -507,9 +537,7 @@ def update_admin(name: str) -> Response:
     if disabled is not None and not isinstance(disabled, bool):
         raise InvalidRequest("disabled must be true or false", field="disabled")
     given = {"role": role, "disabled": disabled}
-    caller = _caller(
-        "admin.update", {"name": name, **{k: v for k, v in given.items() if v is not None}}
-    )
+    caller = _caller({"name": name, **{k: v for k, v in given.items() if v is not None}})
     with _ledger_errors():
         admin = _ledger().update_admin(name, role=role, disabled=disabled, caller=caller)
         _written()

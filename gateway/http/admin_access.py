@@ -65,7 +65,7 @@ def _string(value: object, field: str) -> str:
     tags=["admin"],
 )
 def list_grants() -> Response:
-    _reading("grant.list")
+    _reading()
     access = gateway().access
     with _ledger_errors():
         stored = _ledger().access()
@@ -89,7 +89,7 @@ def list_grants() -> Response:
 def add_grant() -> tuple[Response, int]:
     body = _json_body({"table", "group"}, {"table", "group"})
     raw_table, group = _string(body["table"], "table"), _string(body["group"], "group")
-    caller = _caller("grant.add", {"table": raw_table, "group": group}, 201)
+    caller = _caller({"table": raw_table, "group": group}, 201)
     table = gateway().access.table(raw_table)
     with _ledger_errors():
         _ledger().grant(table, group, caller=caller)
@@ -109,7 +109,7 @@ def add_grant() -> tuple[Response, int]:
     tags=["admin"],
 )
 def remove_grant(table: str, group: str) -> Response:
-    caller = _caller("grant.remove", {"table": table, "group": group})
+    caller = _caller({"table": table, "group": group})
     access = gateway().access
     name = access.table(table)
     with _ledger_errors():
@@ -142,7 +142,7 @@ def remove_grant(table: str, group: str) -> Response:
     tags=["admin"],
 )
 def list_groups() -> Response:
-    _reading("group.list")
+    _reading()
     with _ledger_errors():
         groups = _ledger().group_members()
     return jsonify(
@@ -167,7 +167,7 @@ def list_groups() -> Response:
 def add_member(name: str) -> tuple[Response, int]:
     body = _json_body({"analyst"}, {"analyst"})
     analyst = _string(body["analyst"], "analyst")
-    caller = _caller("group.add_member", {"group": name, "analyst": analyst}, 201)
+    caller = _caller({"group": name, "analyst": analyst}, 201)
     with _ledger_errors():
         _ledger().add_member(name, analyst, caller=caller)
         _written()
@@ -183,7 +183,7 @@ def add_member(name: str) -> tuple[Response, int]:
     tags=["admin"],
 )
 def remove_member(name: str, analyst: str) -> Response:
-    caller = _caller("group.remove_member", {"group": name, "analyst": analyst})
+    caller = _caller({"group": name, "analyst": analyst})
     with _ledger_errors():
         _ledger().remove_member(name, analyst, caller=caller)
         _written()

@@ -66,6 +66,16 @@ class AuditPolicy:
             max_bytes=config.memory_mb * 2**20,
         )
         self._synced: dict[str, int] = {}
+        # per scope: the lock's turn this process took last (``_hold``), and the turn at
+        # which it last read the history (``_sync``): the next turn up means no one else
+        # held the scope in between, so its history has nothing new
+        self._taken: dict[str, int | None] = {}
+        self._synced_turn: dict[str, int] = {}
+        # per scope: the (analyst, query key) of every refusal read or recorded (complete
+        # up to the last sync: refusals, too, are recorded only under the scope's lock),
+        # and the last refusal id read
+        self._refused: dict[str, set[tuple[str, str]]] = {}
+        self._refusals_read: dict[str, int] = {}
         self._sync_lock = threading.Lock()
         self._lanes: dict[str, ScopeLane] = {}
         self._lanes_lock = threading.Lock()
@@ -91,7 +101,7 @@ class AuditPolicy:
             if lane is None:
                 lane = self._lanes[scope] = ScopeLane(
                     scope,
-                    lambda: self.ledger.scope_lock(scope),
+                    lambda: self._hold(scope),
                     lambda: self._sync(scope),
                 )
         asked = time.monotonic()
@@ -197,6 +207,12 @@ class AuditPolicy:
             self.auditor.remember(scope, AnsweredQuery(query_id=query_id, plan=plan, cells=cells))
 
     def _refused_before(self, analyst: str, key: str) -> None:
+        """Refuse again, free, a request refused before. Called in the scope's lane,
+        whose sync read every refusal recorded before (``_sync``): a request not among
+        them needs no read of the ledger."""
+        known = self._refused.get(self.scope_of(analyst))
+        if known is not None and (analyst, key) not in known:
+            return
         with ledger_errors():
             refusal = self.ledger.find_refusal(key, analyst, self.planner.data_version)
         if refusal is not None:
@@ -226,13 +242,45 @@ class AuditPolicy:
                 combined_with=decision.combined_with,
                 reservation_id=None if reservation is None else reservation.id,
             )
+        known = self._refused.get(self.scope_of(analyst))
+        if known is not None:  # recorded under the scope's lock: the set stays complete
+            known.add((analyst, planned.key))
+
+    def forget(self, scope: str) -> None:
+        """Drop what this process knows of ``scope`` — the auditor's knowledge and what
+        was read of the ledger — so that the next query of the scope re-reads its whole
+        history (whatever makes the auditor forget a scope must come through here: the
+        re-read is skipped only while the knowledge is what was read)."""
+        with self._sync_lock:
+            self.auditor.forget_scope(scope)
+            for kept in (self._synced, self._synced_turn, self._refused, self._refusals_read):
+                kept.pop(scope, None)
+
+    @contextmanager
+    def _hold(self, scope: str) -> Iterator[None]:
+        """The ledger's lock of ``scope`` (``budget.locks``), noting the turn taken."""
+        with self.ledger.scope_lock(scope) as turn:
+            self._taken[scope] = turn
+            yield
 
     def _sync(self, scope: str) -> None:
         """Replay answers other workers released since the last sync, so every process
         audits the same history (incremental: only ledger entries past the last one
-        seen). Withheld answers are not replayed: nobody saw them."""
+        seen). Withheld answers are not replayed: nobody saw them.
+
+        Called holding the scope's lock, just taken (``_hold``). Answers of the scope are
+        recorded only under that lock, so when this process's turn follows its previous
+        one directly (``budget.locks``: nobody else took the lock in between) the ledger
+        holds none it has not seen — its own are remembered as they are released — and
+        nothing is read. An unknown turn (PostgreSQL) always reads. The refusals recorded
+        since the last read are read with the answers (``_refused_before``)."""
         analyst = None if scope == GLOBAL_SCOPE else scope
         with self._sync_lock:
+            turn = self._taken.pop(scope, None)
+            last = self._synced_turn.pop(scope, None)
+            if turn is not None and last is not None and turn == last + 1:
+                self._synced_turn[scope] = turn
+                return
             after = self._synced.get(scope)
             with ledger_errors():
                 entries = self.ledger.releases(analyst, self.planner.data_version, after=after)
@@ -258,6 +306,16 @@ class AuditPolicy:
                             cells=audit_cells_from_json(cells),
                         ),
                     )
+            with ledger_errors():
+                refused = self.ledger.refused_keys(
+                    analyst, self.planner.data_version, after=self._refusals_read.get(scope)
+                )
+            known = self._refused.setdefault(scope, set())
+            for refusal_id, who, key in refused:
+                known.add((who, key))
+                self._refusals_read[scope] = refusal_id
+            if turn is not None:  # read up to now: the next turn up needs no read
+                self._synced_turn[scope] = turn
 
 
 def count_noise(planned: PlannedQuery) -> CountNoise | None:
