@@ -140,6 +140,8 @@ class Server:
                     "dpgate_release_wait_seconds_sum",
                     "dpgate_release_wait_seconds_count",
                     "dpgate_deadline_misses_total",
+                    "dpgate_statement_phase_seconds_sum",
+                    "dpgate_statement_phase_seconds_count",
                 )
             ):
                 name, value = line.rsplit(" ", 1)
@@ -167,6 +169,20 @@ def _misses_by_stage(d: dict[str, float]) -> dict[str, float]:
         if k.startswith("dpgate_deadline_misses_total") and v and 'stage="' in k:
             stage = k.split('stage="', 1)[1].split('"', 1)[0]
             out[stage] = out.get(stage, 0.0) + v
+    return out
+
+
+def _phases_ms(d: dict[str, float]) -> dict[str, float]:
+    """Where the slotted statements' allowances went, mean ms per statement and phase
+    (``dpgate_statement_phase_seconds``: queue — the statement's thread waiting for the
+    interpreter and a CPU —, slot, run)."""
+    out: dict[str, float] = {}
+    for k, v in d.items():
+        if k.startswith("dpgate_statement_phase_seconds_sum") and 'phase="' in k:
+            phase = k.split('phase="', 1)[1].split('"', 1)[0]
+            n = d.get(k.replace("_sum", "_count"), 0.0)
+            if n:
+                out[phase] = round(1e3 * v / n, 1)
     return out
 
 
@@ -233,6 +249,7 @@ def _fire(server: Server, key: str) -> tuple[float, list[tuple[int, float, str]]
 def dashboard(server: Server, runs: int) -> dict[str, Any]:
     walls, codes, misses, paddings = [], [], 0.0, []
     stages: dict[str, float] = {}
+    first = server.metrics()
     for _ in range(runs):
         key = server.analyst()
         before = server.metrics()
@@ -255,6 +272,7 @@ def dashboard(server: Server, runs: int) -> dict[str, Any]:
         "failed_codes": sorted(set(codes)),
         "misses": misses,
         "misses_by_stage": stages,
+        "statement_phases_ms": _phases_ms(_delta(server.metrics(), first)),
         "load": os.getloadavg()[0],
     }
 
@@ -305,6 +323,8 @@ def throughput(server: Server, duration: float) -> dict[str, Any]:
         "answered_per_s": sum(o for o, _ in done) / elapsed,
         "failed": sum(b for _, b in done),
         "misses": _misses(d),
+        "misses_by_stage": _misses_by_stage(d),
+        "statement_phases_ms": _phases_ms(d),
         "clients": len(keys),
         "load": os.getloadavg()[0],
     }

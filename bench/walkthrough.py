@@ -11,12 +11,15 @@ sex, year and department, joins to ``zip_regions``, quantiles, MIN/MAX, STDDEV, 
 then the total, a filtered GROUP BY after the unfiltered one). Each run is one analyst of
 a fresh gateway on the demo data at its real size (``dpgate demo``), audit mode
 ``refuse``. The answers are noisy, so the counts vary from run to run. What is still
-refused or withheld, and why, is in docs/privacy.md ("What the auditor refuses"): groups
-of no one that the demo's plain references leave possible (the visits without a patient
-row, the patients whose zip is not listed: 8 of the written order's 44 questions), and in
-shuffled orders also breakdowns of the rare diseases (25 Meningitis patients under 40,
-say) that ε = 0.1 cannot show to hold 5. ``tests/test_audit_walkthrough.py`` pins the
-written order's decisions (with exact counts).
+refused or withheld, and why, is in docs/privacy.md ("What the auditor refuses"): in the
+written order, one SUM over part of an answered group (each department's cost outside
+2024, which no answered count sizes); in shuffled orders also breakdowns of the rare
+diseases (a few dozen Meningitis patients under 40, say) that ε = 0.1 cannot show to hold
+5. The groups of no one that plain references left possible (visits without a patient
+row, patients whose zip is not listed) are gone: the demo declares its references
+``every_row_matches``. ``tests/test_audit_walkthrough.py`` pins the written order's
+decisions (with exact counts); ``tests/test_audit_docs_examples.py`` the docs' examples
+in shuffled orders.
 """
 
 from __future__ import annotations

@@ -185,3 +185,72 @@ def test_attack_is_refused_in_99_of_100_trials(
             continue
         answered += 1
     assert answered <= MAX_ANSWERED, f"{name}: {answered} of {TRIALS} trials answered"
+
+
+# -- rows a join drops, where the reference is plain --------------------------------------
+
+ORPHAN = 999_999  # a person with visits and no patient row
+UNLISTED = 999_998  # a patient whose zip no zip_regions row lists
+
+#: The table alone minus its inner join: the one person whose rows match nothing.
+#: Possible only where the reference is plain (the demo declares its references
+#: every_row_matches, which puts such rows outside every query: tests/test_join_matches.py).
+JOIN_ATTACKS = {
+    "orphan visits": [
+        "SELECT COUNT(*) FROM visits",
+        "SELECT COUNT(*) FROM visits v JOIN patients p ON p.patient_id = v.patient_id",
+    ],
+    "unlisted zip": [
+        "SELECT COUNT(*) FROM patients",
+        "SELECT COUNT(*) FROM patients p JOIN zip_regions z ON p.zip = z.zip",
+    ],
+}
+
+
+#: Trials per join attack: the orphan visit's pair has a larger miss rate (below).
+JOIN_TRIALS = {"orphan visits": 50, "unlisted zip": TRIALS}
+
+
+@pytest.mark.parametrize("name", sorted(JOIN_ATTACKS))
+def test_a_join_differencing_attack_on_plain_references_is_refused(
+    name: str, demo_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the corpus above, at ε = 1, on the demo data with one person planted whose
+    rows match nothing: a visit without a patient row, or a patient whose zip is not
+    listed. At most one trial may get through. False alarm: the unlisted patient's pair
+    is the COUNT pair above (≤ 6.8e-7 per trial, 100 trials). A `visits` count carries
+    noise of scale 5 (five visits a person), q ≈ 55, and the one-visit group gets through
+    only if the difference of two such noises exceeds q + 4 = 59: about 2.6e-5 per trial
+    (two Laplace noises of scale 5: ½·e^(−59/5)·(1 + 59/10)), so two of 50 trials with
+    probability ≈ C(50, 2)·(2.6e-5)² ≈ 8.3e-7 < 1e-6."""
+    monkeypatch.setenv("DPGATE_ADMIN_KEY", ADMIN_KEY)
+    db = tmp_path / "hospital.db"
+    shutil.copy(demo_db, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "INSERT INTO visits (patient_id, year, department, length_of_stay, cost) "
+            "VALUES (?, 2020, 'Oncology', 3, 1000.0)",
+            (ORPHAN,),
+        )
+        conn.execute(
+            "INSERT INTO patients VALUES (?, 'Nóra Új', 'F', 50, 'Budapest', '0999', 1, "
+            "6.0, 50000, 'Crohn')",
+            (UNLISTED,),
+        )
+    raw = demo_config_dict(db, tmp_path / "ledger.db")
+    raw["ledger"]["url"] += "?synchronous=normal"
+    raw["tables"]["visits"]["references"] = {"patient_id": "patients.patient_id"}
+    raw["tables"]["patients"]["references"] = {"zip": "zip_regions.zip"}
+    gateway = Gateway(parse_config(raw))
+    answered = 0
+    for trial in range(JOIN_TRIALS[name]):
+        analyst = f"attacker{trial}"
+        gateway.ledger.create_analyst(analyst, 100.0, 1e-6)
+        try:
+            for sql in JOIN_ATTACKS[name]:
+                gateway.query(analyst, QueryRequest(sql, EPSILON, 0.0, "laplace"))
+        except AuditRefused:
+            continue
+        answered += 1
+    trials = JOIN_TRIALS[name]
+    assert answered <= MAX_ANSWERED, f"{name}: {answered} of {trials} trials answered"

@@ -64,6 +64,12 @@ def _refusal(result: Any) -> Any:
             "SELECT COUNT(*) FROM patients WHERE age > 40",
             "age = 40",
         ),
+        # every value but one: `age <> 37`, not `age < 37 OR age > 37`
+        (
+            "SELECT COUNT(*) FROM patients WHERE city = 'Sopron'",
+            "SELECT COUNT(*) FROM patients WHERE city = 'Sopron' AND age = 37",
+            "city = 'Sopron' AND age <> 37",
+        ),
         # a prefix's complement is NOT LIKE (it was once said as "zip <> '94%'")
         (
             "SELECT COUNT(*) FROM patients WHERE city = 'Sopron'",

@@ -2,25 +2,22 @@
 and docs/connect.md's examples and 34 ordinary questions of one new analyst, at the demo's
 default ε = 0.1, audit ``refuse``, on the demo data at its real size.
 
-In its written order, fed the exact counts, every question is answered but eight, each
-naming its group (docs/privacy.md, "What the auditor refuses"):
+In its written order, fed the exact counts, every question is answered but one, which
+names its group (docs/privacy.md, "What the auditor refuses"): ``department, SUM(cost) …
+WHERE year = 2024 GROUP BY department`` after ``department, AVG(cost) … GROUP BY
+department`` determines each department's cost over the other years, a SUM whose group no
+answered count can size (the per-department year counts come last): refused for free.
 
-- ``z.region, p.sex, COUNT(*) … JOIN zip_regions`` after the README's ``LEFT JOIN`` and the
-  console's inner join determines, per sex, the patients whose zip is not listed — none in
-  the demo, but the demo's ``patients.zip`` reference is plain: refused for free, the
-  LEFT JOIN's own count of that group already showing it small;
-- seven single-table ``visits`` questions after the join of ``patients`` and ``visits``
-  determine the visits without a patient row — none in the demo, but its ``visits``
-  reference is plain too: withheld after execution. Declared ``every_row_matches``, the
-  reference makes that group empty by construction (docs/privacy.md, "Joins"), and these
-  seven are answered; the demo does not declare it, because then the README's first query
-  missed its release deadline (``tests/test_first_hour.py``, with ``deadline_margin: 2``).
-
-Before issue 32's second pass the same replay also withheld the smokers without a glucose
-reading (2 per disease in the old demo data: glucose is now missing for the untested
-quarter of non-diabetic patients), and, with noise, a city's under-65s sized through a
-chain of nine answers (the least-noise solver inverted rounding noise and found nothing:
-``PINV_RCOND`` in ``gateway/audit/auditor.py``).
+Before issue 32's third pass the same replay lost eight more: after the join of
+``patients`` and ``visits``, seven single-table ``visits`` questions determined the visits
+without a patient row (withheld), and ``z.region, p.sex`` after the README's LEFT JOIN
+the patients whose zip is not listed (refused) — groups of no one that the demo's plain
+references left possible. The demo now declares both references ``every_row_matches``
+(docs/privacy.md, "Joins"), compiled as a semi-join where the lookup's columns are not
+read, so those groups are empty by construction. Before its second pass it also withheld
+the smokers without a glucose reading (2 per disease in the old demo data), and, with
+noise, a city's under-65s sized through a chain of nine answers (``PINV_RCOND`` in
+``gateway/audit/auditor.py``).
 
 No noise, no false alarm: the auditor is fed the exact counts of the declared cells with
 the public noise scales of the real releases (``tests/test_audit_workloads.py``), so what
@@ -34,16 +31,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.walkthrough import WALKTHROUGH, make_gateway
+from gateway.demo.hospital import PATIENTS, build
 from gateway.pipeline.gateway import Gateway
 from tests.test_audit_workloads import _exact_answer
-from tests.test_audit_workloads import full_demo as full_demo
 
 EPSILON = 0.1
-UNLISTED_ZIPS = (
-    "SELECT z.region, p.sex, COUNT(*) AS n FROM patients p "
-    "JOIN zip_regions z ON p.zip = z.zip GROUP BY z.region, p.sex"
-)
+
+
+@pytest.fixture(scope="module")
+def full_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo database at its real size (``dpgate demo``)."""
+    path = tmp_path_factory.mktemp("full-demo") / "hospital.db"
+    build(path, patients=PATIENTS)
+    return path
 
 
 def exact_replay(gateway: Gateway, questions: list[str]) -> list[tuple[str, bool]]:
@@ -62,23 +65,13 @@ def exact_replay(gateway: Gateway, questions: list[str]) -> list[tuple[str, bool
     return refused
 
 
-VISITS_ALONE = (
-    "SELECT year, COUNT(*) AS n FROM visits GROUP BY year",
-    "SELECT department, COUNT(*) AS n FROM visits GROUP BY department",
-    "SELECT department, AVG(cost) AS mean_cost FROM visits GROUP BY department",
-    "SELECT year, AVG(length_of_stay) AS stay FROM visits GROUP BY year",
-    "SELECT COUNT(*) FROM visits",
-    "SELECT AVG(cost) FROM visits",
+SUM_OVER_PART = (
+    "SELECT department, SUM(cost) AS total FROM visits WHERE year = 2024 GROUP BY department"
 )
 
 
-def test_the_walkthrough_loses_only_the_unmatched_rows_groups(
+def test_the_walkthrough_loses_only_a_sum_over_part_of_an_answered_group(
     full_demo: Path, tmp_path: Path
 ) -> None:
     refused = exact_replay(make_gateway(full_demo, tmp_path, 0), list(WALKTHROUGH))
-    last = "SELECT year, department, COUNT(*) AS n FROM visits GROUP BY year, department"
-    assert refused == [
-        *((sql, False) for sql in VISITS_ALONE),
-        (UNLISTED_ZIPS, True),
-        (last, False),
-    ]
+    assert refused == [(SUM_OVER_PART, True)]

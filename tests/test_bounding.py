@@ -200,6 +200,12 @@ QUERIES: dict[str, tuple[tuple[str, ...], Any, Any, list[Callable[[list[Row]], i
         lambda r: r["dept"],
         [n_rows, sum_stay],
     ),
+    "SELECT SUM(stay), COUNT(*) FROM stays WHERE year >= 2021": (
+        ("stay", "year"),
+        lambda r: r["year"] >= 2021,
+        None,
+        [sum_stay, n_rows],
+    ),
     "SELECT dept, COUNT(*) FROM stays WHERE stay BETWEEN 5 AND 35 GROUP BY dept": (
         ("dept", "stay"),
         lambda r: r["stay"] is not None and 5 <= r["stay"] <= 35,
@@ -207,7 +213,9 @@ QUERIES: dict[str, tuple[tuple[str, ...], Any, Any, list[Callable[[list[Row]], i
         [n_rows],
     ),
 }
-BOUNDS = [(1, None, 3), (3, 2, 5), (5, None, 12)]
+#: (max_rows_per_unit, max_groups_per_unit, max_rows_read_per_unit); where the last two
+#: agree, the rows read and passing the WHERE are kept without a second window.
+BOUNDS = [(1, None, 3), (3, 2, 5), (5, None, 12), (2, 1, 2), (4, None, 4)]
 
 
 # -- the databases --------------------------------------------------------------------------
@@ -256,6 +264,22 @@ def test_bounded_sql_computes_the_definition(
     reads, where, key, measures = QUERIES[sql]
     expected = reference(reads, where, key, measures, rows=rows, groups=groups, read=read)
     assert got == expected, compiled.sql
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "duckdb", "postgres"])
+def test_a_read_bound_equal_to_the_row_bound_needs_no_second_window(dialect: str) -> None:
+    """Read ``max_rows_per_unit`` rows of each unit and no more: those passing the WHERE
+    are the kept rows, so the statement has one window fewer (the test above shows it
+    computes the definition)."""
+    sql = "SELECT SUM(stay), COUNT(*) FROM stays WHERE year >= 2021"
+
+    def windows(read: int) -> int:
+        tables = _config("sqlite:///unused.db", 3, None, read).tables
+        plan = analyze(sql, tables)
+        assert isinstance(plan, QueryPlan)
+        return compile_plan(plan, tables["stays"], dialect).sql.upper().count(" OVER (")
+
+    assert (windows(3), windows(4)) == (1, 2)
 
 
 def test_the_reference_data_exercises_every_bound() -> None:

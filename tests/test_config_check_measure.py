@@ -294,6 +294,19 @@ def test_sqlite_says_what_the_per_unit_windows_cost(small_demo: Path, tmp_path: 
     patients = result.output.split("tables.patients")[1].split("tables.visits")[0]
     assert "per-unit windows" not in patients  # its unit is its key
     assert "several times a scan of the table, with or without an index" in result.output
+    # the read bound that spares a query with a WHERE its second window; no index is
+    # named on SQLite (it slowed the windowed queries at 1M rows)
+    assert "max_rows_read_per_unit: 5 keeps the rows read" in visits
+    assert "CREATE INDEX" not in result.output
+    assert "max_rows_read_per_unit" not in patients
+    raw = yaml.safe_load(path.read_text())
+    raw["tables"]["visits"]["max_rows_read_per_unit"] = 5
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(main, ["config", "check", str(path)])
+    assert result.exit_code == 0, result.output
+    visits = result.output.split("tables.visits")[1].split("tables.zip_regions")[0]
+    assert "max_rows_read_per_unit" not in visits
+    assert "bounded by per-unit windows" in visits
 
 
 def test_the_fitted_features_are_the_cost_models_own(small_demo: Path, tmp_path: Path) -> None:
@@ -312,18 +325,18 @@ def test_the_fitted_features_are_the_cost_models_own(small_demo: Path, tmp_path:
         tables={k: TableCost(rows=n, sorts=False) for k, n in rows.items()}, engine=costs, cpus=2
     )
     cal = Calibration("sqlite", rows, (), 3.0, costs, costs, 0.0, 2)
-    for sql, joined in [
-        ("SELECT AVG(age) FROM patients", None),
-        ("SELECT department, COUNT(*) FROM visits WHERE year >= 2022 GROUP BY department", None),
-        (
-            "SELECT COUNT(*) FROM visits a JOIN patients b ON a.patient_id = b.patient_id",
-            "patients",
-        ),
+    for sql in [
+        "SELECT AVG(age) FROM patients",
+        "SELECT department, COUNT(*) FROM visits WHERE year >= 2022 GROUP BY department",
+        "SELECT COUNT(*) FROM visits a JOIN patients b ON a.patient_id = b.patient_id",
     ]:
         plan = gw.analyze(sql)
         statement = gw.compile(plan).sql
         anchor = rows[plan.table]
-        lookup = rows[joined] if joined else 0
+        # the demo's references are every_row_matches: each query joins its lookup
+        joined = [t.name.lower() for t in plan.join.tables[1:]] if plan.join else []
+        assert joined
+        lookup = sum(rows[t] for t in joined)
         shape = Shape(
             plan.table,
             sql,
@@ -334,6 +347,7 @@ def test_the_fitted_features_are_the_cost_models_own(small_demo: Path, tmp_path:
             max(anchor, lookup),
             0.0,
             len(plan.group_keys),
+            len(joined),
         )
         assert cal.estimate_ms(shape, costs) == pytest.approx(model.statement_ms(plan, statement))
     gw.engine.dispose()

@@ -4,8 +4,11 @@ A statement made slow on purpose — the real statement on the real engine, then
 1.5 s more, as a driver that ignores the cancel would (Spark's job-group cancel does
 nothing while the query is still planned) — must be reported as the one charged failure
 at its release moment, not when the engine gives up; the miss is counted in
-``dpgate_deadline_misses_total{stage="statement"}``. And the same statement left alone
-is answered at its release moment on the same engine.
+``dpgate_deadline_misses_total{stage="statement"}``, the statement as running in
+``dpgate_abandoned_statements_running`` until it ends, and then in
+``dpgate_abandoned_statement_overrun_seconds`` with how long after its deadline it
+ended. And the same statement left alone is answered at its release moment on the same
+engine.
 
 The engines are the in-process ones (``engines.IN_PROCESS_ENGINES``): the lateness is the
 pipeline's here, and Spark Connect's own cancel at the deadline is tested in
@@ -92,12 +95,26 @@ def _ask(gw: Gateway, epsilon: float) -> tuple[float, Any]:
     return time.monotonic() - started, outcome
 
 
-def _misses() -> float:
+def _sample(name: str, **labels: str) -> float:
     return sum(
         s.value
         for m in REGISTRY.collect()
         for s in m.samples
-        if s.name == "dpgate_deadline_misses_total" and s.labels.get("stage") == "statement"
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def _misses() -> float:
+    return _sample("dpgate_deadline_misses_total", stage="statement")
+
+
+def _abandoned() -> tuple[float, float, float]:
+    """(abandoned statements of ``stays`` running now, those that ended after their
+    deadline, the seconds by which they did in all)."""
+    return (
+        _sample("dpgate_abandoned_statements_running", table="stays"),
+        _sample("dpgate_abandoned_statement_overrun_seconds_count", table="stays"),
+        _sample("dpgate_abandoned_statement_overrun_seconds_sum", table="stays"),
     )
 
 
@@ -122,11 +139,24 @@ def test_an_engine_that_answers_late_is_reported_at_the_release_moment(
 
     monkeypatch.setattr(gateway.pipeline.gateway, "run_aggregate", late)
     before = _misses()
+    running, ended, overrun = _abandoned()
     elapsed, failure = _ask(gw, 0.6)  # another ε: not the cached answer
     assert isinstance(failure, DatabaseUnavailable), failure
     assert failure.to_dict()["error"]["message"] == CHARGED_FAILURE_MESSAGE
     # at the release moment, not when the engine's late answer came
     assert deadline <= elapsed < deadline + held / 2, elapsed
     assert _misses() == before + 1
+    # the abandoned statement runs on: counted as running until it ends, then as one
+    # that ended after its deadline, by about what the slowing added past the deadline
+    assert _abandoned()[:2] == (running + 1, ended)
+    for _ in range(int(held * 10) + 600):
+        if _abandoned()[1] > ended:
+            break
+        time.sleep(0.1)
+    now_running, now_ended, now_overrun = _abandoned()
+    assert (now_running, now_ended) == (running, ended + 1)
+    # it ended when the slowing let it: ``held`` after the engine's answer, which came
+    # after the statement's deadline (the release moment less the time kept after it)
+    assert held - deadline <= now_overrun - overrun < held + 60, now_overrun - overrun
     outcomes = [h.outcome for h in gw.ledger.history("erin")]
     assert outcomes[1:] == ["answered", "withheld"]

@@ -10,7 +10,6 @@ tests/test_execution.py and tests/test_bounding.py; totality in tests/test_total
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -152,45 +151,6 @@ def test_a_slow_statement_is_cut_at_the_deadline(
     assert elapsed < deadline_ms / 1000 + 30, elapsed
     if kind == "clickhouse":
         assert "OperationalError 159 (timeout)" in caplog.text
-
-
-@engines.SLOW
-@engines.SPARK_GROUP
-def test_a_cancel_while_spark_still_plans_stops_the_job_it_starts_later(
-    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The gateway's timer can fire while Spark still plans the statement (seconds under
-    load), before its job exists: the job it starts afterwards is cancelled too, not left
-    to run on after the deadline on the engine's cores (under load, the slow statement
-    above once ran on for over ten minutes so, stalling every Spark test after it)."""
-    from gateway.sql.engines import spark_dbapi
-
-    spark = engines.spark_warehouse(tmp_path_factory)
-    conn = spark_dbapi.Connection(spark, connect=False)
-    plan = spark.sql
-
-    def cancelled_while_planned(sql: str) -> Any:
-        conn.cancel()  # the statement's job group is set; no job has started yet
-        return plan(sql)
-
-    monkeypatch.setattr(spark, "sql", cancelled_while_planned)
-    failed: list[Exception] = []
-
-    def run() -> None:
-        try:
-            conn.run(SLOW_STATEMENT["spark"])
-        except Exception as e:
-            failed.append(e)
-
-    statement = threading.Thread(target=run, daemon=True)
-    statement.start()
-    statement.join(120)  # cancelled: at its first job; not cancelled: minutes
-    monkeypatch.undo()
-    if statement.is_alive():
-        spark.sparkContext.cancelAllJobs()  # free the cores for the tests after this one
-        statement.join(120)
-    assert failed, "the statement's job ran after its cancel"
-    assert "SPARK_JOB_CANCELLED" in str(failed[0]), failed[0]
 
 
 def _gateway(url: str, database: str, tmp_path: Path, **execution: Any) -> Gateway:

@@ -21,6 +21,8 @@ from flask.testing import FlaskClient
 from gateway.cli.admin import register_admin_commands
 from gateway.core.config import ConfigError
 from gateway.core.config_load import parse_config
+from gateway.core.errors import UnknownTable
+from gateway.core.plan import QueryRequest
 from gateway.http.app import create_app
 from gateway.pipeline.gateway import Gateway
 from tests.conftest import ADMIN_KEY, demo_config_dict
@@ -43,12 +45,37 @@ def _tables_with_grants(**grants: list[str]) -> Callable[[dict[str, Any]], dict[
     return edit
 
 
+def _plain_references(tables: dict[str, Any]) -> dict[str, Any]:
+    """The demo's tables with plain references: a query reads only the tables it names
+    (the demo declares them ``every_row_matches``, which reads the lookup in every query)."""
+    tables["visits"]["references"] = {"patient_id": "patients.patient_id"}
+    tables["patients"]["references"] = {"zip": "zip_regions.zip"}
+    return tables
+
+
 @pytest.fixture
 def granted(make_gateway: Callable[..., Gateway], tmp_path: Path) -> Gateway:
-    """The demo with ``patients`` granted to the group ``oncology`` in the config."""
+    """The demo with ``patients`` granted to the group ``oncology`` in the config, its
+    references plain (with ``every_row_matches``, as the demo declares them, every
+    ``visits`` query reads ``patients``: ``test_a_table_read_through_a_lookup_not_granted``)."""
     raw = demo_config_dict(tmp_path / "unused.db", tmp_path / "unused-ledger.db")
-    tables = _tables_with_grants(patients=["oncology"])(raw["tables"])
+    tables = _plain_references(_tables_with_grants(patients=["oncology"])(raw["tables"]))
     return make_gateway(tables=tables, analysts=[])
+
+
+def test_a_table_read_through_a_lookup_not_granted_is_refused_free(
+    make_gateway: Callable[..., Gateway], tmp_path: Path
+) -> None:
+    """``visits`` declared ``every_row_matches`` on ``patients`` is read through it in
+    every query; a caller who may read ``visits`` but not ``patients`` is refused (free,
+    structured: the table its rows are defined through), not answered without it."""
+    raw = demo_config_dict(tmp_path / "unused.db", tmp_path / "unused-ledger.db")
+    gw = make_gateway(tables=_tables_with_grants(patients=["oncology"])(raw["tables"]))
+    gw.ledger.create_analyst("bob", 10.0, 1e-6)
+    with pytest.raises(UnknownTable) as info:
+        gw.query("bob", QueryRequest("SELECT COUNT(*) FROM visits", 1.0, 0.0, "laplace"))
+    assert "every_row_matches" in info.value.message and "patients" in info.value.message
+    assert gw.ledger.budget_status("bob").rho_spent == 0.0
 
 
 @pytest.fixture
@@ -194,9 +221,11 @@ def test_revocations_that_would_open_a_table_are_refused(
 
 
 def test_access_default_granted_closes_tables_without_grants(
-    make_gateway: Callable[..., Gateway],
+    make_gateway: Callable[..., Gateway], tmp_path: Path
 ) -> None:
-    gw = make_gateway(access={"default": "granted"}, analysts=[])
+    raw = demo_config_dict(tmp_path / "unused.db", tmp_path / "unused-ledger.db")
+    tables = _plain_references(raw["tables"])
+    gw = make_gateway(access={"default": "granted"}, analysts=[], tables=tables)
     client = create_app(gw.config, gateway=gw).test_client()
     key = gw.ledger.create_analyst("ann", 10.0, 1e-6)
     assert _tables(client, key) == []

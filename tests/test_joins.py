@@ -258,8 +258,9 @@ def test_the_attack_a_person_with_many_visits_moves_a_join_count_by_the_bound_on
 def test_one_person_moves_each_join_aggregate_by_at_most_its_sensitivity(
     neighbour: str, build_gateway: Callable[..., Gateway], exact: list[list[tuple[Any, ...]]]
 ) -> None:
-    # references declared plain, as in the demo: rows that match nothing stay in the
-    # table (with every_row_matches they move nothing at all: tests/test_join_matches.py)
+    # references declared plain (the demo declares them every_row_matches): rows that
+    # match nothing stay in the table (with every_row_matches they move nothing at all:
+    # tests/test_join_matches.py)
     plain = _plain_references()
     without = build_gateway(audit={"mode": "off"}, tables=plain)
     with_them = build_gateway(NEIGHBOURS[neighbour], audit={"mode": "off"}, tables=plain)
@@ -351,7 +352,7 @@ def test_the_auditor_counts_the_rows_an_inner_join_drops(
     noisy answers cannot show to reach k, so the auditor refuses (a LEFT JOIN, which keeps
     every visit, determines no such group: test above). A reference declared
     ``every_row_matches`` makes the group empty by construction
-    (tests/test_join_matches.py); the demo's is plain."""
+    (tests/test_join_matches.py; the demo declares it so); here it is plain."""
     gw = build_gateway(tables=_plain_references())
     gw.query(
         "alice",
@@ -439,7 +440,9 @@ def test_a_join_over_http_releases_its_groups(client: Any, auth: dict[str, str])
     assert resp.status_code == 200, body
     assert [c["name"] for c in body["columns"]] == ["region", "n"]
     regions = [r[0] for r in body["rows"]]
-    assert "Central Hungary" in regions and None in regions  # every declared value, and NULL
+    # every declared value; no NULL group: the demo declares every zip listed
+    # (every_row_matches), so a LEFT JOIN of zip_regions is its inner join
+    assert "Central Hungary" in regions and None not in regions
 
 
 def test_an_older_demo_database_gets_the_public_table(demo_db: Path, tmp_path: Path) -> None:

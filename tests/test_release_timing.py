@@ -32,7 +32,7 @@ from gateway.core.errors import DatabaseUnavailable
 from gateway.core.plan import QueryRequest
 from gateway.pipeline.cost_model import ENGINE_COSTS
 from gateway.pipeline.gateway import CHARGED_FAILURE_MESSAGE, Gateway
-from gateway.pipeline.timing import FALLBACK_DEADLINE_MS, StatementSlots
+from gateway.pipeline.timing import ARRIVAL_WINDOW_S, FALLBACK_DEADLINE_MS, StatementSlots
 
 DEADLINE = {"timing": "deadline"}
 DASHBOARD = [
@@ -133,6 +133,35 @@ def test_the_deadline_follows_the_querys_cost(
     assert model.load_factor(cpus, 2.5 * cpus) == pytest.approx(2**1.5 + 1)
 
 
+def test_requests_present_lengthen_a_statements_allowance_not_its_slot(
+    make_gateway: Callable[..., Gateway], idle_machine: None
+) -> None:
+    """Requests that reached the pipeline in the last ``ARRIVAL_WINDOW_S`` (public:
+    arrival times) each add ``interpreter_ms`` to the allowance of a statement starting
+    beside them (their Python work shares the interpreter with it); the statement's slot
+    is reserved for the model's allowance alone, so the statements after it do not move."""
+    gw = make_gateway(execution={**DEADLINE, "interpreter_ms": 3})
+    planned = gw.planner.plan(request("SELECT COUNT(*) FROM patients"))
+    plan = planned.plan  # type: ignore[union-attr]
+    sql = gw._compile(planned).sql  # type: ignore[arg-type]
+    table = gw.config.tables["patients"]
+
+    def allowance_and_reservation() -> tuple[float, float]:
+        clock = gw.timing.start(plan, table, sql, 10_000)
+        assert clock.statement_until is not None and clock.fixed_at is not None
+        slot = max(gw.timing._slot_free)
+        return clock.statement_until - clock.fixed_at, slot - clock.fixed_at
+
+    alone, alone_slot = allowance_and_reservation()
+    time.sleep(ARRIVAL_WINDOW_S + 0.05)  # its release moment and the window have passed
+    gw.timing._slot_free = [0.0] * len(gw.timing._slot_free)
+    for _ in range(11):
+        gw.timing.arrived()
+    crowded, crowded_slot = allowance_and_reservation()
+    assert crowded - alone == pytest.approx(10 * 0.003, abs=0.003)
+    assert crowded_slot == pytest.approx(alone_slot, abs=0.003)
+
+
 def test_without_a_declared_row_count_the_fixed_deadline_applies(
     make_gateway: Callable[..., Gateway],
 ) -> None:
@@ -161,7 +190,15 @@ def test_the_cost_model_settings_are_checked() -> None:
     cfg = parse_config({**base, "tables": table, "execution": {"row_ns": 10, "base_ms": 2}})
     assert cfg.tables["t"].rows == 1000
     assert cfg.execution.row_ns == 10 and cfg.execution.base_ms == 2
-    for bad in ({"row_ns": -1}, {"deadline_margin": 0.5}, {"post_ms": 0}, {"speed": 1}):
+    assert cfg.execution.interpreter_ms == 1.0
+    bad_settings = (
+        {"row_ns": -1},
+        {"deadline_margin": 0.5},
+        {"post_ms": 0},
+        {"speed": 1},
+        {"interpreter_ms": -1},
+    )
+    for bad in bad_settings:
         with pytest.raises(Exception, match="execution"):
             parse_config({**base, "tables": table, "execution": bad})
     with pytest.raises(Exception, match="rows"):
@@ -299,11 +336,13 @@ def test_statements_share_the_cpus_on_a_public_schedule(
         answers = list(pool.map(chart, DASHBOARD))
     assert all(a.rows for a in answers)
     assert recorder.most_at_once() <= 2, recorder.spans
-    # two slots, each reserved for a statement's whole allowance (2 s here): the third
-    # ticket's slot starts when the first reservation ends, though every statement ended
-    # long before (it ran early, in a slot that was really free)
+    # two slots, each reserved for a statement's modelled allowance (2 s here; the
+    # interpreter's share for the requests present lengthens a statement's own allowance
+    # only): the third ticket's slot starts when the first reservation ends, though every
+    # statement ended long before (it ran early, in a slot that was really free)
     first, second, third = clocks[:3]
-    assert third.starts_at >= min(first.statement_until, second.statement_until) - 1e-9
+    assert third.starts_at >= min(first.starts_at, second.starts_at) + 2.0 - 1e-9
+    assert first.statement_until >= first.starts_at + 2.0
     assert third.release_at >= third.starts_at + 2.0
     assert max(end for _, end in recorder.spans) < third.starts_at
 
@@ -396,9 +435,11 @@ def test_a_statement_past_its_deadline_is_reported_at_the_release_moment(
     assert failure.value.to_dict()["error"]["message"] == CHARGED_FAILURE_MESSAGE
     assert misses("statement") == before + 1
     assert misses("release") == before_release  # one miss, counted once, by its stage
-    assert [(h.outcome, h.release) for h in gw.ledger.history("erin")] == [
-        ("withheld", {"withheld": True, "failed": True})
-    ]
+    ((outcome, record),) = [(h.outcome, h.release) for h in gw.ledger.history("erin")]
+    assert outcome == "withheld" and record is not None
+    # its release moment, past by now: the history shows the outcome from then on only
+    assert record.pop("visible_at") <= time.time()
+    assert record == {"withheld": True, "failed": True}
 
 
 def test_a_miss_recorded_after_its_release_moment_is_counted_once(
@@ -437,6 +478,7 @@ def test_a_query_whose_declared_rows_understate_the_table_misses_and_stays_charg
     handful of rows, so the costly query gets the least deadline and cannot make it."""
     tables = _without_rows(make_gateway)
     tables["visits"]["rows"] = 1
+    tables["patients"]["rows"] = 1  # every visits query joins patients (every_row_matches)
     gw = make_gateway(
         execution={**DEADLINE, "min_deadline_ms": 1, "post_ms": 5, "deadline_margin": 1},
         tables=tables,

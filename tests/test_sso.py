@@ -129,6 +129,10 @@ def make_sso(
         raw = demo_config_dict(tmp_path / "unused.db", tmp_path / "unused-ledger.db")
         tables = raw["tables"]
         tables["patients"] = {**tables["patients"], "grants": ["oncology"]}
+        # plain references: visits, open to everyone, is not read through patients
+        # (every_row_matches: tests/test_grants.py)
+        tables["visits"]["references"] = {"patient_id": "patients.patient_id"}
+        tables["patients"]["references"] = {"zip": "zip_regions.zip"}
         overrides = {"tables": tables, "analysts": [], "sso": sso_section(idp, **extra)}
         gw = make_gateway(**overrides)
         gw.ledger.create_analyst("alice", 10.0, 1e-6)
@@ -284,7 +288,7 @@ def test_admin_groups_make_admins_and_auditors(
     assert r.status_code == 403
     gw.ledger.flush()
     rows = {(e.actor, e.action, e.status) for e in gw.ledger.audit_log()}
-    assert ("root-ann", "grant.add", 201) in rows and ("ivy", None, 403) in rows
+    assert ("root-ann", "grant.add", 201) in rows and ("ivy", "group.add_member", 403) in rows
     # an admin's token runs no queries
     assert _query(client, admin)[0] == 403
     # an analyst's token is no admin's

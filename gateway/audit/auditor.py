@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -26,7 +27,7 @@ from sqlglot import exp
 from gateway.audit.components import TableKnowledge
 from gateway.audit.confidence import CountNoise
 from gateway.audit.findings import Candidate, Sizing, _candidates, _extend, _findings
-from gateway.audit.knowledge import RowInfo
+from gateway.audit.knowledge import RowInfo, shared
 from gateway.audit.normalise import Undecidable
 from gateway.audit.predicates import DimensionKey, Formula, FormulaBuilder, conj
 from gateway.audit.resident import ResidentScopes
@@ -126,20 +127,32 @@ class Auditor:
         ] = {}
         # scopes beyond ``max_bytes`` wait on disk, exactly as they were (``resident``)
         self._resident = ResidentScopes(max_bytes)
+        # Answers remembered before their release moment (``remember``'s ``visible_at``):
+        # per (scope, table), in the order remembered, the moment each becomes visible
+        # and the knowledge (and saturation) before it — what a pre-audit sees until then.
+        self._unreleased: dict[tuple[str, str], list[tuple[float, TableKnowledge, bool]]] = {}
         self._lock = threading.Lock()
         retain_freed_memory()  # the span's arrays: reused, not page-faulted afresh
 
     # -- public interface -------------------------------------------------------------
 
     def pre_audit(
-        self, scope: str, plan: QueryPlan, noise: CountNoise | None = None
+        self,
+        scope: str,
+        plan: QueryPlan,
+        noise: CountNoise | None = None,
+        *,
+        at: float | None = None,
     ) -> AuditDecision:
         """Refuse, before anything is spent, a query that earlier noisy answers alone show
         would determine a small group, or whose conditions the auditor cannot relate to
         earlier ones. Its own answer is unknown here; ``noise`` is its counts' public
         noise (from the calibration), which the post-audit's margin will include: a group
-        that cannot clear k even with the most favourable answer is refused now, free."""
-        return self._pre_audit(scope, plan, None, noise)
+        that cannot clear k even with the most favourable answer is refused now, free.
+        ``at`` (``time.monotonic()``): decide on the answers visible then — those
+        remembered with a ``visible_at`` still to come are left out (``remember``);
+        ``None``: on everything remembered."""
+        return self._pre_audit(scope, plan, None, noise, at)
 
     def _pre_audit(
         self,
@@ -147,6 +160,7 @@ class Auditor:
         plan: QueryPlan,
         open_groups: list[str] | None,
         noise: CountNoise | None = None,
+        at: float | None = None,
     ) -> AuditDecision:
         try:
             cells = _declared_cells(plan)
@@ -154,7 +168,8 @@ class Auditor:
                 samples = [_sample(g.type) for g in plan.group_keys]
                 formulas = self._formulas(plan, [tuple(samples)])
                 with self._lock:
-                    unrelated = self._unrelated(self._knowledge((scope, plan.table)), formulas)
+                    seen, _ = self._visible((scope, plan.table), at)
+                    unrelated = self._unrelated(seen, formulas)
                 if unrelated is None and open_groups is not None:
                     open_groups.append("one of the groups partition selection releases")
                 return unrelated or AuditDecision(True, (), "cells known only after the answer")
@@ -174,16 +189,23 @@ class Auditor:
             open_groups=open_groups,
             pending_counts=releases_counts(plan),
             pending_noise=noise,
+            at=at,
         )
 
     def predict(
-        self, scope: str, plan: QueryPlan, noise: CountNoise | None = None
+        self,
+        scope: str,
+        plan: QueryPlan,
+        noise: CountNoise | None = None,
+        *,
+        at: float | None = None,
     ) -> AuditPrediction:
         """The pre-audit's verdict, and whether a post-audit could still withhold the
         answer: the groups the query would newly determine, whose size depends on its own
-        noisy answer. Changes nothing (a dry run); public information only."""
+        noisy answer. Changes nothing (a dry run); public information only (``at``: as
+        for ``pre_audit``)."""
         open_groups: list[str] = []
-        decision = self._pre_audit(scope, plan, open_groups, noise)
+        decision = self._pre_audit(scope, plan, open_groups, noise, at)
         if not decision.allowed:
             return AuditPrediction(
                 "refused", decision.reason, decision.groups, decision.combined_with
@@ -211,13 +233,26 @@ class Auditor:
             return AuditDecision(False, (), f"{e}: the auditor cannot decide on it.")
         return self._decide(scope, answer.plan.table, rows, pre=False, query_id=answer.query_id)
 
-    def remember(self, scope: str, answer: AnsweredQuery) -> None:
-        """Add a released answer to the scope's knowledge (a no-op for a known query_id)."""
+    def remember(
+        self, scope: str, answer: AnsweredQuery, *, visible_at: float | None = None
+    ) -> None:
+        """Add a released answer to the scope's knowledge (a no-op for a known query_id).
+        ``visible_at`` (``time.monotonic()``): the answer's release moment, when it is
+        remembered before it (post-audits run in ticket order as soon as the statements
+        are done, which depends on the rows): post-audits see it at once, a pre-audit
+        or a prediction ``at`` an earlier moment does not (what it decides leaves at
+        once, and may only depend on answers already released)."""
         key = (scope, answer.plan.table)
         with self._lock:
             base = self._knowledge(key)
             if answer.query_id in base.query_ids:
                 return
+            now = time.monotonic()
+            hidden = [h for h in self._unreleased.pop(key, []) if h[0] > now]
+            if visible_at is not None and visible_at > now:
+                hidden.append((visible_at, base, key in self._saturated))
+            if hidden:
+                self._unreleased[key] = hidden
             pending = self._pending.pop(key, None)
             if pending is not None and pending[0] == answer.query_id and pending[1] is base:
                 self._state[key] = pending[2]
@@ -237,6 +272,8 @@ class Auditor:
         """Drop what one scope knows (its data version changed)."""
         with self._lock:
             self._resident.drop(scope)
+            for key in [k for k in self._unreleased if k[0] == scope]:
+                del self._unreleased[key]
             for key in [k for k in self._state if k[0] == scope]:
                 self._state.pop(key, None)
                 self._pending.pop(key, None)
@@ -248,6 +285,7 @@ class Auditor:
         with self._lock:
             self._resident.drop()
             self._state.clear()
+            self._unreleased.clear()
             self._pending.clear()
             self._tried.clear()
             self._saturated.clear()
@@ -336,6 +374,18 @@ class Auditor:
                 self._tried.pop(k, None)
                 self._saturated.discard(k)
 
+    def _visible(self, key: tuple[str, str], at: float | None) -> tuple[TableKnowledge, bool]:
+        """The knowledge of ``key`` (and whether it is saturated) as it was with only the
+        answers visible ``at`` (every answer, for ``None``): answers are remembered in
+        ticket order and become visible in that order, so the hidden ones are the last."""
+        hidden = self._unreleased.get(key)
+        if at is not None and hidden:
+            first = next((h for h in hidden if h[0] > at), None)
+            if first is not None:
+                return first[1], first[2]
+            del self._unreleased[key]  # all released by now (one scope decides at a time)
+        return self._knowledge(key), key in self._saturated
+
     def _knowledge(self, key: tuple[str, str]) -> TableKnowledge:
         self._bring_back(key[0])
         kn = self._state.get(key)
@@ -364,14 +414,17 @@ class Auditor:
 
     def _rows(self, answer: AnsweredQuery) -> list[tuple[RowInfo, Formula]]:
         formulas = self._formulas(answer.plan, [c.group_values for c in answer.cells])
-        stats = statistics(answer.plan)
+        # rows of every answer share one object per noise distribution and statistics
+        stats = shared(statistics(answer.plan))
         return [
             (
                 RowInfo(
                     answer.query_id,
                     j,
                     c.count,
-                    noise=None if c.noise is None else (((answer.query_id, j), 1.0, c.noise),),
+                    noise=None
+                    if c.noise is None
+                    else (((answer.query_id, j), 1.0, shared(c.noise)),),
                     stats=stats,
                 ),
                 f,
@@ -421,11 +474,12 @@ class Auditor:
         open_groups: list[str] | None = None,
         pending_counts: bool = True,
         pending_noise: CountNoise | None = None,
+        at: float | None = None,
     ) -> AuditDecision:
         key = (scope, table)
         with self._lock:
-            base = self._knowledge(key)
-            if key in self._saturated:
+            base, saturated = self._visible(key, at if pre else None)
+            if saturated:
                 return AuditDecision(
                     False, (), "the audit record of this table is too complex to extend"
                 )

@@ -32,7 +32,7 @@ import numpy as np
 _GRID = np.geomspace(1e-4, 1 - 1e-6, 256)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CountNoise:
     """The public distribution of a released count's noise (``scale``: b for discrete
     Laplace, σ for discrete Gaussian, in units of the count)."""

@@ -184,6 +184,11 @@ def _ordered(dim: Dimension, subject: str, chosen: np.ndarray, *, date: bool) ->
             run = []
     if points:
         out.insert(0, _in(subject, [_value(p.sample, date) for p in points]))
+    # every value but a few single ones: `year <> 2024` says it shorter than
+    # `year = 2025 OR year < 2024` (NULL, if chosen, is added by the caller)
+    left_out = [p for p, c in ordered if not c]
+    if left_out and all(p.point for p in left_out) and len(left_out) < len(out):
+        return [_not_in(subject, [_value(p.sample, date) for p in left_out])]
     return out
 
 

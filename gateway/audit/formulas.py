@@ -9,7 +9,7 @@ DimKind = Literal["ordered", "categorical", "opaque"]
 CompareOp = Literal["in", "lt", "le", "gt", "ge", "isnull", "true", "prefix"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Prefix:
     """``x LIKE 'text%'``: the text values starting with ``text`` (as a constant of a
     condition); as a piece's sample, the values starting with it and with no longer
@@ -18,7 +18,7 @@ class Prefix:
     text: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DimensionKey:
     """Names one dimension of the cell space.
 
@@ -36,7 +36,7 @@ class DimensionKey:
     nullable: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Condition:
     """A leaf: ``dimension op values`` (``op == "true"`` for an opaque dimension)."""
 
@@ -45,7 +45,7 @@ class Condition:
     values: tuple[Any, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Formula:
     """AND / OR / NOT / IS TRUE over conditions; ``const`` is a Kleene truth value
     (0 F, 1 U, 2 T)."""

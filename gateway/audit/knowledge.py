@@ -8,6 +8,7 @@ and leaves the old one intact, so an audit can try a query and throw the result 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -16,30 +17,137 @@ from gateway.audit.predicates import Formula
 from gateway.audit.space import CellSpace
 from gateway.audit.span import Block, merge
 
+_T = TypeVar("_T")
+
 NoiseTerms = tuple[tuple[tuple[str, int], float, CountNoise], ...]
 """A count's noise as a combination of released noises: ((query id, cell), coefficient,
 distribution) per source; the same source in two rows is the same random variable."""
 
 
-@dataclass(frozen=True)
 class RowInfo:
-    """One answered region (a query's cell): who asked it and its noisy count."""
+    """One answered region (a query's cell): who asked it and its noisy count.
 
+    A scope keeps one per released cell for as long as it audits (issue 36: the
+    auditor's memory per release), so it is kept compact: slots instead of an instance
+    dictionary, and a count whose noise is its own release's (``noise`` is
+    ``(((query_id, cell), 1.0, distribution),)``, every answered cell's) keeps only the
+    distribution — ``noise`` hands back the same terms, equal value for value. Immutable
+    like the frozen dataclass it replaces (``with_formula`` makes a new one)."""
+
+    __slots__ = ("_noise", "cell", "count", "formula", "pending", "query_id", "stats")
     query_id: str
     cell: int
     count: float | None
-    pending: bool = False  # in a pre-audit: part of the query being audited, unanswered
-    formula: Formula | None = None  # the region, kept to rebuild merged components
-    noise: NoiseTerms | None = None  # None: the noise of this count is not known
+    pending: bool  # in a pre-audit: part of the query being audited, unanswered
+    formula: Formula | None  # the region, kept to rebuild merged components
+    _noise: NoiseTerms | CountNoise | None  # a CountNoise: the row's own release's noise
     # what the row releases about its region: "count", "sum:<expr>", … (None: anything)
-    stats: frozenset[str] | None = None
+    stats: frozenset[str] | None
+
+    def __init__(
+        self,
+        query_id: str,
+        cell: int,
+        count: float | None,
+        pending: bool = False,
+        formula: Formula | None = None,
+        noise: NoiseTerms | None = None,  # None: the noise of this count is not known
+        stats: frozenset[str] | None = None,
+    ) -> None:
+        compact: NoiseTerms | CountNoise | None = noise
+        if noise is not None and len(noise) == 1:
+            source, coef, dist = noise[0]
+            if coef == 1.0 and source == (query_id, cell):
+                compact = dist
+        for name, value in (
+            ("query_id", query_id),
+            ("cell", cell),
+            ("count", count),
+            ("pending", pending),
+            ("formula", formula),
+            ("_noise", compact),
+            ("stats", stats),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def noise(self) -> NoiseTerms | None:
+        """The count's noise as released noises ((query id, cell), coefficient, noise)."""
+        own = self._noise
+        if isinstance(own, CountNoise):
+            return (((self.query_id, self.cell), 1.0, own),)
+        return own
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"RowInfo is immutable (cannot set {name})")
+
+    def _fields(self) -> tuple[object, ...]:
+        return (
+            self.query_id,
+            self.cell,
+            self.count,
+            self.pending,
+            self.formula,
+            self.noise,
+            self.stats,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RowInfo):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return (
+            f"RowInfo(query_id={self.query_id!r}, cell={self.cell!r}, count={self.count!r}, "
+            f"pending={self.pending!r}, formula={self.formula!r}, noise={self.noise!r}, "
+            f"stats={self.stats!r})"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            RowInfo,
+            (
+                self.query_id,
+                self.cell,
+                self.count,
+                self.pending,
+                self.formula,
+                self.noise,
+                self.stats,
+            ),
+        )
 
     def with_formula(self, formula: Formula) -> RowInfo:
-        """The same row carrying its region (``dataclasses.replace``, without its cost:
-        this runs for every released cell)."""
-        return RowInfo(
-            self.query_id, self.cell, self.count, self.pending, formula, self.noise, self.stats
-        )
+        """The same row carrying its region (a copy of the slots: this runs for every
+        released cell)."""
+        row = object.__new__(RowInfo)
+        for name in RowInfo.__slots__:
+            object.__setattr__(row, name, getattr(self, name))
+        object.__setattr__(row, "formula", formula)
+        return row
+
+
+INTERN_SIZE = 1024
+"""Distinct values ``shared`` remembers before starting afresh (a bound, not a need: a
+scope sees a few noise scales and a few kinds of statistic)."""
+_shared: dict[object, object] = {}
+
+
+def shared(value: _T) -> _T:
+    """One object for equal values (a released count's noise distribution, the set of
+    statistics a query releases): rows of many answers point to it instead of holding
+    a copy each. Values must be immutable and hashable."""
+    hit = _shared.get(value)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    if len(_shared) >= INTERN_SIZE:
+        _shared.clear()
+    _shared[value] = value
+    return value
 
 
 @dataclass(frozen=True)

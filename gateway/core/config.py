@@ -207,8 +207,10 @@ class ExecutionConfig:
     the engine's per-row costs — ``row_ns``, ``char_ns``, ``sort_ns``, ``join_ns``, ``group_ns``,
     ``base_ms`` override them —, the query's shape, the gateway's concurrency), times
     ``deadline_margin``, plus ``post_ms`` for the work after the statement, never below
-    ``min_deadline_ms``; a ``deadline_ms`` here (or on a table) fixes it instead, and a
-    table without a declared ``rows`` gets ``FALLBACK_DEADLINE_MS`` (gateway/pipeline/timing.py).
+    ``min_deadline_ms``, plus ``interpreter_ms`` per other request present in the process
+    (their own Python work shares the interpreter with the statement's); a
+    ``deadline_ms`` here (or on a table) fixes it instead, and a table without a declared
+    ``rows`` gets ``FALLBACK_DEADLINE_MS`` (gateway/pipeline/timing.py).
 
     ``load_aware: true`` also scales deadlines by the machine's load average. Off by
     default: the load average counts dpgate's own statements, whose running time may
@@ -220,6 +222,7 @@ class ExecutionConfig:
     deadline_margin: float = DEFAULT_MARGIN
     min_deadline_ms: int = DEFAULT_MIN_MS
     post_ms: int = 10
+    interpreter_ms: float = 1.0  # per other request present (gateway/pipeline/timing.py)
     load_aware: bool = False
     row_ns: float | None = None  # the cost model's per-row costs (None: the engine's)
     char_ns: float | None = None

@@ -130,6 +130,7 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
             "deadline_margin",
             "min_deadline_ms",
             "post_ms",
+            "interpreter_ms",
             "load_aware",
             "row_ns",
             "char_ns",
@@ -155,6 +156,7 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
         min_deadline_ms=v.integer(ex, "execution.min_deadline_ms", DEFAULT_MIN_MS, low=1)
         or DEFAULT_MIN_MS,
         post_ms=v.integer(ex, "execution.post_ms", 10, low=1) or 10,
+        interpreter_ms=_non_negative(v, ex, "execution.interpreter_ms", 1.0),
         load_aware=load_aware,
         row_ns=v.number(ex, "execution.row_ns", None, positive=True),
         char_ns=v.number(ex, "execution.char_ns", None, positive=True),
@@ -370,3 +372,13 @@ def _analysts(v: _Validator, raw: Any) -> tuple[AnalystBootstrap, ...]:
                 )
             )
     return tuple(out)
+
+
+def _non_negative(v: _Validator, raw: Mapping[str, Any], path: str, default: float) -> float:
+    """A number ≥ 0 (0 turns the term it sizes off)."""
+    value = v.number(raw, path, default)
+    if value is None or value < 0:
+        if value is not None:
+            v.problem(f"{path}: must be ≥ 0")
+        return default
+    return value

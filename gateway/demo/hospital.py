@@ -270,14 +270,14 @@ tables:
       income:     {{type: integer, lower: 0, upper: 200000, nullable: false}}
       disease:    {{type: text, values: [{diseases}], nullable: false}}
     references:               # joins: patients.zip → the public zip_regions' key
-      zip: zip_regions.zip
+      zip: {{to: zip_regions.zip, every_row_matches: true}}  # every zip is listed there
   visits:
     privacy_unit: patient_id
     max_rows_per_unit: 5
     max_groups_per_unit: 3
     rows: {MAX_VISITS * PATIENTS}              # at most {MAX_VISITS} visits per patient
     references:               # a privacy-unit path: a visit's patient is the person
-      patient_id: patients.patient_id
+      patient_id: {{to: patients.patient_id, every_row_matches: true}}  # no orphan visits
     columns:
       patient_id:     {{type: integer}}
       year:           {{type: integer, lower: 2019, upper: 2025, nullable: false}}

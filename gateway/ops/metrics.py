@@ -99,6 +99,17 @@ AUDIT_LOCK_WAIT = Histogram(
     "analyst, or of anyone under audit.scope: global, from its pre-audit to its release).",
     buckets=_WAIT_BUCKETS,
 )
+STATEMENT_PHASES = Histogram(
+    "dpgate_statement_phase_seconds",
+    "Where a query's time goes (execution.timing: deadline): admission (from the pipeline "
+    "to its release moment being fixed: compiling, the audit lane, the pre-audit, the "
+    "reservation — before the clock, so not padded), then, for a statement the cost model "
+    "sizes, queue (from its release moment being fixed to its thread running: the interpreter "
+    "shared with other requests' own work), slot (waiting for its statement slot), run "
+    "(the statement itself, to its rows; an abandoned one counts its run to its deadline).",
+    ["phase"],
+    buckets=_LATENCY_BUCKETS,
+)
 DEADLINE_MISSES = Counter(
     "dpgate_deadline_misses",
     "Queries that missed their release deadline (charged, nothing released; the deadline "
@@ -115,6 +126,25 @@ PAST_DEADLINE = Counter(
     "query's release moment, by table: that response left late, at a moment set by the "
     "database rather than by the deadline (docs/privacy.md, Timing).",
     ["table"],
+)
+#: From a few milliseconds (a cancel honoured at once) to minutes (an engine that plans
+#: for long, or ignores the cancel).
+_OVERRUN_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+ABANDONED_OVERRUN = Histogram(
+    "dpgate_abandoned_statement_overrun_seconds",
+    "Statements abandoned at their deadline (reported as failed at the release moment) "
+    "that have since ended, by table, and how long after their deadline each ended: the "
+    "time the engine kept working on a cancelled statement. Its _count counts the "
+    "statements that ended after their deadline.",
+    ["table"],
+    buckets=_OVERRUN_BUCKETS,
+)
+ABANDONED_RUNNING = Gauge(
+    "dpgate_abandoned_statements_running",
+    "Statements abandoned at their deadline that are still running now (the engine has "
+    "not honoured their cancel yet), by table, summed over workers.",
+    ["table"],
+    multiprocess_mode="livesum",
 )
 LEDGER_POOL_IN_USE = Gauge(
     "dpgate_ledger_pool_in_use",
@@ -222,12 +252,31 @@ def record_audit_lock_wait(seconds: float) -> None:
     AUDIT_LOCK_WAIT.observe(seconds)
 
 
+def record_statement_phase(phase: str, seconds: float) -> None:
+    STATEMENT_PHASES.labels(phase).observe(max(0.0, seconds))
+
+
 def record_deadline_miss(stage: str, table: str) -> None:
     DEADLINE_MISSES.labels(stage, table).inc()
 
 
 def record_past_deadline(table: str) -> None:
     PAST_DEADLINE.labels(table).inc()
+
+
+class AbandonedStatements:
+    """Counts one query's abandoned statement (``gateway.sql.execute.AbandonWatch``):
+    running now, then how long after its deadline it ended."""
+
+    def __init__(self, table: str) -> None:
+        self.table = table
+
+    def abandoned(self) -> None:
+        ABANDONED_RUNNING.labels(self.table).inc()
+
+    def ended(self, seconds_late: float) -> None:
+        ABANDONED_RUNNING.labels(self.table).dec()
+        ABANDONED_OVERRUN.labels(self.table).observe(seconds_late)
 
 
 def record_build_info() -> None:

@@ -5,6 +5,9 @@ The cache is the ledger itself: the release recorded with a charge, found by the
 request's key (canonical SQL, ε, δ, mechanism, data version) for the same analyst, or
 for anyone with ``cache.scope: global``. On the HTTP path the lookup rides on the
 request's one ledger read (``identity.identify``); in-process callers use ``lookup``.
+
+A release is recorded before its query's release moment; until that moment it is no
+hit (``usable``): whether it is there yet depends on when the statement finished.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import budget
-from gateway.pipeline.charges import ledger_errors
+from gateway.pipeline.charges import ledger_errors, visible
 from gateway.pipeline.planning import PlannedQuery
 from gateway.pipeline.postprocess import Answer, shown
 from gateway.pipeline.release import RECORD_ONLY, Release
@@ -29,6 +32,12 @@ class AnswerCache:
     def probe(self, planned: PlannedQuery) -> budget.CacheProbe:
         """What to look for in the ledger for this request."""
         return budget.CacheProbe(planned.key, self.data_version, self.any_analyst)
+
+    @staticmethod
+    def usable(stored: dict[str, Any] | None) -> bool:
+        """Whether a stored release may be served: there, and past its release moment
+        (``gateway.pipeline.charges.Charges.hold``)."""
+        return stored is not None and visible(stored)
 
     def hit(
         self, planned: PlannedQuery, stored: dict[str, Any], status: budget.BudgetStatus
@@ -51,7 +60,7 @@ class AnswerCache:
             stored = self.ledger.find_release(
                 planned.key, None if self.any_analyst else analyst, self.data_version
             )
-            if stored is None:
+            if stored is None or not self.usable(stored):
                 return None
             status = self.ledger.budget_status(analyst)
         return self.hit(planned, stored, status)

@@ -9,6 +9,13 @@ moment, to any worker, is post-audited against this one's answer. A pre-audit re
 costs nothing; a post-audit refusal comes after the statement was sent, so its charge
 stays and nothing is released (docs/design.md, invariants 2 and 8: the auditor sees only
 plans and noisy values).
+
+A post-audit runs as soon as its statement is done, before its query's release moment;
+what a pre-audit decides leaves at once. So a pre-audit (and a dry run's prediction)
+sees only the answers, and the post-audit refusals, whose release moment has passed
+(``visible_at``): otherwise a free refusal would tell whether an earlier statement of the
+same analyst had finished, a duration that can depend on the rows
+(tests/attacks/test_in_flight_oracle.py).
 """
 
 from __future__ import annotations
@@ -79,6 +86,8 @@ class AuditPolicy:
         self._sync_lock = threading.Lock()
         self._lanes: dict[str, ScopeLane] = {}
         self._lanes_lock = threading.Lock()
+        # post-audit refusals (by reservation) not yet at their release moment
+        self._refused_until: dict[str, float] = {}
 
     @property
     def active(self) -> bool:
@@ -126,7 +135,8 @@ class AuditPolicy:
         if self.mode == "refuse":
             self._refused_before(analyst, planned.key)
         noise = count_noise(planned)
-        decision = _decide(lambda: self.auditor.pre_audit(scope, planned.plan, noise))
+        now = time.monotonic()
+        decision = _decide(lambda: self.auditor.pre_audit(scope, planned.plan, noise, at=now))
         if decision.allowed:
             return []
         if self.mode == "refuse":
@@ -151,14 +161,15 @@ class AuditPolicy:
                     refusal = self.ledger.find_refusal(
                         planned.key, analyst, self.planner.data_version
                     )
-                if refusal is not None:
+                if refusal is not None and self._visible(refusal):
                     return AuditPrediction(
                         "refused",
                         f"{refusal.reason} This request was refused before.",
                         combined_with=tuple(refusal.combined_with),
                     )
             noise = count_noise(planned)
-            prediction = _predict(lambda: self.auditor.predict(scope, planned.plan, noise))
+            now = time.monotonic()
+            prediction = _predict(lambda: self.auditor.predict(scope, planned.plan, noise, at=now))
         if self.mode == "flag" and prediction.verdict != "answered":
             # flag mode answers and records the objection
             return replace(
@@ -175,9 +186,12 @@ class AuditPolicy:
         reservation: Reservation,
         cells: tuple[AnsweredCell, ...],
         cells_json: list[dict[str, object]],
+        visible_at: float | None = None,
     ) -> list[str]:
         """Post-audit the noisy answer; on refusal record it withheld (charged) and
-        raise. Returns the flags to record when ``mode`` is ``flag``."""
+        raise — a repeat is refused free only from ``visible_at``, the query's release
+        moment (``time.monotonic()``). Returns the flags to record when ``mode`` is
+        ``flag``."""
         if not self.active:
             return []
         answered = AnsweredQuery(query_id=reservation.id, plan=planned.plan, cells=cells)
@@ -191,6 +205,11 @@ class AuditPolicy:
             {"withheld": True, "audit_cells": cells_json},
             f"post-audit: {decision.reason}",
         )
+        if visible_at is not None:
+            with self._lanes_lock:
+                now = time.monotonic()
+                self._refused_until = {r: t for r, t in self._refused_until.items() if t > now}
+                self._refused_until[reservation.id] = visible_at
         self._record_refusal(reservation.analyst, planned, decision, reservation)
         raise AuditRefused(
             f"{decision.reason} The query was charged (its answer was computed) but is withheld.",
@@ -200,11 +219,26 @@ class AuditPolicy:
         )
 
     def remember(
-        self, scope: str, query_id: str, plan: QueryPlan, cells: tuple[AnsweredCell, ...]
+        self,
+        scope: str,
+        query_id: str,
+        plan: QueryPlan,
+        cells: tuple[AnsweredCell, ...],
+        visible_at: float | None = None,
     ) -> None:
-        """Add a released answer to the scope's history."""
+        """Add an answer to the scope's history: post-audits see it at once, pre-audits
+        from ``visible_at`` (its release moment, ``time.monotonic()``; ``None``: at once)."""
         if self.active:
-            self.auditor.remember(scope, AnsweredQuery(query_id=query_id, plan=plan, cells=cells))
+            answer = AnsweredQuery(query_id=query_id, plan=plan, cells=cells)
+            self.auditor.remember(scope, answer, visible_at=visible_at)
+
+    def _visible(self, refusal: budget.Refusal) -> bool:
+        """Whether a recorded refusal's query has reached its release moment."""
+        if refusal.reservation_id is None:
+            return True
+        with self._lanes_lock:
+            until = self._refused_until.get(refusal.reservation_id)
+        return until is None or until <= time.monotonic()
 
     def _refused_before(self, analyst: str, key: str) -> None:
         """Refuse again, free, a request refused before. Called in the scope's lane,
@@ -215,7 +249,7 @@ class AuditPolicy:
             return
         with ledger_errors():
             refusal = self.ledger.find_refusal(key, analyst, self.planner.data_version)
-        if refusal is not None:
+        if refusal is not None and self._visible(refusal):
             raise AuditRefused(
                 f"{refusal.reason} This request was refused before: it is refused again, "
                 "and nothing was charged.",

@@ -48,6 +48,7 @@ import numpy as np
 from sqlglot import exp
 
 from gateway.core.config import TableConfig
+from gateway.core.joins import matched_lookups
 from gateway.pipeline.cost_model import EngineCosts
 from gateway.sql import dialects
 
@@ -73,11 +74,12 @@ class Shape:
     largest: int  # rows of the largest table it reads (what a window sorts)
     ms: float  # median running time
     group_keys: int = 0  # GROUP BY keys of the analyst's query
+    lookups: int | None = None  # tables joined (None: one if ``lookup_rows``, else none)
 
     def features(self) -> list[float]:
         """Nanoseconds per unit of each coefficient (``COEFFICIENTS``), as in
         ``CostModel.statement_ms``."""
-        joins = 1.0 if self.lookup_rows else 0.0
+        joins = float(self.lookups if self.lookups is not None else bool(self.lookup_rows))
         return [
             float(self.rows + self.lookup_rows),
             float(self.rows * len(self.sql)),
@@ -147,7 +149,12 @@ def measure(
             continue
         for name, sql, joined in shape_queries(t, tables):
             statement = compile_sql(sql)
-            lookup = counts.get(joined, 0) if joined else 0
+            # the lookups the statement reads: the one the shape joins, and those every
+            # query on the table joins (``every_row_matches``), as the cost model counts
+            read = {n.lower() for n in matched_lookups(tables, key)}
+            if joined:
+                read.add(joined)
+            lookup = sum(counts.get(name_, 0) for name_ in read)
             shapes.append(
                 Shape(
                     table=key,
@@ -159,6 +166,7 @@ def measure(
                     largest=max(counts[key], lookup),
                     ms=_timed(run, statement, repeat),
                     group_keys=1 if " GROUP BY " in sql.upper() else 0,
+                    lookups=len(read),
                 )
             )
     fitted = fit(shapes, base_ms)

@@ -10,12 +10,19 @@ charge is written nothing was charged; after it, the charge stands. An outcome t
 ledger could not take (answered-but-not-sent, withheld, a refund) is kept here and
 written by the next ledger call that succeeds (``settle_pending``): until then the
 charge shows as ``pending`` in the analyst's history, spent — the side of privacy.
+
+An outcome is recorded before its query's release moment (the statement may finish
+early, and how early can depend on the rows): ``hold`` stamps the moment into the
+record (``visible_at``, wall clock), and until then the answer cache does not serve it
+(``gateway.pipeline.answer_cache``) and the history shows the charge ``pending``
+(tests/attacks/test_in_flight_oracle.py).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,7 +41,7 @@ from gateway.core.errors import (
     Unauthenticated,
 )
 from gateway.core.plan import QueryRequest
-from gateway.pipeline.release import RECORD_ONLY
+from gateway.pipeline.release import RECORD_ONLY, VISIBLE_AT
 from mechanisms import PrivacyCost
 
 log = logging.getLogger("dpgate.charges")
@@ -49,6 +56,12 @@ CHARGED_MESSAGE = (
     "released, and the charge's outcome is recorded when the ledger is back (a refund "
     "only if the statement never reached the protected database)"
 )
+
+
+def visible(record: dict[str, Any] | None) -> bool:
+    """Whether a recorded outcome has reached its query's release moment (``hold``)."""
+    moment = None if record is None else record.get(VISIBLE_AT)
+    return not isinstance(moment, int | float) or moment <= time.time()
 
 
 def charged_ledger_failure() -> LedgerUnavailable:
@@ -101,6 +114,21 @@ class Charges:
         self.data_version = data_version
         self._pending: deque[tuple[str, Callable[[], None]]] = deque()
         self._pending_lock = threading.Lock()
+        self._held: dict[str, float] = {}  # reservation id → its release moment (wall clock)
+
+    def hold(self, reservation: Reservation, release_at: float | None) -> None:
+        """Keep the outcome of ``reservation`` out of sight until ``release_at`` (its
+        release moment, ``time.monotonic()``; ``None``: no release moment): ``answered``
+        and ``withheld`` stamp it into the record as ``visible_at`` (wall clock, which
+        other workers sharing the ledger read too)."""
+        if release_at is not None:
+            with self._pending_lock:
+                self._held[reservation.id] = time.time() + (release_at - time.monotonic())
+
+    def _stamped(self, reservation: Reservation, record: dict[str, Any]) -> dict[str, Any]:
+        with self._pending_lock:
+            visible_at = self._held.pop(reservation.id, None)
+        return record if visible_at is None else {**record, VISIBLE_AT: visible_at}
 
     def settle_pending(self) -> int:
         """Write the outcomes a failed ledger could not take — the ledger's own queued
@@ -164,6 +192,7 @@ class Charges:
         """Record the released answer (what the cache and the auditor's replay read).
         ``wait`` False: the row rides on the ledger writer's next batch, and the answer
         leaves without waiting for it (``budget.Ledger.commit``)."""
+        record = self._stamped(reservation, record)
         try:
             self.ledger.commit(reservation, record, "answered", wait=wait)
         except budget.LedgerUnavailable:
@@ -183,12 +212,14 @@ class Charges:
 
     def withheld(self, reservation: Reservation, record: dict[str, Any], reason: str) -> None:
         """Record that nothing was released for this charge; it stays spent."""
+        record = self._stamped(reservation, record)
         self._settle(
             reservation, lambda: self.ledger.commit(reservation, record, "withheld", reason)
         )
 
     def refund(self, reservation: Reservation, reason: str) -> None:
         """Give the charge back: the statement never reached the database."""
+        self._stamped(reservation, {})
         self._settle(reservation, lambda: self.ledger.refund(reservation, reason))
 
     def history(self, analyst: str, *, limit: int) -> list[dict[str, Any]]:
@@ -199,7 +230,10 @@ class Charges:
         out = []
         for e in entries:
             release = None
-            if e.release is not None and e.outcome == "answered":
+            outcome, reason = e.outcome, e.reason
+            if not visible(e.release):  # before its release moment: as if in flight
+                outcome, reason = "pending", None
+            elif e.release is not None and e.outcome == "answered":
                 release = {k: v for k, v in e.release.items() if k not in RECORD_ONLY}
             out.append(
                 {
@@ -212,8 +246,8 @@ class Charges:
                         "rho": e.cost.rho,
                         "selection_delta": e.cost.selection_delta,
                     },
-                    "outcome": e.outcome,
-                    "reason": e.reason,
+                    "outcome": outcome,
+                    "reason": reason,
                     "release": release,
                     "created_at": e.created_at.isoformat(),
                 }

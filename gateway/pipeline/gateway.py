@@ -292,7 +292,8 @@ class Gateway:
             if isinstance(planned, PlannedQuery) and probe is None and not request.dry_run:
                 with ledger_errors():  # the release and the budget, in one more read
                     found = self.ledger.lookup(None, self.cache.probe(planned), name=principal.name)
-                if found.release is not None and found.budget is not None:
+                if self.cache.usable(found.release) and found.budget is not None:
+                    assert found.release is not None
                     hit = self.cache.hit(planned, found.release, found.budget)
                     return principal, _post_process(planned, hit)
         if refusal is not None:
@@ -300,7 +301,8 @@ class Gateway:
         assert planned is not None
         if isinstance(planned, ProbePlan):
             return principal, self._probe(self.charges.status(principal.name), planned)
-        if lookup.release is not None and lookup.budget is not None:
+        if self.cache.usable(lookup.release) and lookup.budget is not None:
+            assert lookup.release is not None
             hit = self.cache.hit(planned, lookup.release, lookup.budget)
             return principal, _post_process(planned, hit)
         return principal, _post_process(planned, self._answer(principal.name, planned))
@@ -323,6 +325,8 @@ class Gateway:
                 return self._dry_run(analyst, planned)
         plan, calibration = planned.plan, planned.calibration
         table = self.config.tables[plan.table]
+        self.timing.arrived()  # present beside the statements that start meanwhile
+        arrived = time.monotonic()
         compiled = self._compile(planned)  # pure functions of the plan: outside the lane
         _prefill(planned)
         # The scope lock's own failure is the ledger's, before anything is charged.
@@ -341,6 +345,10 @@ class Gateway:
                     analyst=self._stretched(analyst),
                 )
                 ticket = lane.ticket(clock.release_at)
+                if clock.fixed_at is not None:  # not padded: the operator's figure
+                    metrics.record_statement_phase("admission", clock.fixed_at - arrived)
+                # its outcome is not shown (cache, history) before its release moment
+                self.charges.hold(reservation, clock.release_at)
             answered = False
             missed = _Missed()
             try:
@@ -453,16 +461,21 @@ class Gateway:
         (``gateway.pipeline.lanes``), post-process it and record it."""
         plan, calibration = planned.plan, planned.calibration
         slots = self.timing.slots if clock.starts_at is not None else None
+        trace = _Trace()
 
         def run_in_slot(engine: sa.Engine, sql: str, *, timeout_ms: int) -> Any:
             # in its slot of the public schedule (gateway.pipeline.timing.StatementSlots)
             if slots is None:
                 return run_aggregate(engine, sql, timeout_ms=timeout_ms)
+            trace.running = time.monotonic()
             with slots.enter(clock.starts_at):
+                trace.entered = time.monotonic()
                 if clock.statement_until is not None:  # what is left after the wait
-                    left = int((clock.statement_until - time.monotonic()) * 1000)
+                    left = int((clock.statement_until - trace.entered) * 1000)
                     timeout_ms = max(1, min(timeout_ms, left))
-                return run_aggregate(engine, sql, timeout_ms=timeout_ms)
+                rows = run_aggregate(engine, sql, timeout_ms=timeout_ms)
+                trace.ended = time.monotonic()
+                return rows
 
         try:
             exact = run_aggregate_until(
@@ -472,6 +485,7 @@ class Gateway:
                 until=clock.statement_until,
                 query_id=reservation.id,
                 run=run_in_slot,
+                watch=metrics.AbandonedStatements(plan.table),
             )
         except DatabaseUnavailable:
             lane.done(ticket)
@@ -484,7 +498,9 @@ class Gateway:
             if failure.timed_out:
                 missed.stage = "statement"
                 metrics.record_deadline_miss("statement", plan.table)
+                trace.report(clock, reservation.id)
             self._charged_failure(reservation, "timeout" if failure.timed_out else "error")
+        trace.report(clock, None)
         _count_past_deadline(plan.table, clock)
         try:
             noisy = add_noise(plan, compiled, exact, calibration)
@@ -495,8 +511,11 @@ class Gateway:
         cells_json = noisy.cells_json()
         try:
             with lane.turn(ticket, clock.release_at):
-                flags += self.audit.after(lane.scope, planned, reservation, noisy.cells, cells_json)
-                self.audit.remember(lane.scope, reservation.id, plan, noisy.cells)
+                # a pre-audit sees this answer (or refusal) from its release moment only
+                flags += self.audit.after(
+                    lane.scope, planned, reservation, noisy.cells, cells_json, clock.release_at
+                )
+                self.audit.remember(lane.scope, reservation.id, plan, noisy.cells, clock.release_at)
         except TurnMissed:
             lane.done(ticket)
             missed.stage = "turn"
@@ -559,6 +578,44 @@ class _Missed:
     """The deadline stage a query failed at (``None``: none), for the timing's stretch."""
 
     stage: str | None = None
+
+
+@dataclass
+class _Trace:
+    """When a slotted statement's thread ran, entered its slot and ended
+    (``time.monotonic()``; ``None``: not reached): where its allowance went."""
+
+    running: float | None = None
+    entered: float | None = None
+    ended: float | None = None
+
+    def report(self, clock: ReleaseClock, missed: str | None) -> None:
+        """Record the phases (``dpgate_statement_phase_seconds``); for a miss
+        (``missed``: its query id) say in the operator's log where the time went."""
+        if clock.fixed_at is None or clock.statement_until is None or self.running is None:
+            return
+        until = clock.statement_until
+        entered = self.entered if self.entered is not None else until
+        ended = self.ended if self.ended is not None else until
+        phases = {
+            "queue": self.running - clock.fixed_at,
+            "slot": entered - self.running,
+            "run": ended - entered,
+        }
+        for phase, seconds in phases.items():
+            metrics.record_statement_phase(phase, seconds)
+        if missed is not None:
+            log.warning(
+                "deadline miss: query %s's statement had %.1f ms (slot public start +%.1f ms): "
+                "queue %.1f ms, slot wait %.1f ms, run %.1f ms%s",
+                missed,
+                (until - clock.fixed_at) * 1000,
+                ((clock.starts_at or clock.fixed_at) - clock.fixed_at) * 1000,
+                phases["queue"] * 1000,
+                phases["slot"] * 1000,
+                phases["run"] * 1000,
+                "" if self.ended is not None else " and on",
+            )
 
 
 def _count_past_deadline(table: str, clock: ReleaseClock) -> None:

@@ -16,7 +16,10 @@ from gateway.pipeline.planning import PlannedQuery
 _PER_REQUEST = frozenset({"ok", "cached", "budget", "charge"})
 # Parts of a ledger record never released as such: the auditor's cells and flags, and
 # the uncut answer (every row HAVING kept, values as drawn) later requests are cut from.
-RECORD_ONLY = ("audit_cells", "audit_flags", "uncut")
+RECORD_ONLY = ("audit_cells", "audit_flags", "uncut", "visible_at")
+#: The record's release moment (wall clock): its outcome is shown from then on only
+#: (``gateway.pipeline.charges.Charges.hold``).
+VISIBLE_AT = "visible_at"
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,14 @@ when it misses it):
   ``execution.deadline_margin`` and the load factor of the statements that can run
   beside it, never below ``min_deadline_ms``, counted from the slot's public start, plus
   ``post_ms`` (times the load factor of the queries in flight) for noising, the
-  post-audit and the ledger commit; or the fixed ``deadline_ms`` of the table or of
+  post-audit and the ledger commit, plus ``interpreter_ms`` for each other request
+  present in the process (``ReleaseTiming.arrived``: those that reached the pipeline in
+  the last ``ARRIVAL_WINDOW_S``, or in flight): their own Python work — planning,
+  admission, noising, the post-audit, serialising — holds the interpreter the
+  statement's thread needs to start, enter its slot and fetch its rows (a dashboard's
+  first chart missed its deadline while the nineteen after it were planned). That term
+  lengthens this query's allowance only, not its slot's reservation, so it does not
+  push the statements after it; or the fixed ``deadline_ms`` of the table or of
   ``execution`` when set; or ``FALLBACK_DEADLINE_MS`` for a table without a declared row
   count;
 - within an audit scope, never earlier than the previous ticket's release moment plus
@@ -48,6 +55,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,6 +83,9 @@ RELEASE_GAP_S = 0.002
 STRETCH_ON_MISS = 2.0
 STRETCH_ON_TIME = 0.9
 MAX_STRETCH = 8.0
+#: Requests that reached the pipeline this recently count as present beside a statement
+#: (``ReleaseTiming.arrived``), admitted yet or not.
+ARRIVAL_WINDOW_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,7 @@ class ReleaseClock:
     statement_until: float | None = None
     deadline_ms: float | None = None
     starts_at: float | None = None
+    fixed_at: float | None = None  # when this clock was fixed (``time.monotonic()``)
 
     def wait(self) -> float:
         """Sleep until the release moment; return the seconds spent waiting."""
@@ -151,6 +163,7 @@ class ReleaseTiming:
         self._lock = threading.Lock()
         self._pending: list[float] = []  # release moments not yet past
         self._stretch: dict[str, float] = {}  # analysts whose misses stretch deadlines
+        self._arrivals: deque[float] = deque()  # when requests reached the pipeline
         cpus = model.cpus if model is not None else cpu_count()
         #: when each statement slot's public reservation ends (``time.monotonic()``)
         self._slot_free = [0.0] * max(1, cpus)
@@ -159,6 +172,27 @@ class ReleaseTiming:
     @property
     def active(self) -> bool:
         return self.execution.timing != "off"
+
+    def arrived(self) -> None:
+        """Count a request that reached the pipeline now (public: its arrival time)."""
+        if not self.active:
+            return
+        now = time.monotonic()
+        with self._lock:
+            self._arrivals.append(now)
+            self._forget_arrivals(now)
+
+    def _forget_arrivals(self, now: float) -> None:
+        while self._arrivals and self._arrivals[0] < now - ARRIVAL_WINDOW_S:
+            self._arrivals.popleft()
+
+    def _interpreter_ms(self, now: float, in_flight: int) -> float:
+        """The allowance for the other requests present (call holding the lock): those in
+        flight, or arrived within ``ARRIVAL_WINDOW_S``, whichever are more, this one
+        aside — a function of arrival times and earlier release moments."""
+        self._forget_arrivals(now)
+        others = max(in_flight, len(self._arrivals)) - 1
+        return self.execution.interpreter_ms * max(0, others)
 
     def deadline_ms(
         self,
@@ -265,6 +299,8 @@ class ReleaseTiming:
             # deadline is a worst case chosen for any concurrency, and reserving a slot
             # for all of it would hold the others back for nothing.
             scheduling = self._model_sized(plan, table, sql)
+            # the others' Python work: this query's allowance, not its slot's reservation
+            shared = self._interpreter_ms(now, in_flight) if scheduling else 0.0
             slot = min(range(len(self._slot_free)), key=self._slot_free.__getitem__)
             starts_at = max(now, self._slot_free[slot]) if scheduling else now
             earliest = 0.0
@@ -273,11 +309,11 @@ class ReleaseTiming:
                 beside = min(in_flight, len(self._slot_free) + 1)
                 factor = 1.0 if self.model is None else self.model.load_factor(beside)
                 earliest = after + RELEASE_GAP_S * factor
-            release_at = max(starts_at + (statement + kept) / 1000, earliest)
-            on_schedule = max(starts_at + (scheduled + kept) / 1000, earliest)
+            release_at = max(starts_at + (statement + shared + kept) / 1000, earliest)
+            on_schedule = max(starts_at + (scheduled + shared + kept) / 1000, earliest)
             until = release_at - kept / 1000
             if scheduling:
-                self._slot_free[slot] = on_schedule - kept / 1000
+                self._slot_free[slot] = max(starts_at + scheduled / 1000, earliest - kept / 1000)
             self._pending.append(on_schedule)
         return ReleaseClock(
             release_at=release_at,
@@ -285,6 +321,7 @@ class ReleaseTiming:
             statement_until=until,
             deadline_ms=math.ceil((release_at - now) * 1000),
             starts_at=starts_at if scheduling else None,
+            fixed_at=now,
         )
 
     def _model_sized(self, plan: QueryPlan, table: TableConfig, sql: str) -> bool:

@@ -9,7 +9,8 @@ with sqlglot. It enforces, inside the SQL,
   measure's grid (``resolution``), summed as integers;
 - per-unit read bounding: with an analyst's WHERE, it is evaluated on at most
   ``rows_read_bound`` of each unit's rows, chosen by their declared values
-  (``_read_bounded``);
+  (``_read_bounded``); where that bound is ``max_rows_per_unit`` itself, the rows read
+  and passing are the rows kept, with no second window;
 - per-unit contribution bounding: at most ``max_rows_per_unit`` rows per privacy unit
   (``ROW_NUMBER() OVER (PARTITION BY unit …)``, or per-unit counts capped at the bound
   when the query only counts) and, with GROUP BY, at most ``max_groups_per_unit``
@@ -276,6 +277,11 @@ class _Bounded:
             order = [exp.column(READ_RANK, quoted=True)]
         if not keys and all(m.kind in _COUNTS for m in self.plan.measures):
             return self.counts_only(rows)
+        if where is not None and self.table.rows_read_bound <= self.rows_bound:
+            # At most ``rows_bound`` of a unit's rows were read, so at most that many
+            # pass the WHERE: the row bound holds already, and its window would keep
+            # every one of them (on SQLite a window costs ten scans: bench/README.md).
+            return self.aggregate(rows, keys, inputs)
         kept = self.first_rows(rows, order)
         return self.aggregate(kept, keys, inputs)
 

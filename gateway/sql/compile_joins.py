@@ -178,19 +178,32 @@ def joined(plan: QueryPlan, keys: JoinKeys, dialect: str, *, row_unit: bool) -> 
     if not columns:  # COUNT(*) of a row-level anchor reads no column
         columns.append(exp.alias_(exp.Literal.number(1), "dp_row_read", quoted=True))
     query = exp.select(*columns).from_(sides[0], copy=False)
-    for step, lk, side in zip(join.steps, steps, sides[1:], strict=True):
+    parents = {lk.parent for lk in steps}
+    for i, (step, lk, side) in enumerate(zip(join.steps, steps, sides[1:], strict=True)):
         lookup_name = lk.table
         parent_side = f"t{position[lk.parent]}"
         parent_column = exp.column(lk.parent_column, table=parent_side, quoted=True)
         key_side = f"t{position[lookup_name]}"
         table = join.tables[position[lookup_name]]
         key_name = join.keys[position[lookup_name]] or ""
+        left: exp.Expr = parent_column
         if lk.mode == "canonical":
-            ctype = table.columns[key_name].type
-            left: exp.Expr = _canonical(parent_column, ctype)
+            left = _canonical(parent_column, table.columns[key_name].type)
+        brings_lookup = position[lookup_name] == i + 1  # (not the anchor, joined to it)
+        if (
+            step.kind != "left"
+            and brings_lookup
+            and lookup_name not in parents
+            and not _reads(table, read)
+        ):
+            # an inner join whose lookup only filters (none of its columns is read, no
+            # join hangs off it): the same anchor rows, each once, as a semi-join
+            listed = exp.Subquery(this=_lookup_keys(table, key_name, lk.mode))
+            query = query.where(exp.In(this=left, query=listed), copy=False)
+            continue
+        if lk.mode == "canonical":
             right: exp.Expr = exp.column(JOIN_KEY, table=key_side, quoted=True)
         else:
-            left = parent_column
             right = exp.column(key_name, table=key_side, quoted=True)
         query = query.join(
             side,
@@ -199,6 +212,28 @@ def joined(plan: QueryPlan, keys: JoinKeys, dialect: str, *, row_unit: bool) -> 
             copy=False,
         )
     return exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier("j")))
+
+
+def _reads(table: TableConfig, read: set[str]) -> bool:
+    """Whether the query reads any column of the lookup ``table``."""
+    name = table.name.lower()
+    return any(relation_column(name, c) in read for c in table.columns)
+
+
+def _lookup_keys(table: TableConfig, key: str, mode: str) -> exp.Select:
+    """The keys of a lookup's rows inside its domain (as ``_lookup_side`` compares them,
+    NULL left out): the set an inner join matches against. Membership needs no cut, so
+    an anchor row is kept once whatever the lookup holds."""
+    grouped: exp.Expr = exp.column(key, quoted=True)
+    if mode == "canonical":
+        grouped = _canonical(grouped, table.columns[key].type)
+    present = exp.Not(this=exp.Is(this=grouped.copy(), expression=exp.Null()))
+    domain = row_filter(table)
+    return (
+        exp.select(grouped)
+        .from_(_stored(table), copy=False)
+        .where(present if domain is None else exp.and_(domain, present), copy=False)
+    )
 
 
 def _canonical(column: exp.Expr, ctype: str) -> exp.Expr:

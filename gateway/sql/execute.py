@@ -28,7 +28,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
@@ -221,6 +221,15 @@ def run_aggregate(engine: sa.Engine, sql: str, *, timeout_ms: int) -> list[tuple
     return rows
 
 
+class AbandonWatch(Protocol):
+    """Told when a statement is abandoned at its deadline, and when it ends that many
+    seconds after it (rows, error or cancellation): the pipeline's metrics."""
+
+    def abandoned(self) -> None: ...
+
+    def ended(self, seconds_late: float) -> None: ...
+
+
 class _Outcome:
     """What a statement run in the background came to (set once, by its thread)."""
 
@@ -240,13 +249,15 @@ def run_aggregate_until(
     until: float | None,
     query_id: str = "",
     run: Callable[..., list[tuple[Any, ...]]] | None = None,
+    watch: AbandonWatch | None = None,
 ) -> list[tuple[Any, ...]]:
     """``run_aggregate``, abandoned at ``until`` (``time.monotonic()``) whatever the engine
     does: a statement that has not produced its rows by then raises ``StatementFailed``
     (timed out) at that moment, and runs on in the background until its own timeout
-    or cancel stops it (a Spark job group cannot be cancelled while the query is still
-    planned; a driver may ignore an interrupt). When it ends, the operator's log says how
-    late (the caller counts the miss in ``dpgate_deadline_misses_total``). Nothing it
+    or cancel stops it (a driver may ignore an interrupt, or honour it late: Spark plans
+    a statement before any job of it can be cancelled). When it ends, the operator's log
+    says how late, and ``watch`` is told (``dpgate_abandoned_statement_overrun_seconds``;
+    the caller counts the miss itself in ``dpgate_deadline_misses_total``). Nothing it
     returns late is used. ``until=None``: no release moment, the statement's own timeout
     only. ``run``: what runs the statement (``run_aggregate``)."""
     run = run or run_aggregate
@@ -263,11 +274,14 @@ def run_aggregate_until(
             outcome.done.set()
             late = outcome.abandoned
         if late:
+            seconds_late = max(0.0, time.monotonic() - until)
             log.warning(
                 "deadline miss: abandoned statement of query %s ended %.0f ms after its deadline",
                 query_id,
-                (time.monotonic() - until) * 1000,
+                seconds_late * 1000,
             )
+            if watch is not None:
+                watch.ended(seconds_late)
 
     thread = threading.Thread(target=work, name="dpgate-statement", daemon=True)
     thread.start()
@@ -275,6 +289,8 @@ def run_aggregate_until(
     with outcome.lock:
         if not outcome.done.is_set():
             outcome.abandoned = True
+            if watch is not None:  # under the lock: before its thread can tell the end
+                watch.abandoned()
     if outcome.abandoned:
         log.warning(
             "deadline miss: query %s's statement was still running at its deadline; it is "
@@ -372,6 +388,7 @@ def _arm_timeout(engine: sa.Engine, raw: Any, deadline: float) -> threading.Time
 def _disarm(raw: Any, timer: threading.Timer | None) -> None:
     if timer is not None:
         timer.cancel()
+        timer.join(1.0)  # an interrupt under way lands before the connection is reused
     if isinstance(raw, sqlite3.Connection):
         raw.set_progress_handler(None, 0)
 

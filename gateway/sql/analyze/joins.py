@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from sqlglot import exp
 
 from gateway.core.config import TableConfig
-from gateway.core.errors import UnknownColumn, UnsupportedQuery
+from gateway.core.errors import UnknownColumn, UnknownTable, UnsupportedQuery
 from gateway.core.joins import matched_lookups, relation, relation_column
 from gateway.core.plan import JoinKind, JoinPlan, JoinStep
 from gateway.sql.analyze.parse import READ_DIALECT
@@ -152,6 +152,15 @@ def with_matched_lookups(
     ]
     if not missing:
         return join
+    hidden = [r.table for r in missing if r.table not in tables]
+    if hidden:
+        # the table's rows are defined through a lookup this caller may not read (a
+        # table grant): refused, free, rather than counted without the lookup
+        raise UnknownTable(
+            f"{tables[anchor].name} is read through {hidden[0]} (its reference is declared "
+            f"every_row_matches), which this key may not read: ask the admin to grant it",
+            table=tables[anchor].name,
+        )
     steps = tuple(JoinStep(r.table, "inner", r.target, anchor, r.column) for r in missing)
     extra = tuple(tables[r.table] for r in missing)
     targets = tuple(r.target for r in missing)

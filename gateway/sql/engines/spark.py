@@ -9,6 +9,8 @@ connection's ``cancel()``: Spark has no per-statement timeout of its own.
 
 from __future__ import annotations
 
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
@@ -22,6 +24,15 @@ def open_engine(url: URL) -> sa.Engine:
     """A SQLAlchemy engine on Spark SQL whose statements can only be single queries."""
     for name in ("spark", "spark.local", "spark.connect"):
         sa.dialects.registry.register(name, "gateway.sql.engines.spark_dbapi", "SparkDialect")
-    return sa.create_engine(
+    engine = sa.create_engine(
         url, poolclass=sa.pool.QueuePool, pool_size=4, max_overflow=12, pool_pre_ping=False
     )
+
+    @sa.event.listens_for(engine, "checkin")
+    def _forget_cancel(dbapi_connection: Any, _record: Any) -> None:
+        # a cancel that came after its statement ended must not stop the next one
+        forget = getattr(dbapi_connection, "forget_cancel", None)
+        if forget is not None:
+            forget()
+
+    return engine

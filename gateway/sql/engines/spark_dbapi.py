@@ -31,7 +31,9 @@ What this driver guarantees on every statement:
 - cancellation: each statement runs in its own job group (classic) or under its own tag
   (Spark Connect), and ``Connection.cancel()`` — called by the gateway's timer at the
   statement's deadline — cancels its jobs (on the local session also those the statement
-  had not started yet).
+  had not started yet), again every ``CANCEL_RETRY_S`` until the statement has ended,
+  and the statement stops at its next step; a cancel that comes before the statement
+  started cancels it as it starts.
 
 A failure is raised as ``OperationalError`` whose text is only Spark's error class
 (``DIVIDE_BY_ZERO``, ``CANCELLED``…): Spark's message can quote a value of the rows.
@@ -47,6 +49,7 @@ import os
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
 import warnings
 from pathlib import Path
@@ -219,31 +222,82 @@ def connect(
     return Connection(session(master, remote, warehouse, metastore, engine_log), remote is not None)
 
 
+#: How often a cancel is sent again while its statement runs on (seconds): a cancel that
+#: finds no job (Spark still plans) or no operation (Spark Connect's server does not hold
+#: it yet) would otherwise leave the statement to run to its end after its deadline.
+CANCEL_RETRY_S = 0.2
+
+
 class Connection:
     """A handle on the shared SparkSession that can cancel its own running statement."""
 
     def __init__(self, spark: Any, connect: bool) -> None:
         self.spark = spark
         self._connect = connect
-        self._group: str | None = None
+        self._lock = threading.Lock()
+        self._group: str | None = None  # the running statement's job group or tag
+        self._cancelled: str | None = None  # the group a cancel was sent for
+        self._pending = False  # a cancel came before the statement started
 
     def cursor(self) -> Cursor:
         return Cursor(self)
 
     def cancel(self) -> None:
-        """Cancel the jobs of the statement running on this connection, if any: those
-        running now and those it starts later. A cancel that comes while Spark still
-        plans the statement (under load, for seconds) finds no job yet; the job it then
-        starts must not run on for minutes, holding the engine's cores after its
-        deadline, so the local session cancels the group's future jobs too (Spark 4's
-        ``cancelJobGroupAndFutureJobs``)."""
-        group = self._group
-        if group is None:
+        """Cancel the statement running on this connection — or, when none runs yet, the
+        next one it starts before it goes back to the pool (the gateway's timer can fire
+        while the driver still checks the statement's text): its jobs running now and
+        those it starts later, and the statement itself between its steps.
+
+        A cancel that comes while Spark still plans the statement (under load, for
+        seconds) finds no job yet, and one sent to Spark Connect before the server holds
+        the operation finds nothing. So the cancel is sent again every
+        ``CANCEL_RETRY_S`` until the statement has ended: the local session's
+        ``cancelJobGroupAndFutureJobs`` (Spark 4) marks the group's future jobs
+        cancelled, but a shuffle stage that adaptive execution submits on its own was
+        measured running on for over a minute after it; the repeated cancel stops it
+        within ``CANCEL_RETRY_S`` of its start. The statement also stops at its next
+        step (``run``). Returns at once: the retries run in a thread of their own."""
+        with self._lock:
+            group = self._group
+            if group is None:
+                self._pending = True
+                return
+            if self._cancelled == group:
+                return  # already being cancelled
+            self._cancelled = group
+        self._interrupt(group)
+        threading.Thread(
+            target=self._keep_interrupting, args=(group,), name="dpgate-spark-cancel", daemon=True
+        ).start()
+
+    def forget_cancel(self) -> None:
+        """Drop a cancel that came after the last statement had ended (called when the
+        connection goes back to the pool): it was meant for that statement."""
+        with self._lock:
+            self._pending = False
+
+    def _interrupt(self, group: str) -> None:
+        try:
+            if self._connect:
+                self.spark.interruptTag(group)
+            else:
+                self.spark.sparkContext._jsc.sc().cancelJobGroupAndFutureJobs(group)
+        except Exception:  # a session being stopped, a server gone: the statement fails too
             return
-        if self._connect:
-            self.spark.interruptTag(group)
-        else:
-            self.spark.sparkContext._jsc.sc().cancelJobGroupAndFutureJobs(group)
+
+    def _keep_interrupting(self, group: str) -> None:
+        while True:
+            time.sleep(CANCEL_RETRY_S)
+            with self._lock:
+                if self._group != group:
+                    return
+            self._interrupt(group)
+
+    def _check(self, group: str) -> None:
+        """Stop the statement here if it was cancelled (between its steps)."""
+        with self._lock:
+            if self._cancelled == group:
+                raise OperationalError(_ENGINE, "CANCELLED")
 
     def commit(self) -> None:
         """Spark SQL queries have no transaction: nothing to commit."""
@@ -256,17 +310,24 @@ class Connection:
 
     def run(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         group = f"dpgate-{uuid.uuid4().hex}"
-        self._group = group
+        with self._lock:
+            self._group = group
+            if self._pending:
+                self._pending = False
+                self._cancelled = group
         try:
             if self._connect:
                 self.spark.addTag(group)
             else:
                 self.spark.sparkContext.setJobGroup(group, "dpgate statement", True)
+            self._check(group)
             frame = self.spark.sql(sql)
+            self._check(group)
             rows = frame.collect()
             return list(frame.columns), [tuple(r) for r in rows]
         finally:
-            self._group = None
+            with self._lock:
+                self._group = None
             if self._connect:
                 self.spark.removeTag(group)
             else:
@@ -285,6 +346,8 @@ class Cursor(ResultCursor):
             raise InterfaceError("only a single query runs on the protected database")
         try:
             return self._connection.run(operation)
+        except OperationalError:
+            raise
         except Exception as e:  # Py4J, pyspark's captured and Spark Connect errors
             raise OperationalError(_ENGINE, _error_class(e)) from None
 
