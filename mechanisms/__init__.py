@@ -21,7 +21,13 @@ from mechanisms.calibration import (
     tail_probability,
     zcdp_epsilon,
 )
-from mechanisms.histogram_quantile import choose_bucket, fine_rank_halfwidth
+from mechanisms.histogram_quantile import (
+    RankWindow,
+    choose_bucket,
+    choose_bucket_in_window,
+    fine_rank_halfwidth,
+    window_ranks,
+)
 from mechanisms.pool import POOLS
 from mechanisms.selection import (
     calibrate_with_choices,
@@ -47,6 +53,7 @@ __all__ = [
     "PartitionSelection",
     "PrivacyCost",
     "QueryCalibration",
+    "RankWindow",
     "Sensitivity",
     "accuracy",
     "analytic_gaussian_delta",
@@ -55,6 +62,7 @@ __all__ = [
     "calibrate_query_rho",
     "calibrate_with_choices",
     "choose_bucket",
+    "choose_bucket_in_window",
     "fine_rank_halfwidth",
     "grid_center",
     "grid_resolution",
@@ -71,6 +79,7 @@ __all__ = [
     "selection_delta",
     "selection_threshold",
     "tail_probability",
+    "window_ranks",
     "zcdp_epsilon",
 ]
 

@@ -21,6 +21,14 @@ every weight b^(M−ℓ) times a power of b's denominator is an integer, and the
 drawn by ``secrets.randbelow`` over the integer total, the bucket within its level by a
 second ``randbelow``. No floating point is involved, and the work is O(m + M) big-integer
 operations whatever the draw.
+
+Only the buckets near the target rank matter one by one: every bucket whose positions are
+all more than W = (M − 1)·Δ ranks from the target is at the cap M. So the database may
+return just the non-empty buckets whose positions meet [t − W, t + W] (a ``RankWindow``:
+at most 2·W + 2 of them, whatever the grid and the rows), and ``choose_bucket_in_window``
+gives every bucket the level ``choose_bucket`` gives it — the same mechanism, the same
+distribution — which is what lets the grid be fine (one bucket per integer value) without
+bringing back one row per non-empty bucket.
 """
 
 from __future__ import annotations
@@ -89,6 +97,21 @@ def level_runs(
     g = max(L − t, t − (A − 1), 0) = −u (``mechanisms.quantile_utilities``), computed in
     integers: with p = a/q and Δ = s/d, ⌈g/Δ⌉ = ⌈G·d/(q·s)⌉ for G = q·g."""
     n = sum(c for c in counts.values() if c > 0)
+    return _runs_from(counts, 0, n, 0, buckets, p, sensitivity, cap)
+
+
+def _runs_from(
+    counts: Mapping[int, int],
+    below: int,
+    n: int,
+    start: int,
+    end: int,
+    p: Fraction,
+    sensitivity: Fraction,
+    cap: int,
+) -> Iterator[LevelRun]:
+    """The runs of buckets ``start`` … ``end`` − 1, of which ``counts`` are the non-empty
+    ones, ``below`` values lying in the buckets before ``start``, n in all."""
     a, q = p.numerator, p.denominator
     qt = a * (n - 1)  # q·t
     unit = q * sensitivity.numerator
@@ -98,8 +121,7 @@ def level_runs(
         g = max(q * first - qt, qt - q * (after - 1), 0)
         return min(-(-g * per // unit), cap)
 
-    below = 0  # values in the buckets before the current one
-    position = 0
+    position = start
     for j in sorted(counts):
         c = counts[j]
         if c <= 0:
@@ -109,8 +131,8 @@ def level_runs(
         yield LevelRun(j, 1, level(below, below + c))
         below += c
         position = j + 1
-    if position < buckets:
-        yield LevelRun(position, buckets - position, level(below, below))
+    if position < end:
+        yield LevelRun(position, end - position, level(below, below))
 
 
 def choose_bucket(
@@ -135,13 +157,104 @@ def choose_bucket(
 
     Exact: both draws are ``secrets.randbelow`` over exact integers.
     """
+    _check(buckets, sensitivity, epsilon)
+    cap = level_cap(epsilon, buckets)
+    runs = list(level_runs(counts, buckets, p, sensitivity, cap))
+    return _choose_from_runs(runs, epsilon, cap)
+
+
+@dataclass(frozen=True)
+class RankWindow:
+    """What the database returns of one cell's fine histogram when it keeps only the
+    buckets near the target rank (``gateway/sql/compile.py``): the number of values ``n``
+    and, for each kept non-empty bucket, (bucket, count, values in the buckets before it).
+
+    It must hold every non-empty bucket whose positions [below, below + count] meet
+    [t − W, t + W] (t = p·(n − 1), W = ``window_ranks``); it may hold more."""
+
+    n: int
+    kept: tuple[tuple[int, int, int], ...]
+
+
+def window_ranks(epsilon: Fraction, buckets: int, sensitivity: Fraction) -> Fraction:
+    """W: every bucket all of whose positions are more than W ranks from the target is at
+    the level cap M (its level min(⌈g/Δ⌉, M) is M as soon as g > (M − 1)·Δ). Public."""
+    return (level_cap(epsilon, buckets) - 1) * sensitivity
+
+
+def window_level_runs(
+    window: RankWindow, buckets: int, p: Fraction, sensitivity: Fraction, cap: int
+) -> list[LevelRun]:
+    """The level runs of ``level_runs`` over the full histogram, from a ``RankWindow``: the
+    same level for every bucket (runs of the cap may be cut differently).
+
+    The kept buckets are consecutive among the non-empty ones (the positions of the
+    non-empty buckets, in bucket order, are consecutive intervals, and an interval meets
+    [t − W, t + W] iff it is between the first and the last that do). So the runs from
+    the first kept bucket to the last are known exactly (each bucket, and the empty runs
+    between two kept ones with the values below them); so is the empty run before the
+    first kept bucket when nothing is below it, and after the last when nothing is above
+    it. Every other bucket is at the cap: a non-empty bucket not kept has all its
+    positions more than W from t, and an empty run next to the known block lies between
+    two buckets one of which was not kept, on the far side of the window, so its values
+    below are more than W from t too (``window_ranks``)."""
+    n = window.n
+    kept = sorted((j, c, below) for j, c, below in window.kept if c > 0)
+    if not kept:
+        if n > 0:  # some bucket holds the target's position: it meets the window
+            raise ValueError("a rank window of a non-empty cell must hold a bucket")
+        return list(level_runs({}, buckets, p, sensitivity, cap))
+    counts = {j: c for j, c, _ in kept}
+    first, last = kept[0], kept[-1]
+    below = first[2]
+    for _, c, at in kept:  # consecutive: each starts where the one before ends
+        if at != below:
+            raise ValueError("a rank window's buckets must be consecutive non-empty ones")
+        below += c
+    start = 0 if first[2] == 0 else first[0]
+    end = buckets if last[2] + last[1] == n else last[0] + 1
+    runs: list[LevelRun] = [LevelRun(0, start, cap)] if start > 0 else []
+    for r in _runs_from(counts, first[2], n, start, end, p, sensitivity, cap):
+        runs.append(r)
+    if end < buckets:
+        runs.append(LevelRun(end, buckets - end, cap))
+    return runs
+
+
+def choose_bucket_in_window(
+    window: RankWindow,
+    buckets: int,
+    p: Fraction,
+    sensitivity: Fraction,
+    epsilon: Fraction,
+) -> int:
+    """``choose_bucket`` from the buckets near the target only: the same mechanism, with
+    the same output distribution, for any ``RankWindow`` that holds what its doc says.
+
+    Guarantee: ε-DP under add/remove one unit with utilities of sensitivity Δ, exactly as
+    ``choose_bucket`` (its proof applies unchanged): every bucket gets the level it gets
+    there (``window_level_runs``), and the draws are the same. What the window changes is
+    the work: the database returns at most 2·W + 2 buckets per cell (each kept bucket but
+    the first starts at a distinct position in [t − W, t + W]) instead of one per
+    non-empty bucket, and the draw is O(kept + M) big-integer operations.
+    """
+    _check(buckets, sensitivity, epsilon)
+    cap = level_cap(epsilon, buckets)
+    runs = window_level_runs(window, buckets, p, sensitivity, cap)
+    return _choose_from_runs(runs, epsilon, cap)
+
+
+def _check(buckets: int, sensitivity: Fraction, epsilon: Fraction) -> None:
     if buckets < 1:
         raise ValueError("choose_bucket needs at least one bucket")
     if epsilon <= 0 or sensitivity <= 0:
         raise ValueError("choose_bucket needs epsilon > 0 and sensitivity > 0")
-    cap = level_cap(epsilon, buckets)
+
+
+def _choose_from_runs(runs: list[LevelRun], epsilon: Fraction, cap: int) -> int:
+    """One bucket, with probability ∝ b^(−level): the level first (weights S_ℓ·b^(−ℓ)),
+    then the bucket uniformly among that level's."""
     b = exp_half_lower(epsilon)
-    runs = list(level_runs(counts, buckets, p, sensitivity, cap))
     sizes: dict[int, int] = {}
     for r in runs:
         sizes[r.level] = sizes.get(r.level, 0) + r.size

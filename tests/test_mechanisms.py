@@ -73,8 +73,11 @@ def test_public_api_is_pinned() -> None:
             "tail_probability",
             # private selection (quantiles)
             "calibrate_with_choices",
+            "RankWindow",
             "choose_bucket",
+            "choose_bucket_in_window",
             "fine_rank_halfwidth",
+            "window_ranks",
             "permute_and_flip",
             "quantile_sensitivity",
             "quantile_utilities",

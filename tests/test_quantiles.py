@@ -225,9 +225,11 @@ def test_the_grid_is_public_and_bounded() -> None:
     assert grid.width.numerator == 1 and grid.width.denominator & (grid.width.denominator - 1) == 0
     assert 2 + (grid.buckets - 1) * grid.width < 20 <= 2 + grid.buckets * grid.width
     assert 2 < grid.value(0) < grid.value(1) and grid.value(grid.buckets - 1) < 20
-    wide = quantile_grid("integer", 0, 200000, Fraction(1), 3)
-    assert (wide.width, wide.buckets) == (4, 50000) and not wide.integral
-    assert wide.value(wide.buckets - 1) == Fraction(199998)  # the middle of [199996, 200000]
+    wide = quantile_grid("integer", 0, 4_000_000, Fraction(1), 3)
+    assert (wide.width, wide.buckets) == (4, 1_000_000) and not wide.integral
+    assert wide.value(wide.buckets - 1) == Fraction(3_999_998)  # the middle of its bucket
+    income = quantile_grid("integer", 0, 500_000, Fraction(1, 2), 1)
+    assert income.integral and income.buckets == 500_001  # one bucket per value
     ages = quantile_grid("integer", 0, 100, Fraction(0), 1)
     assert ages.integral and [ages.value(j) for j in range(ages.buckets)] == list(range(101))
 

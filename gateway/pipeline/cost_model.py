@@ -9,8 +9,9 @@ never the protected rows nor the running time of any statement (docs/privacy.md,
   which tables it reads, how many keys it groups each row by, how much expression text
   each row evaluates (domain filters, a
   quantile's bucket, a LIKE's pattern all weigh in), how many window functions (the read
-  bound) sort, its joins, and how many rows its quantiles' fine histograms can bring
-  back for the exponential mechanism to weigh (``histogram_rows``);
+  bound) sort, its joins, how many (group, bucket) rows its quantiles' fine histograms
+  can hold (``histogram_rows``) and how many of them, those near the target rank, they
+  bring back for the exponential mechanism to weigh (``histogram_returned``);
 - per table, the **declared row count** ``tables.<t>.rows`` (an upper bound the admin
   declares public, like a column's bounds; ``dpgate config check --measure`` counts
   and suggests it), and whether the read bound needs a sort (the unit column is not
@@ -46,6 +47,7 @@ from dataclasses import dataclass
 
 from gateway.core.config import ExecutionConfig, TableConfig
 from gateway.core.plan import QueryPlan
+from gateway.sql.compile import HISTOGRAM_WINDOWS, WINDOW_MARGIN, widest_window
 
 
 @dataclass(frozen=True)
@@ -90,16 +92,35 @@ HISTOGRAM_ROW_NS = 20_000
 
 
 def histogram_rows(plan: QueryPlan, rows: int) -> int:
-    """The most rows the statement's quantile histograms can return, from public facts:
-    per quantile, one per (group, bucket) that holds a value — at most the declared rows,
-    and at most the buckets times the groups where the keys are public."""
+    """The most (group, bucket) rows the statement's quantile histograms can hold in the
+    database, from public facts: per quantile, one per (group, bucket) that holds a
+    value — at most the declared rows, and at most the buckets times the groups where
+    the keys are public. The database sums over them in bucket order (two window
+    functions per quantile, ``HISTOGRAM_WINDOWS``) to keep those near the target."""
     quantiles = [o.quantile for o in plan.outputs if o.quantile is not None]
     if not quantiles:
         return 0
-    groups = rows
+    return sum(min(rows, q.buckets * max(1, _groups(plan, rows))) for q in quantiles)
+
+
+def histogram_returned(plan: QueryPlan, rows: int) -> int:
+    """The most rows the quantile histograms can bring back for the mechanism to weigh:
+    per quantile and group, the buckets near the target rank, at most 2·(W + margin) + 2
+    for the widest window W any ε needs (``gateway.sql.compile.widest_window``), and
+    never more than the histogram holds."""
+    quantiles = [o.quantile for o in plan.outputs if o.quantile is not None]
+    groups = max(1, _groups(plan, rows))
+    total = 0
+    for q in quantiles:
+        per_cell = 2 * (math.ceil(widest_window(q)) + WINDOW_MARGIN) + 2
+        total += min(rows, q.buckets * groups, per_cell * groups)
+    return total
+
+
+def _groups(plan: QueryPlan, rows: int) -> int:
     if all(k.domain is not None for k in plan.group_keys):
-        groups = math.prod(len(k.domain or ()) for k in plan.group_keys)
-    return sum(min(rows, q.buckets * max(1, groups)) for q in quantiles)
+        return math.prod(len(k.domain or ()) for k in plan.group_keys)
+    return rows
 
 
 @dataclass(frozen=True)
@@ -128,8 +149,10 @@ class CostModel:
         expressions (its length stands for them: domain filters, a quantile's bucket, a
         LIKE's pattern), and grouping it by each GROUP BY key; per window function (the
         read bound of a table whose unit is not unique), a sort of the largest table
-        read; per lookup, reading it and one probe per anchor row; per row a quantile's
-        histogram can return, its share of the mechanism's work (``histogram_rows``)."""
+        read; per lookup, reading it and one probe per anchor row; per quantile, two sorts
+        of the most (group, bucket) rows its histogram can hold (``histogram_rows``), and
+        per row it can return, its share of the mechanism's work
+        (``histogram_returned``)."""
         anchor = self.tables.get(plan.table)
         if anchor is None or anchor.rows is None:
             return None
@@ -143,9 +166,12 @@ class CostModel:
                     return None
                 ns += lookup.rows * e.row_ns + anchor.rows * e.join_ns
                 largest = max(largest, lookup.rows)
-        windows = sql.upper().count(" OVER (")
+        quantiles = sum(1 for o in plan.outputs if o.quantile is not None)
+        windows = sql.upper().count(" OVER (") - HISTOGRAM_WINDOWS * quantiles
         ns += windows * largest * math.log2(max(2, largest)) * e.sort_ns
-        ns += histogram_rows(plan, anchor.rows) * HISTOGRAM_ROW_NS
+        held = histogram_rows(plan, anchor.rows)
+        ns += HISTOGRAM_WINDOWS * held * math.log2(max(2, held)) * e.sort_ns
+        ns += histogram_returned(plan, anchor.rows) * HISTOGRAM_ROW_NS
         return e.base_ms + ns / 1e6
 
     def load_factor(self, in_flight: int, load: float = 0.0) -> float:

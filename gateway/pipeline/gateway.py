@@ -28,8 +28,9 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any, NoReturn
 
 import sqlalchemy as sa
@@ -58,6 +59,7 @@ from gateway.pipeline.noising import add_noise
 from gateway.pipeline.planning import PLAN_CACHE_SIZE, PlannedQuery, Planner
 from gateway.pipeline.post_query import run_post_query
 from gateway.pipeline.postprocess import finish, shown
+from gateway.pipeline.quantiles import rank_windows
 from gateway.pipeline.release import NO_PRIVACY_SPENT, ColumnInfo, Release, privacy_spent
 from gateway.pipeline.request import check_request
 from gateway.pipeline.sso import TokenVerifier
@@ -414,13 +416,16 @@ class Gateway:
 
     def _compile(self, planned: PlannedQuery) -> CompiledQuery:
         """The one statement of a plan (from the cache of recently compiled plans)."""
-        key = planned.plan.canonical_sql
+        windows = rank_windows(planned.plan, planned.calibration.choices)
+        key = (
+            f"{planned.plan.canonical_sql}\x00{windows}" if windows else planned.plan.canonical_sql
+        )
         with self._compiled_lock:
             compiled = self._compiled.get(key)
             if compiled is not None:
                 self._compiled.move_to_end(key)
                 return compiled
-        compiled = self.compile(planned.plan)
+        compiled = self.compile(planned.plan, windows or None)
         check_parses(compiled.sql, self.dialect)  # refused free, before the charge
         with self._compiled_lock:
             self._compiled[key] = compiled
@@ -428,15 +433,20 @@ class Gateway:
                 self._compiled.popitem(last=False)
         return compiled
 
-    def compile(self, plan: QueryPlan) -> CompiledQuery:
+    def compile(
+        self, plan: QueryPlan, rank_windows: Sequence[Fraction] | None = None
+    ) -> CompiledQuery:
         """The one statement of ``plan`` on this gateway's database, with what its
-        catalogue proves (unique units, join keys) and nothing more."""
+        catalogue proves (unique units, join keys) and nothing more; its quantiles
+        return the buckets within ``rank_windows`` of their targets (the widest window
+        without them: ``gateway.sql.compile.compile_plan``)."""
         return compile_plan(
             plan,
             self.config.tables[plan.table],
             self.dialect,
             unit_unique=plan.table in self.unique_units,
             join_keys=self.join_keys,
+            rank_windows=rank_windows,
         )
 
     def _release(

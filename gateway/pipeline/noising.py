@@ -19,13 +19,13 @@ from gateway.audit import AnsweredCell, CountNoise
 from gateway.core.plan import Measure, OutputColumn, QueryPlan
 from gateway.pipeline.quantiles import (
     choose_quantile,
-    histogram_of,
     quantile_accuracy,
     released_quantile,
     spread_interval,
     spread_value,
+    window_of,
 )
-from gateway.sql.compile import CompiledQuery
+from gateway.sql.compile import HISTOGRAM_COLUMNS, CompiledQuery
 from gateway.sql.dialects import dialect
 from mechanisms import Noise, QueryCalibration, accuracy, ratio_interval, sample
 
@@ -82,14 +82,15 @@ def add_noise(
 ) -> NoisyCells:
     """Noise every measure of every released cell (post-processing comes later)."""
     nk, nm = compiled.n_keys, compiled.n_measures
-    histograms: dict[tuple[int, Row], list[tuple[Any, Any]]] = {}
+    histograms: dict[tuple[int, Row], list[Sequence[Any]]] = {}
     if compiled.n_histograms:
         aggregate_rows = []
         for r in exact_rows:
-            if r[-3] is None:
+            tail = r[len(r) - HISTOGRAM_COLUMNS :]
+            if tail[0] is None:
                 aggregate_rows.append(r)
             else:
-                histograms.setdefault((int(r[-3]), tuple(r[:nk])), []).append((r[-2], r[-1]))
+                histograms.setdefault((int(tail[0]), tuple(r[:nk])), []).append(tail[1:])
         exact_rows = aggregate_rows
     by_key = {tuple(r[:nk]): r for r in exact_rows}
     zeros = (0,) * nm
@@ -168,15 +169,16 @@ def _choices(
     plan: QueryPlan,
     calibration: QueryCalibration,
     key: Row,
-    histograms: Mapping[tuple[int, Row], Sequence[tuple[Any, Any]]],
+    histograms: Mapping[tuple[int, Row], Sequence[Sequence[Any]]],
 ) -> dict[int, Any]:
-    """The quantile outputs of one cell, each chosen from its exact fine histogram."""
+    """The quantile outputs of one cell, each chosen from its exact fine histogram's
+    buckets near the target rank."""
     chosen: dict[int, Any] = {}
     quantiles = [(i, o) for i, o in enumerate(plan.outputs) if o.quantile is not None]
     for q, ((i, o), epsilon) in enumerate(zip(quantiles, calibration.choices, strict=True)):
         assert o.quantile is not None
-        histogram = histogram_of(histograms.get((q, key), ()), o.quantile.buckets)
-        chosen[i] = released_quantile(o, choose_quantile(o.quantile, histogram, epsilon))
+        window = window_of(histograms.get((q, key), ()))
+        chosen[i] = released_quantile(o, choose_quantile(o.quantile, window, epsilon))
     return chosen
 
 

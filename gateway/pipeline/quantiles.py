@@ -2,9 +2,11 @@
 mechanism, and VARIANCE / STDDEV as post-processing of noisy sums, with their accuracy.
 
 - A quantile (PERCENTILE_CONT, MEDIAN, MIN, MAX) of one cell is the value of the bucket
-  of its public grid (``gateway/sql/analyze/quantiles.py``, up to 65,536 buckets) that
-  ``mechanisms.choose_bucket`` picks from the cell's exact bucket counts, with the query's
-  share ε_c for it. Its accuracy is a *rank* interval, computed from public values only
+  of its public grid (``gateway/sql/analyze/quantiles.py``: one bucket per value of an
+  integer column, up to 2^20 buckets) that ``mechanisms.choose_bucket_in_window`` picks
+  from the cell's exact bucket counts near the target rank (the database returns only
+  those: every other bucket is at the mechanism's level cap), with the query's share
+  ε_c for it. Its accuracy is a *rank* interval, computed from public values only
   (``mechanisms.fine_rank_halfwidth``): with 95% probability the chosen bucket holds a
   value whose position among the cell's bounded, clamped values is within ± r of the
   target position p·(n − 1).
@@ -20,45 +22,56 @@ mechanism, and VARIANCE / STDDEV as post-processing of noisy sums, with their ac
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
 
 from gateway.core.plan import Measure, OutputColumn, QuantileGrid, QueryPlan
 from mechanisms import (
     Noise,
-    choose_bucket,
+    RankWindow,
+    choose_bucket_in_window,
     fine_rank_halfwidth,
     halfwidth,
     quantile_sensitivity,
+    window_ranks,
 )
 
 Interval = tuple[float, float]
-#: One cell's fine histogram: bucket → exact count of values (empty buckets absent).
-Histogram = Mapping[int, int]
 
 
-def choose_quantile(grid: QuantileGrid, histogram: Histogram, epsilon: Fraction) -> Fraction:
-    """The released value of one cell from its exact fine histogram. ε-DP (add/remove one
-    unit) for the cell; over all cells a unit's rows are at most ``grid.rows_per_unit``,
-    and each row is in one cell, so the choices of all cells together are ε-DP too
-    (parallel composition over the cells, each cell's utilities moving by the unit's rows
-    there, at most ``grid.rows_per_unit``: ``mechanisms.choose_bucket``)."""
+def choose_quantile(grid: QuantileGrid, window: RankWindow, epsilon: Fraction) -> Fraction:
+    """The released value of one cell from its exact fine histogram's buckets near the
+    target rank. ε-DP (add/remove one unit) for the cell; over all cells a unit's rows are
+    at most ``grid.rows_per_unit``, and each row is in one cell, so the choices of all
+    cells together are ε-DP too (parallel composition over the cells, each cell's
+    utilities moving by the unit's rows there, at most ``grid.rows_per_unit``:
+    ``mechanisms.choose_bucket_in_window``, the same distribution as
+    ``mechanisms.choose_bucket`` on the whole histogram)."""
     sensitivity = quantile_sensitivity(grid.p, grid.rows_per_unit)
-    index = choose_bucket(histogram, grid.buckets, grid.p, sensitivity, epsilon)
+    index = choose_bucket_in_window(window, grid.buckets, grid.p, sensitivity, epsilon)
     return grid.value(index)
 
 
-def histogram_of(rows: Sequence[tuple[Any, Any]], buckets: int) -> dict[int, int]:
-    """(bucket, count) rows of the statement as a histogram; the upper bound itself (one
-    past the last bucket when the span is a whole number of buckets) counts in the last."""
-    out: dict[int, int] = {}
-    for bucket, count in rows:
-        if bucket is None or not count:
-            continue
-        j = min(max(int(bucket), 0), buckets - 1)
-        out[j] = out.get(j, 0) + int(count)
-    return out
+def rank_windows(plan: QueryPlan, choices: Sequence[Fraction]) -> tuple[Fraction, ...]:
+    """Per quantile output, the ranks either side of its target that its statement must
+    return (``mechanisms.window_ranks`` at the quantile's ε: public)."""
+    grids = [o.quantile for o in plan.outputs if o.quantile is not None]
+    return tuple(
+        window_ranks(epsilon, g.buckets, quantile_sensitivity(g.p, g.rows_per_unit))
+        for g, epsilon in zip(grids, choices, strict=True)
+    )
+
+
+def window_of(rows: Sequence[Sequence[Any]]) -> RankWindow:
+    """(bucket, count, below, n) rows of the statement as a ``RankWindow``."""
+    kept = tuple(
+        (int(bucket), int(count), int(below))
+        for bucket, count, below, _ in rows
+        if bucket is not None and count
+    )
+    n = int(rows[0][3]) if rows else 0
+    return RankWindow(n, kept)
 
 
 def released_quantile(o: OutputColumn, value: Fraction) -> int | float:

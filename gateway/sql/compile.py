@@ -32,12 +32,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 from sqlglot import exp
 
 from gateway.core.config import TableConfig
 from gateway.core.domain import row_filter
-from gateway.core.plan import GroupKey, Measure, QueryPlan
+from gateway.core.plan import GroupKey, Measure, QuantileGrid, QueryPlan
 from gateway.sql import dialects
 from gateway.sql.compile_joins import joined, multiplies, with_row_unit
 from gateway.sql.compile_values import (
@@ -45,11 +46,15 @@ from gateway.sql.compile_values import (
     clamped_value,
     fraction_literal,
     histogram_input,
+    near_rank,
+    number_literal,
     squares_input,
 )
 from gateway.sql.engines.dialects import for_engine
 from gateway.sql.join_keys import JoinKeys
 from gateway.sql.portable import data_type, portable
+from mechanisms import quantile_sensitivity
+from mechanisms.histogram_quantile import MAX_LEVELS
 
 UNIT = "dp_unit"
 ROW_RANK = "dp_row_rank"
@@ -71,8 +76,9 @@ class CompiledQuery:
     n_keys: int
     n_measures: int
     has_unit_count: bool
-    #: With quantiles, every row ends with three more columns (quantile, bucket, count):
-    #: NULL on the aggregate rows, set on the rows of each quantile's fine histogram.
+    #: With quantiles, every row ends with ``HISTOGRAM_COLUMNS`` more columns (quantile,
+    #: bucket, count, values below the bucket, values in the cell): NULL on the aggregate
+    #: rows, set on the rows of each quantile's fine histogram near its target rank.
     n_histograms: int = 0
 
 
@@ -83,8 +89,15 @@ def compile_plan(
     *,
     unit_unique: bool = False,
     join_keys: JoinKeys = NO_JOIN_FACTS,
+    rank_windows: Sequence[Fraction] | None = None,
 ) -> CompiledQuery:
     """Build the one statement that computes ``plan``'s exact measures in ``dialect``.
+
+    ``rank_windows``: per quantile output, in order, the ranks W either side of its
+    target rank outside which every bucket is at its mechanism's level cap
+    (``mechanisms.window_ranks``, from the quantile's ε); the statement returns the
+    buckets that meet that window only. Without them, the widest window any ε needs
+    (``mechanisms.window_ranks`` at the largest level cap), which is correct, only larger.
 
     ``unit_unique``: the database itself keeps the privacy unit column unique (primary key
     or unique constraint, on a column whose domain excludes NULL) and the bound is one row
@@ -125,7 +138,9 @@ def compile_plan(
     if keys:
         query = query.group_by(*[exp.column(f"k{i}", quoted=True) for i in range(len(keys))])
     histograms = [o.quantile for o in plan.outputs if o.quantile is not None]
-    statement: exp.Query = _with_histograms(query, plan, len(keys)) if histograms else query
+    statement: exp.Query = (
+        _with_histograms(query, plan, len(keys), rank_windows) if histograms else query
+    )
     statement = for_engine(statement, table, dialect, plan.join.tables if plan.join else None)
     # The tree is this call's own (no node of the plan is in it), so the generator may
     # work on it in place: copying it cost a third of compiling.
@@ -416,14 +431,27 @@ class _Bounded:
 
 #: The bounded rows a statement with quantiles aggregates twice (CTE name).
 BOUNDED_ROWS = "dp_bounded"
+#: The columns every row of a statement with quantiles ends with (``CompiledQuery``).
+HISTOGRAM_COLUMNS = 5
+#: Window functions per quantile branch: over its histogram's non-empty buckets, never
+#: over the table's rows (``gateway/pipeline/cost_model.py`` counts them apart).
+HISTOGRAM_WINDOWS = 2
+#: Ranks added to a quantile's window in SQL: the database compares positions with
+#: p·(n − 1) in doubles (within 2^-12 of it for n < 2^40), so the window it keeps holds
+#: the exact one.
+WINDOW_MARGIN = 2
 
 
-def _with_histograms(query: exp.Select, plan: QueryPlan, n_keys: int) -> exp.Query:
+def _with_histograms(
+    query: exp.Select, plan: QueryPlan, n_keys: int, rank_windows: Sequence[Fraction] | None
+) -> exp.Query:
     """``query`` followed (UNION ALL) by one branch per quantile output: over the same
     rows, kept by the same bounding, the exact count of each (group, bucket) of the
-    quantile's grid that holds a value. Rows of the first branch end with three NULLs, of
-    the others with the quantile's number, the bucket and its count. One statement: the
-    database scans once where it can (the bounded rows are a CTE both branches read)."""
+    quantile's grid that holds a value, of which only the buckets near the target rank
+    come back (``_near_target``). Rows of the first branch end with ``HISTOGRAM_COLUMNS``
+    NULLs, of the others with the quantile's number, the bucket, its count, the values
+    below it and the cell's values. One statement: the database scans once where it can
+    (the bounded rows are a CTE both branches read)."""
     source = query.args["from_"].this
     if isinstance(source, exp.Subquery) and isinstance(source.this, exp.Select):
         shared: exp.Select | None = source.this
@@ -438,7 +466,9 @@ def _with_histograms(query: exp.Select, plan: QueryPlan, n_keys: int) -> exp.Que
     n_values = len(query.expressions) - n_keys
     nothing = exp.Null()  # typed by the other branch (a CAST would make ClickHouse's
     # supertype of its UInt64 counts and Int64 sums a String)
-    branches = [query.select(*_aliased([nothing.copy() for _ in range(3)], "h"), copy=False)]
+    branches = [
+        query.select(*_aliased([nothing.copy() for _ in range(HISTOGRAM_COLUMNS)], "h"), copy=False)
+    ]
     quantiles = [o for o in plan.outputs if o.quantile is not None]
     for q, o in enumerate(quantiles):
         assert o.quantile is not None
@@ -447,23 +477,70 @@ def _with_histograms(query: exp.Select, plan: QueryPlan, n_keys: int) -> exp.Que
         group = [e.this.copy() for e in query.expressions[:n_keys]]
         branch = exp.select(
             *_aliased(group, "k"),
-            *_aliased([nothing.copy() for _ in range(n_values)], "m"),
-            exp.alias_(exp.Literal.number(q), "h0", quoted=True),
-            exp.alias_(bucket, "h1", quoted=True),
-            exp.alias_(count.copy(), "h2", quoted=True),
+            exp.alias_(bucket, "b", quoted=True),
+            exp.alias_(count.copy(), "c", quoted=True),
         ).from_(query.args["from_"].copy(), copy=False)
         for join in query.args.get("joins") or []:
             branch = branch.join(join.copy(), copy=False)
         where = query.args.get("where")
         if where is not None:
             branch.set("where", where.copy())
-        branches.append(branch.group_by(*[g.copy() for g in group], bucket.copy(), copy=False))
+        histogram = branch.group_by(*[g.copy() for g in group], bucket.copy(), copy=False)
+        window = rank_windows[q] if rank_windows is not None else widest_window(o.quantile)
+        branches.append(_near_target(histogram, q, n_keys, n_values, o.quantile.p, window))
     union: exp.Query = branches[0]
     for branch in branches[1:]:
         union = exp.union(union, branch, distinct=False, copy=False)
     if shared is not None:
         union = union.with_(BOUNDED_ROWS, as_=shared, copy=False)
     return union
+
+
+def widest_window(grid: QuantileGrid) -> Fraction:
+    """The rank window the smallest ε needs (its level cap is the largest)."""
+    return (MAX_LEVELS - 1) * quantile_sensitivity(grid.p, grid.rows_per_unit)
+
+
+def _near_target(
+    histogram: exp.Select, q: int, n_keys: int, n_values: int, p: Fraction, window: Fraction
+) -> exp.Select:
+    """The rows of ``histogram`` (k0 …, b, c: one per group and bucket) whose positions
+    [below, below + c] meet [t − W, t + W], t = p·(n − 1), each with its quantile number
+    ``q``, below and n (window sums over the group's buckets in bucket order). How many
+    come back is at most 2·(W + margin) + 2 per group, whatever the grid and the data
+    (``mechanisms.choose_bucket_in_window``)."""
+    keys = [exp.column(f"k{i}", quoted=True) for i in range(n_keys)]
+    b, c = exp.column("b", quoted=True), exp.column("c", quoted=True)
+
+    def over(ordered: bool) -> exp.Window:
+        spec = exp.WindowSpec(
+            kind="ROWS", start="UNBOUNDED", start_side="PRECEDING", end="CURRENT ROW"
+        )
+        return exp.Window(
+            this=exp.Sum(this=c.copy()),
+            partition_by=[k.copy() for k in keys] or None,
+            order=exp.Order(expressions=[exp.Ordered(this=b.copy())]) if ordered else None,
+            spec=spec if ordered else None,
+        )
+
+    ranked = exp.select(
+        *[k.copy() for k in keys],
+        b.copy(),
+        c.copy(),
+        exp.alias_(exp.Sub(this=over(True), expression=c.copy()), "below", quoted=True),
+        exp.alias_(over(False), "n", quoted=True),
+    ).from_(exp.Subquery(this=histogram, alias=exp.TableAlias(this=exp.to_identifier("dp_h"))))
+    below, n = exp.column("below", quoted=True), exp.column("n", quoted=True)
+    near = near_rank(below, c, n, p, number_literal(float(window) + WINDOW_MARGIN))
+    return (
+        exp.select(
+            *_aliased([k.copy() for k in keys], "k"),
+            *_aliased([exp.Null() for _ in range(n_values)], "m"),
+            *_aliased([exp.Literal.number(q), b.copy(), c.copy(), below.copy(), n.copy()], "h"),
+        )
+        .from_(exp.Subquery(this=ranked, alias=exp.TableAlias(this=exp.to_identifier("dp_r"))))
+        .where(near, copy=False)
+    )
 
 
 def _read_bounded(

@@ -27,8 +27,9 @@ def histogram_input(m: Measure) -> exp.Expr:
 def bucket_index(value: exp.Expr, grid: QuantileGrid) -> exp.Expr:
     """The bucket of ``grid`` a row's ``value`` falls in: ⌊(clamp(value) − lower)/width⌋,
     NULL for NULL. The clamp (NaN goes to the upper bound, as every comparison orders it
-    there) keeps it in 0 … buckets (the upper bound itself can land one past the last
-    bucket; the gateway counts it in the last). The width is a power of two, so the
+    there) and a cap keep it in 0 … buckets − 1 (the upper bound itself, which lands one
+    past the last bucket when the span is a whole number of buckets, counts in the
+    last). The width is a power of two, so the
     scaling is exact in doubles, and FLOOR is monotone: the buckets keep the values'
     order on every backend."""
     lower, upper = number_literal(float(grid.lower)), number_literal(float(grid.upper))
@@ -46,7 +47,42 @@ def bucket_index(value: exp.Expr, grid: QuantileGrid) -> exp.Expr:
         return exp.Cast(this=offset, to=data_type("BIGINT"))
     shifted = exp.Sub(this=exp.Cast(this=clamped, to=data_type("DOUBLE")), expression=lower.copy())
     scaled = exp.Mul(this=exp.Paren(this=shifted), expression=fraction_literal(1 / grid.width))
-    return exp.Cast(this=exp.Floor(this=scaled), to=data_type("BIGINT"))
+    index = exp.Cast(this=exp.Floor(this=scaled), to=data_type("BIGINT"))
+    last = exp.Literal.number(grid.buckets - 1)
+    # the upper bound itself, one past the last bucket when the span is a whole number of
+    # buckets, counts in the last (the window sums see the buckets the mechanism weighs)
+    return exp.Case(
+        ifs=[exp.If(this=exp.GT(this=index.copy(), expression=last), true=last.copy())],
+        default=index,
+    )
+
+
+def near_rank(
+    below: exp.Expr, count: exp.Expr, n: exp.Expr, p: Fraction, window: exp.Expr
+) -> exp.Expr:
+    """A bucket holding ``count`` values after ``below`` others of ``n`` meets the ranks
+    [t − window, t + window], t = p·(n − 1), and holds a value: below ≤ t + window and
+    below + count ≥ t − window, t computed in doubles (the caller widens the window by
+    their rounding)."""
+    target = exp.Mul(
+        this=exp.Paren(
+            this=exp.Sub(
+                this=exp.Cast(this=n.copy(), to=data_type("DOUBLE")),
+                expression=exp.Literal.number(1),
+            )
+        ),
+        expression=number_literal(float(p)),
+    )
+    return exp.and_(
+        exp.GT(this=count.copy(), expression=exp.Literal.number(0)),
+        exp.LTE(
+            this=below.copy(), expression=exp.Add(this=target.copy(), expression=window.copy())
+        ),
+        exp.GTE(
+            this=exp.Add(this=below.copy(), expression=count.copy()),
+            expression=exp.Sub(this=target, expression=window.copy()),
+        ),
+    )
 
 
 def squares_input(m: Measure, table: TableConfig) -> exp.Expr:

@@ -38,9 +38,11 @@ SPREAD_AGGREGATES = (exp.Stddev, exp.StddevPop, exp.StddevSamp, exp.Variance, ex
 
 #: A quantile's grid has at most this many buckets: an integer column with at most this
 #: many values gets one bucket per value, anything else buckets of a power-of-two width.
-#: The statement returns one row per non-empty bucket (per group), so this bounds what a
-#: quantile brings back; its error from the grid is a quarter of a bucket on average.
-MAX_BUCKETS = 1 << 16
+#: The statement returns only the buckets near the target rank (a number bounded by the
+#: ε, not by the grid: ``mechanisms.choose_bucket_in_window``), so the grid can be fine;
+#: what it bounds is the database's work, one group per non-empty bucket (per group of
+#: the query), and the error from the grid, a quarter of a bucket on average.
+MAX_BUCKETS = 1 << 20
 
 _SPREAD_KINDS: dict[type[exp.Expr], OutputKind] = {
     exp.Stddev: "stddev_samp",
