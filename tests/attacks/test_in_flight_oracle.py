@@ -52,8 +52,8 @@ WHOLE = "SELECT COUNT(*) FROM patients WHERE age >= 0"
 ALL_BUT_ONE = "SELECT COUNT(*) FROM patients WHERE age >= 0 AND age <> 99"  # 1 or 2 people
 # two conditions on one column the auditor cannot relate: the second is refused, free,
 # by a pre-audit that knows the first
-BY_LENGTH = "SELECT COUNT(*) FROM patients WHERE LENGTH(zip) = 4"
-BY_VALUE = "SELECT COUNT(*) FROM patients WHERE zip = '8001'"
+BY_LENGTH = "SELECT COUNT(*) FROM patients WHERE LENGTH(CAST(income AS TEXT)) = 5"
+BY_VALUE = "SELECT COUNT(*) FROM patients WHERE income = 50000"
 
 
 def request(sql: str) -> QueryRequest:
