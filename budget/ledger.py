@@ -26,6 +26,7 @@ releases, audit log), ``schema`` (tables, migrations).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter, deque
@@ -83,6 +84,9 @@ CHECKPOINT_EVERY = 256
 # for most transactions beyond the fifth (py-spy: 4.7% of its time in connect).
 SERVER_POOL_SIZE = 24
 SERVER_POOL_OVERFLOW = 8  # opened beyond those for a burst, closed at check-in
+# A SQLite ledger whose disk has less room than this is not ready (``probe_write``): a
+# charge grows the file by a few pages, the request log by more.
+LEDGER_MIN_FREE_BYTES = 256 * 1024
 
 
 class LedgerCore:
@@ -110,6 +114,7 @@ class LedgerCore:
         self.global_period: Period = check_period(global_period)
         self._now: Callable[[], datetime] = clock or schema.utcnow
         self._sqlite = engine.dialect.name == "sqlite"
+        self._sqlite_file: Path | None = None  # a SQLite ledger's file on disk
         self._write_lock: WriteLock | None = None
         self._writes: WriteQueue | None = None
         # A server ledger's un-awaited writes (request-log rows), committed together
@@ -142,6 +147,7 @@ class LedgerCore:
                 Path(database + ".locks") / "write.lock" if on_disk else None
             )
             if on_disk:  # an in-memory ledger has one shared connection: nothing to batch
+                self._sqlite_file = Path(database)
                 self._held = HeldConnections(
                     engine, lambda e: install_sqlite_hooks(e, sqlite_synchronous, busy_timeout_ms)
                 )
@@ -268,6 +274,14 @@ class LedgerCore:
             .values(applied_at=schema.schema_version.c.applied_at)
         )
         self.write(lambda conn: conn.execute(touch), durable=True)
+        if self._sqlite_file is not None:
+            # A full disk can still take this one write (SQLite rewinds a checkpointed WAL
+            # and writes over it) and then fail the next charge, which grows the file.
+            disk = os.statvfs(self._sqlite_file.parent)
+            if disk.f_bavail * disk.f_frsize < LEDGER_MIN_FREE_BYTES:
+                raise LedgerUnavailable(
+                    f"the ledger's disk has less than {LEDGER_MIN_FREE_BYTES // 1024} KiB free"
+                )
 
     def _analyst_row(self, conn: Connection, name: str, *, lock: bool = False) -> Any:
         if lock:

@@ -151,6 +151,30 @@ def test_a_full_sqlite_ledger_disk_answers_503s_that_say_what_was_charged(
     assert counted == sum(told)
 
 
+def test_a_full_disk_is_not_ready_though_the_wal_has_room_for_the_probe(
+    small_disk: Path, gateway_on: Callable[[str], Gateway]
+) -> None:
+    """A checkpointed WAL is rewound, not grown: the probe's one write fits in the space
+    the WAL already holds on a full disk, and the next charge, which grows the file, would
+    not. The disk's free space says so."""
+    gateway = gateway_on(f"sqlite:///{small_disk}/ledger.db")
+    client = create_app(gateway.config, gateway=gateway).test_client()
+    key = gateway.ledger.create_analyst("alice", 1000.0, 1e-6)
+    for i in range(5):
+        assert ask(client, key, i)[0] == 200
+    gateway.ledger.flush()
+    with gateway.ledger.engine.connect() as conn:
+        conn.exec_driver_sql("PRAGMA wal_checkpoint(RESTART)")
+    filler = fill(small_disk)
+    with gateway.ledger.engine.connect() as conn:
+        conn.exec_driver_sql("PRAGMA wal_checkpoint(RESTART)")
+    refused = client.get("/readyz")
+    assert refused.status_code == 503, refused.json
+    assert refused.json["error"]["code"] == "ledger_unavailable", refused.json
+    filler.unlink()
+    assert client.get("/readyz").status_code == 200
+
+
 class CuttableProxy:
     """A TCP proxy to ``target`` that can drop every connection and refuse new ones."""
 

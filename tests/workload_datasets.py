@@ -25,6 +25,25 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+
+def _common_config(database: Path, ledger: Path, data_version: str) -> dict[str, Any]:
+    """What both admins write alike: the SQLite files, ε 0.1 a query by default under
+    combined composition, and the auditor refusing groups under five per analyst."""
+    return {
+        "database": {"url": f"sqlite:///{database}", "data_version": data_version},
+        "ledger": {"url": f"sqlite:///{ledger}"},
+        "privacy": {
+            "mechanism": "laplace",
+            "epsilon": 0.1,
+            "max_epsilon_per_query": 1.0,
+            "delta": 1.0e-7,
+            "composition": "combined",
+        },
+        "audit": {"mode": "refuse", "min_group_size": 5, "scope": "analyst"},
+        "execution": {"timing": "off"},
+    }
+
+
 # -- telecom -----------------------------------------------------------------------------
 
 SUBSCRIBERS = 6_000
@@ -137,17 +156,7 @@ def telecom_config(database: Path, ledger: Path) -> dict[str, Any]:
     """The operator's config: subscribers and their usage protected per subscriber, the
     tariff list public."""
     return {
-        "database": {"url": f"sqlite:///{database}", "data_version": "telecom-2025"},
-        "ledger": {"url": f"sqlite:///{ledger}"},
-        "privacy": {
-            "mechanism": "laplace",
-            "epsilon": 0.1,
-            "max_epsilon_per_query": 1.0,
-            "delta": 1.0e-7,
-            "composition": "combined",
-        },
-        "audit": {"mode": "refuse", "min_group_size": 5, "scope": "analyst"},
-        "execution": {"timing": "off"},
+        **_common_config(database, ledger, "telecom-2025"),
         "tables": {
             "subscribers": {
                 "privacy_unit": "subscriber_id",
@@ -387,17 +396,7 @@ def build_census(path: Path, *, persons: int = PERSONS, seed: int = CENSUS_SEED)
 def census_config(database: Path, ledger: Path) -> dict[str, Any]:
     """The statistics office's config: persons protected one by one, the areas public."""
     return {
-        "database": {"url": f"sqlite:///{database}", "data_version": "census-2025"},
-        "ledger": {"url": f"sqlite:///{ledger}"},
-        "privacy": {
-            "mechanism": "laplace",
-            "epsilon": 0.1,
-            "max_epsilon_per_query": 1.0,
-            "delta": 1.0e-7,
-            "composition": "combined",
-        },
-        "audit": {"mode": "refuse", "min_group_size": 5, "scope": "analyst"},
-        "execution": {"timing": "off"},
+        **_common_config(database, ledger, "census-2025"),
         "tables": {
             "persons": {
                 "privacy_unit": "person_id",

@@ -108,18 +108,7 @@ class RowInfo:
         )
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (
-            RowInfo,
-            (
-                self.query_id,
-                self.cell,
-                self.count,
-                self.pending,
-                self.formula,
-                self.noise,
-                self.stats,
-            ),
-        )
+        return (RowInfo, self._fields())
 
     def with_formula(self, formula: Formula) -> RowInfo:
         """The same row carrying its region (a copy of the slots: this runs for every
