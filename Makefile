@@ -17,7 +17,11 @@ PG_HOST     ?= 127.0.0.1
 PG_PORT     ?= 5432
 PG_TEST_URL ?= postgresql+psycopg://postgres@$(PG_HOST):$(PG_PORT)/test
 # `--dist loadgroup`: the tests of Spark's local session share one worker, and Spark
-# Connect's one (one JVM each per run); the rest spread.
+# Connect's one (one JVM each per run); the rest spread. The tests marked `timing`
+# (response times compared, release deadlines that must be met) run afterwards, alone:
+# beside two busy workers and their servers the machine's load reaches 10-40 on 2 cores,
+# far past what the deadlines are sized for (docs/privacy.md, "Timing"), so a miss there
+# says how loaded the machine was, not whether dpgate is right.
 
 .PHONY: demo test lint typecheck unit bench fuzz lock clean
 
@@ -47,7 +51,9 @@ unit: $(STAMP)
 	if [ -x /usr/bin/chromium ]; then echo "Console browser tests: on (/usr/bin/chromium)"; \
 	else echo "Console browser tests: skipped (no /usr/bin/chromium;" \
 	  "apt-get install -y chromium to run them)"; fi; \
-	DPGATE_TEST_POSTGRES_URL="$$url" $(BIN)/pytest -n 2 --dist loadgroup
+	DPGATE_TEST_POSTGRES_URL="$$url" $(BIN)/pytest -n 2 --dist loadgroup -m "not timing" \
+	&& echo "Timing tests, alone on the machine:" \
+	&& DPGATE_TEST_POSTGRES_URL="$$url" $(BIN)/pytest -m timing
 
 test: lint typecheck unit
 

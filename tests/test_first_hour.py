@@ -192,6 +192,7 @@ def exact_counts(demo: Demo, sql: str) -> dict[str, int]:
         return {str(k): int(n) for k, n in conn.execute(sql)}
 
 
+@pytest.mark.timing  # the demo's answers are held to model-sized deadlines
 def test_the_first_hour_runs_as_printed(demo: Demo) -> None:
     env = user_environment(KEY=demo.key)
     # 1. The README: every shell command, as printed (`make test` is what runs this).

@@ -34,6 +34,8 @@ from gateway.pipeline.cost_model import ENGINE_COSTS
 from gateway.pipeline.gateway import CHARGED_FAILURE_MESSAGE, Gateway
 from gateway.pipeline.timing import ARRIVAL_WINDOW_S, FALLBACK_DEADLINE_MS, StatementSlots
 
+pytestmark = pytest.mark.timing
+
 DEADLINE = {"timing": "deadline"}
 DASHBOARD = [
     "SELECT COUNT(*) FROM patients",

@@ -23,6 +23,8 @@ from gateway.core.plan import QueryPlan, QueryRequest
 from gateway.pipeline.gateway import CHARGED_FAILURE_MESSAGE, Gateway
 from gateway.sql.analyze import analyze
 
+pytestmark = pytest.mark.timing
+
 COSTLY = "SELECT department, SUM(cost) FROM visits GROUP BY department"
 
 

@@ -42,6 +42,8 @@ from gateway.core.errors import GatewayError
 from gateway.core.plan import QueryRequest
 from gateway.pipeline.gateway import Gateway
 
+pytestmark = pytest.mark.timing
+
 DEADLINE_MS = 1500
 SLOW_S = 0.8  # the secret statement's extra time when "the person is there"
 PROBE_AFTER_S = 0.3  # the fast statement is done and post-audited; the slow one is not

@@ -45,7 +45,7 @@ from tests.attacks.kit import (
     write_sqlite,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 TIMEOUT_MS = 50
 

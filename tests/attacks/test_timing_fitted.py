@@ -76,7 +76,7 @@ from tests.attacks.test_timing_neighbours import (
 )
 from tests.test_serve import start
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 ROWS = 2048  # declared public: the planted cohort has 2,000 people
 COSTLY = "SELECT COUNT(*) FROM people WHERE CASE WHEN {condition} THEN {branch} ELSE FALSE END"

@@ -88,7 +88,7 @@ from tests.attacks.kit import (
     write_sqlite,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 ALPHA = 1e-3
 PAIRS = 200

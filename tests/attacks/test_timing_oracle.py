@@ -47,7 +47,7 @@ from tests.attacks.kit import (
     target_tags,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 QUERY = "SELECT COUNT(*) FROM people WHERE CASE WHEN {condition} THEN {branch} ELSE FALSE END"
 N_CONTROLS = 16
