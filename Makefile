@@ -21,7 +21,8 @@ PG_TEST_URL ?= postgresql+psycopg://postgres@$(PG_HOST):$(PG_PORT)/test
 # (response times compared, release deadlines that must be met) run afterwards, alone:
 # beside two busy workers and their servers the machine's load reaches 10-40 on 2 cores,
 # far past what the deadlines are sized for (docs/privacy.md, "Timing"), so a miss there
-# says how loaded the machine was, not whether dpgate is right.
+# says how loaded the machine was, not whether dpgate is right. (pytest's exit code 5,
+# nothing selected, is no failure: PYTEST_ADDOPTS may name files of one phase only.)
 
 .PHONY: demo test lint typecheck unit bench fuzz lock clean
 
@@ -51,9 +52,10 @@ unit: $(STAMP)
 	if [ -x /usr/bin/chromium ]; then echo "Console browser tests: on (/usr/bin/chromium)"; \
 	else echo "Console browser tests: skipped (no /usr/bin/chromium;" \
 	  "apt-get install -y chromium to run them)"; fi; \
-	DPGATE_TEST_POSTGRES_URL="$$url" $(BIN)/pytest -n 2 --dist loadgroup -m "not timing" \
-	&& echo "Timing tests, alone on the machine:" \
-	&& DPGATE_TEST_POSTGRES_URL="$$url" $(BIN)/pytest -m timing
+	suite() { DPGATE_TEST_POSTGRES_URL="$$url" $(BIN)/pytest "$$@"; rc=$$?; \
+	  [ $$rc -eq 5 ] && rc=0; return $$rc; }; \
+	suite -n 2 --dist loadgroup -m "not timing" \
+	&& echo "Timing tests, alone on the machine:" && suite -m timing
 
 test: lint typecheck unit
 
