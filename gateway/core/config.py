@@ -222,7 +222,7 @@ class ExecutionConfig:
     deadline_margin: float = DEFAULT_MARGIN
     min_deadline_ms: int = DEFAULT_MIN_MS
     post_ms: int = 10
-    interpreter_ms: float = 3.0  # per other request present (gateway/pipeline/timing.py)
+    interpreter_ms: float = 1.0  # per other request present (gateway/pipeline/timing.py)
     load_aware: bool = False
     row_ns: float | None = None  # the cost model's per-row costs (None: the engine's)
     char_ns: float | None = None

@@ -63,15 +63,11 @@ class EngineCosts:
 
 
 #: Built-in figures (the admin sets an engine's own in ``execution:``; ``dpgate config
-#: check --measure`` prints what the demo-shaped queries cost on it). SQLite's cover the
-#: demo's measured shapes on a quiet 2-core machine (4.7-11.6 ms at 12,000 patients: each
-#: estimate 1.3-2.2 times the measured time) in powers of two; ``deadline_margin`` and the
-#: load factor are what cover load. (Fitted under load, they had been 64/1/512 for row,
-#: character and join: a lone COUNT's estimate was 3.8 times its quiet cost before the
-#: margin doubled it.) The others are scaled from SQLite's earlier figures, generously
-#: where the engine plans for long (Spark).
+#: check --measure`` prints what the demo-shaped queries cost on it). SQLite's were fitted
+#: to the demo's queries on a 2-core machine under load and rounded up; the others are
+#: scaled from it, generously where the engine plans for long (Spark).
 ENGINE_COSTS: Mapping[str, EngineCosts] = {
-    "sqlite": EngineCosts(row_ns=128, char_ns=0.5, sort_ns=64, join_ns=64, base_ms=1, group_ns=256),
+    "sqlite": EngineCosts(row_ns=64, char_ns=1, sort_ns=64, join_ns=512, base_ms=1, group_ns=256),
     "duckdb": EngineCosts(row_ns=32, char_ns=0.5, sort_ns=32, join_ns=128, base_ms=3, group_ns=64),
     "postgres": EngineCosts(
         row_ns=128, char_ns=1, sort_ns=64, join_ns=512, base_ms=3, group_ns=256
