@@ -28,6 +28,7 @@ from budget.accountants import (
 from budget.errors import (
     AnalystDisabled,
     BudgetExhausted,
+    LedgerUnavailable,
     ReservationSettled,
     UnknownAnalyst,
     UnsupportedCost,
@@ -148,7 +149,16 @@ class Charging(_Base):
 
         # No savepoint: reads, then at most a checkpoint (exact whether or not the charge
         # follows) and the charge's one row.
-        result = self.write(charge, durable=True, savepoint=False)
+        try:
+            result = self.write(charge, durable=True, savepoint=False)
+        except LedgerUnavailable:
+            # The caller says nothing was charged. If the connection failed after the
+            # server committed (a COMMIT whose answer was lost), the charge is there,
+            # without an outcome: it is refunded once the ledger is back.
+            with self._unsettled_lock:
+                if len(self._in_doubt) < MAX_UNRECORDED:
+                    self._in_doubt.append(reservation_id)
+            raise
         assert result is not None
         row, period, spent, n = result
         before = self._status(row.name, False, row.epsilon, row.delta, period, spent, n, now)
@@ -305,18 +315,20 @@ class Charging(_Base):
 
     @property
     def unrecorded(self) -> int:
-        """How many queued outcome rows wait to be written again (their batch failed)."""
-        return len(self._unrecorded)
+        """How many queued outcome rows wait to be written again (their batch failed), and
+        charges in doubt to settle (``reserve``)."""
+        return len(self._unrecorded) + len(self._in_doubt)
 
     def record_unrecorded(self) -> int:
         """Write again the queued outcome rows whose batch failed, oldest first; stops at
         the first that fails again (the ledger is still away). Returns how many remain.
-        A row written meanwhile (the reservation already has its outcome) is dropped."""
+        A row written meanwhile (the reservation already has its outcome) is dropped.
+        Then the charges in doubt are refunded where they were committed after all."""
         while True:
             with self._unsettled_lock:
-                if not self._unrecorded:
-                    return 0
-                settle = self._unrecorded[0]
+                settle = self._unrecorded[0] if self._unrecorded else None
+            if settle is None:
+                return self._refund_in_doubt()
             try:
                 self.write(settle, durable=False, savepoint=False)
             except sa.exc.IntegrityError:
@@ -327,6 +339,41 @@ class Charging(_Base):
             with self._unsettled_lock:
                 if self._unrecorded and self._unrecorded[0] is settle:
                     self._unrecorded.popleft()
+
+    def _refund_in_doubt(self) -> int:
+        """Refund each charge in doubt that the ledger holds without an outcome (its
+        request was told nothing was charged, and nothing ran); one that is not there
+        was never committed. Stops at the first failure; returns how many remain."""
+        while True:
+            with self._unsettled_lock:
+                if not self._in_doubt:
+                    return 0
+                rid = self._in_doubt[0]
+            params = {
+                "rid": rid,
+                "kind": "refund",
+                "sign": -1.0,
+                "release": None,
+                "reason": "the ledger failed as the charge was written: nothing ran",
+                "now": self._now(),
+            }
+
+            def refund(conn: Connection, params: dict[str, Any] = params) -> None:
+                conn.execute(st.LOCK_ANALYST_OF_RESERVATION, {"rid": params["rid"]}).first()
+                self._share_cost_rows(conn)
+                if st.SETTLE.run(conn, params):
+                    log.warning("charge %s (in doubt) refunded", params["rid"])
+
+            try:
+                self.write(refund, durable=True, savepoint=False)
+            except sa.exc.IntegrityError:
+                pass  # it has its outcome already
+            except Exception:  # still away: keep it for the next try
+                with self._unsettled_lock:
+                    return len(self._in_doubt)
+            with self._unsettled_lock:
+                if self._in_doubt and self._in_doubt[0] == rid:
+                    self._in_doubt.popleft()
 
     def commit(
         self,

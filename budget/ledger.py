@@ -132,6 +132,9 @@ class LedgerCore:
         # Queued outcome rows whose batch failed (the ledger was away): written again by
         # ``record_unrecorded`` once it is back, oldest first.
         self._unrecorded: deque[Callable[[Connection], None]] = deque()
+        # Charges whose write failed, perhaps after the server committed it (``reserve``):
+        # refunded by ``record_unrecorded`` if they are there.
+        self._in_doubt: deque[str] = deque()
         # Rows after the latest global checkpoint when this process last summed them
         # (a hint: when to try for a new one on PostgreSQL; ``_spent_global``).
         self._global_rows_seen = CHECKPOINT_EVERY

@@ -175,6 +175,37 @@ def test_a_full_disk_is_not_ready_though_the_wal_has_room_for_the_probe(
     assert client.get("/readyz").status_code == 200
 
 
+def test_a_charge_committed_as_the_ledger_failed_is_refunded_once_it_is_back(
+    gateway_on: Callable[[str], Gateway], tmp_path: Path
+) -> None:
+    """A COMMIT whose answer is lost: the server has the charge, the request was told
+    nothing was charged (and nothing ran). Once the ledger answers again the charge is
+    refunded, so what the client was told is true and nothing stays pending."""
+    import budget
+
+    gateway = gateway_on(f"sqlite:///{tmp_path}/ledger.db")
+    client = create_app(gateway.config, gateway=gateway).test_client()
+    key = gateway.ledger.create_analyst("alice", 1000.0, 1e-6)
+    real = gateway.ledger.write
+    lost = []
+
+    def write(fn: Callable[..., Any], **kw: Any) -> Any:
+        result = real(fn, **kw)
+        if fn.__name__ == "charge" and not lost:
+            lost.append(fn)
+            raise budget.LedgerUnavailable("server closed the connection after COMMIT")
+        return result
+
+    gateway.ledger.write = write  # type: ignore[method-assign]
+    status, body = ask(client, key, 0)
+    assert status == 503 and body["error"]["detail"]["charged"] is False, body
+    assert lost and ledger_charges(gateway, "alice") == (1, 1)  # there, and pending
+    assert client.get("/readyz").status_code == 200
+    assert ledger_charges(gateway, "alice") == (0, 0)  # refunded: nothing counts
+    status, body = ask(client, key, 1)
+    assert status == 200, body
+
+
 class CuttableProxy:
     """A TCP proxy to ``target`` that can drop every connection and refuse new ones."""
 
