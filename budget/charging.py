@@ -257,20 +257,10 @@ class Charging(_Base):
         reason: str | None,
         wait: bool = True,
     ) -> None:
-        params = {
-            "rid": reservation.id,
-            "kind": kind,
-            "sign": -1.0 if kind == "refund" else 0.0,
-            "release": None if release is None else json.dumps(release, default=str),
-            "reason": reason,
-            "now": self._now(),
-        }
+        outcome = self._outcome_row(reservation.id, kind, release, reason)
 
         def settle(conn: Connection) -> None:
-            if kind == "refund":
-                conn.execute(st.LOCK_ANALYST_OF_RESERVATION, {"rid": reservation.id}).first()
-                self._share_cost_rows(conn)
-            if st.SETTLE.run(conn, params) == 0:
+            if not outcome(conn):
                 raise ValueError(f"no reservation {reservation.id!r} in this ledger")
 
         if not wait:
@@ -282,6 +272,32 @@ class Charging(_Base):
             raise ReservationSettled(
                 f"reservation {reservation.id} already has its outcome"
             ) from exc
+
+    def _outcome_row(
+        self,
+        rid: str,
+        kind: Literal["answered", "withheld", "refund"],
+        release: dict[str, Any] | None,
+        reason: str | None,
+    ) -> Callable[[Connection], bool]:
+        """The write of reservation ``rid``'s outcome row (a refund first locks its
+        analyst and shares the cost rows); it returns whether the charge was there."""
+        params = {
+            "rid": rid,
+            "kind": kind,
+            "sign": -1.0 if kind == "refund" else 0.0,
+            "release": None if release is None else json.dumps(release, default=str),
+            "reason": reason,
+            "now": self._now(),
+        }
+
+        def write(conn: Connection) -> bool:
+            if kind == "refund":
+                conn.execute(st.LOCK_ANALYST_OF_RESERVATION, {"rid": rid}).first()
+                self._share_cost_rows(conn)
+            return bool(st.SETTLE.run(conn, params))
+
+        return write
 
     def _settle_later(self, reservation: Reservation, settle: Callable[[Connection], None]) -> None:
         """Queue an outcome row (it rides on the next batch); until it is committed, a
@@ -349,23 +365,12 @@ class Charging(_Base):
                 if not self._in_doubt:
                     return 0
                 rid = self._in_doubt[0]
-            params = {
-                "rid": rid,
-                "kind": "refund",
-                "sign": -1.0,
-                "release": None,
-                "reason": "the ledger failed as the charge was written: nothing ran",
-                "now": self._now(),
-            }
-
-            def refund(conn: Connection, params: dict[str, Any] = params) -> None:
-                conn.execute(st.LOCK_ANALYST_OF_RESERVATION, {"rid": params["rid"]}).first()
-                self._share_cost_rows(conn)
-                if st.SETTLE.run(conn, params):
-                    log.warning("charge %s (in doubt) refunded", params["rid"])
-
+            refund = self._outcome_row(
+                rid, "refund", None, "the ledger failed as the charge was written: nothing ran"
+            )
             try:
-                self.write(refund, durable=True, savepoint=False)
+                if self.write(refund, durable=True, savepoint=False):
+                    log.warning("charge %s (in doubt) refunded", rid)
             except sa.exc.IntegrityError:
                 pass  # it has its outcome already
             except Exception:  # still away: keep it for the next try
