@@ -36,6 +36,7 @@ from mechanisms import (
 )
 from mechanisms.exact import exp_neg_bounds
 from mechanisms.pool import POOLS
+from mechanisms.samplers import power_table_u64
 
 
 def sens(v: int | Fraction) -> Sensitivity:
@@ -432,6 +433,26 @@ def test_exp_neg_bounds_bracket_the_true_value(x: Fraction, p: int) -> None:
     true = (-(Decimal(x.numerator) / Decimal(x.denominator))).exp() * (Decimal(2) ** p)
     assert Decimal(lo) <= true <= Decimal(hi)
     assert hi - lo <= 4
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.fractions(min_value=Fraction(1, 16), max_value=4, max_denominator=10**6),
+    st.sampled_from([0, 64]),
+)
+def test_the_geometric_table_brackets_every_power(gamma: Fraction, guard: int) -> None:
+    """The sampler's table (one bound of exp(−γ), then products) brackets 2^64·exp(−γk)
+    for every k it holds — with no guard bits too, where a rounding on the wrong side
+    shows — and, with the sampler's guard bits, within a unit, as bounding each power on
+    its own does."""
+    getcontext().prec = 150
+    k_max = math.ceil(24 * 0.6932 / float(gamma)) + 1
+    lows, highs = power_table_u64(gamma, k_max, guard)
+    g = Decimal(gamma.numerator) / Decimal(gamma.denominator)
+    for k, (lo, hi) in enumerate(zip(lows, highs, strict=True), start=1):
+        true = (-(g * k)).exp() * (Decimal(2) ** 64)
+        assert Decimal(lo) <= true <= Decimal(hi), k
+        assert guard == 0 or hi - lo <= 1
 
 
 # --- Pools ------------------------------------------------------------------------------
