@@ -10,10 +10,14 @@ are taken, never on what they are.
 
 Pools are keyed by the exact ``Noise`` spec. A daemon thread refills a pool when it falls
 below its low-water mark, off the request path. A release that finds its pool short (the
-first release with a new spec, or a burst) fills it synchronously with a whole batch first
-and then takes from it; the batch's cost depends on the batch as a whole, of which the
-released values are a negligible part. The gateway can remove even that by calling
-``prefill`` with the query's noises right after calibration, before executing the query.
+first release with a new spec, or a burst) fills it synchronously with a first batch
+(``FIRST_BATCH`` values, or as many as it takes) and then takes from it, and the refiller
+tops the pool up to ``POOL_TARGET`` off the request path. The batch's cost depends on
+the values drawn only through the samplers' rare events (a tail recursion, 2^−24 per
+value; an undecided prefix, about 2^−62), not through the rejections (in rejection
+sampling the accepted values are independent of how many proposals were rejected). The
+gateway calls ``prefill`` with the query's noises right after calibration, before it
+executes the query, so even that work happens before the data is read.
 
 Fork safety: a forked worker (gunicorn) would inherit a copy of every pool and release the
 same noise as its siblings. Pools are therefore tagged with the process id and emptied in
@@ -34,6 +38,9 @@ from mechanisms.types import Noise
 # Values a pool holds after a refill; a refill starts below the low-water mark.
 POOL_TARGET = 4096
 POOL_LOW_WATER = 1024
+# Values drawn on the request path when a pool is short (a new spec): a whole target's
+# worth took ~6 ms a request (each a ``_HeapInt``) whenever an analyst picked a new ε.
+FIRST_BATCH = 256
 # Distinct noise specs kept (queries with the same parameters share one pool).
 MAX_POOLS = 64
 
@@ -141,7 +148,8 @@ class NoisePools:
         """Make sure at least ``size`` values of ``noise`` are ready (call before a release)."""
         pool = self._pool(noise)
         while pool.available() < size:
-            self._top_up(pool, max(size, self.target))
+            self._top_up(pool, max(size, FIRST_BATCH))
+        self._wake_if_low(pool)
 
     def take(self, noise: Noise, size: int) -> list[int]:
         """``size`` pre-drawn values, removed from the pool (never released twice)."""
@@ -153,13 +161,16 @@ class NoisePools:
                 if pool.available() >= size:
                     out = pool.values[pool.start : pool.start + size]
                     pool.start += size
-                    low = pool.available() < self.low_water
                     break
-            self._top_up(pool, max(size, self.target))
-        if low:
+            self._top_up(pool, max(size, FIRST_BATCH))
+        self._wake_if_low(pool)
+        return out
+
+    def _wake_if_low(self, pool: _Pool) -> None:
+        """Have the refiller top ``pool`` up to the target if it is below the low water."""
+        if pool.available() < self.low_water:
             self._ensure_thread()
             self._wake.set()
-        return out
 
 
 POOLS = NoisePools()
