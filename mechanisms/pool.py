@@ -78,6 +78,9 @@ class _Pool:
     values: list[int]
     start: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # what the refiller fills it to: ``FIRST_BATCH`` at first, doubled at each refill up
+    # to the pools' target, so a spec asked once (a one-off ε) costs a first batch only
+    target: int = 0
 
     def available(self) -> int:
         return len(self.values) - self.start
@@ -108,7 +111,7 @@ class NoisePools:
         with self._registry_lock:
             pool = self._pools.get(noise)
             if pool is None:
-                pool = _Pool(make_sampler(noise), [])
+                pool = _Pool(make_sampler(noise), [], target=min(FIRST_BATCH, self.target))
                 self._pools[noise] = pool
                 while len(self._pools) > MAX_POOLS:
                     self._pools.popitem(last=False)
@@ -130,8 +133,9 @@ class NoisePools:
             with self._registry_lock:
                 pools = list(self._pools.values())
             for pool in pools:
-                if pool.available() < self.low_water:
-                    self._top_up(pool, self.target)
+                if self._low(pool):
+                    pool.target = min(2 * pool.target, self.target)
+                    self._top_up(pool, pool.target)
 
     @staticmethod
     def _top_up(pool: _Pool, target: int) -> None:
@@ -166,9 +170,13 @@ class NoisePools:
         self._wake_if_low(pool)
         return out
 
+    def _low(self, pool: _Pool) -> bool:
+        """Below its low water: the pools' low water scaled to the pool's own target."""
+        return pool.available() < pool.target * self.low_water // self.target
+
     def _wake_if_low(self, pool: _Pool) -> None:
-        """Have the refiller top ``pool`` up to the target if it is below the low water."""
-        if pool.available() < self.low_water:
+        """Have the refiller top ``pool`` up (``_refill_loop``) if it is below its low water."""
+        if self._low(pool):
             self._ensure_thread()
             self._wake.set()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import time
 from decimal import Decimal, getcontext
 from fractions import Fraction
 
@@ -35,7 +36,7 @@ from mechanisms import (
     zcdp_epsilon,
 )
 from mechanisms.exact import exp_neg_bounds
-from mechanisms.pool import POOLS
+from mechanisms.pool import FIRST_BATCH, POOL_TARGET, POOLS, NoisePools
 from mechanisms.samplers import power_table_u64
 
 
@@ -469,6 +470,29 @@ def test_sample_consumes_pre_drawn_values() -> None:
     assert sample(noise, 0) == []
     with pytest.raises(ValueError):
         sample(noise, -1)
+
+
+def test_a_new_spec_costs_a_first_batch_and_a_used_one_grows_to_the_target() -> None:
+    """A one-off ε draws ``FIRST_BATCH`` values, on the request path and nothing after;
+    a spec in use is topped up by the refiller, doubling up to the pools' target."""
+    pools = NoisePools()
+    noise = Noise("laplace", Fraction(23, 7))
+    pools.prefill(noise, 1)
+    pool = pools._pool(noise)
+    assert pool.available() == FIRST_BATCH
+    pools.take(noise, 1)
+    assert pools._thread is None  # not low: no refill for a spec asked once
+    targets = []
+    for _ in range(8):
+        pools.take(noise, pool.available() - 1)  # drain: the refiller is woken
+        deadline = time.monotonic() + 30
+        while pool.available() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        targets.append(pool.target)
+    assert targets[0] == 2 * FIRST_BATCH
+    assert targets[-1] == POOL_TARGET
+    assert targets == sorted(targets)
 
 
 def test_sample_rejects_an_invalid_noise_spec() -> None:
