@@ -67,8 +67,21 @@ def permute_and_flip(
 
 def quantile_sensitivity(p: Fraction, rows_per_unit: int) -> Fraction:
     """Δ of ``quantile_utilities`` when one unit adds or removes at most ``rows_per_unit``
-    rows: each row moves every L_j − t and t − A_j + 1 by at most max(p, 1 − p)."""
+    rows: each row moves both ends' terms lo_j − t and t − hi_j of every bucket's score
+    by at most max(p, 1 − p) (``quantile_utilities`` has the argument)."""
     return rows_per_unit * max(p, 1 - p)
+
+
+def scored_positions(first: int, after: int) -> tuple[int, int]:
+    """The interval [lo, hi] of sorted positions whose distance from the target scores a
+    bucket holding positions ``first`` … ``after`` − 1: those positions when it holds a
+    value; when it is empty, the gap it lies in, between positions first − 1 and first
+    (the interval [first − 1, first], as Tumult's interval mechanism scores the space
+    between two consecutive values). The one definition every quantile path uses
+    (``quantile_utilities``, ``mechanisms.histogram_quantile``)."""
+    if after > first:
+        return first, after - 1
+    return first - 1, first
 
 
 def quantile_utilities(below: Sequence[int], n: int, p: Fraction) -> list[Fraction]:
@@ -77,19 +90,31 @@ def quantile_utilities(below: Sequence[int], n: int, p: Fraction) -> list[Fracti
     ``below[i]`` is the exact number of values below the grid's (i+1)-th inner edge, so
     bucket j holds the values at sorted positions L_j … A_j − 1 with L_j = below[j − 1]
     (0 for the first) and A_j = below[j] (n for the last). The target position is
-    t = p·(n − 1) (0-based, as PERCENTILE_CONT places it), and bucket j scores
-    u_j = −max(L_j − t, t − (A_j − 1), 0): 0 for the bucket holding the target, minus its
-    distance in ranks otherwise.
+    t = p·(n − 1) (0-based, as PERCENTILE_CONT places it), and bucket j scores minus the
+    distance from t to its interval [lo_j, hi_j] (``scored_positions``):
+    u_j = −max(lo_j − t, t − hi_j, 0), with [lo_j, hi_j] = [L_j, A_j − 1] when it holds a
+    value and [L_j − 1, L_j] when it is empty. So 0 for the bucket holding the target,
+    and for an empty bucket lying between the two positions the target falls between;
+    minus the distance in ranks otherwise.
 
-    Sensitivity: a unit adding r rows, k of them below an edge, moves L_j − t by k − p·r
-    and t − A_j + 1 by p·r − k', both within r·max(p, 1 − p) (``quantile_sensitivity``).
+    Sensitivity: a unit adds (or, read backwards, removes) r ≤ m rows, k_b of them in
+    the buckets before j and k in j; n and t move by r and p·r. If j stays non-empty, or
+    stays empty (k = 0), lo_j moves by k_b and hi_j by k_b + k, so lo_j − t moves by
+    k_b − p·r ∈ [−p·r, (1 − p)·r] and t − hi_j by p·r − k_b − k ∈ [−(1 − p)·r, p·r]. If
+    j goes from empty to holding k ≥ 1 of them, [L − 1, L] becomes
+    [L + k_b, L + k_b + k − 1] with 1 ≤ k_b + k ≤ r, so lo_j − t moves by
+    1 + k_b − p·r ∈ [1 − p·r, (1 − p)·r] and t − hi_j by p·r − k_b − k + 1 ∈
+    [1 − (1 − p)·r, p·r]. Every move is within r·max(p, 1 − p), and max(·, ·, 0) moves
+    by at most the larger of its arguments' moves, so Δ = m·max(p, 1 − p)
+    (``quantile_sensitivity``).
     """
     t = p * (n - 1)
     edges = [0, *below, n]
-    return [
-        -max(Fraction(edges[j]) - t, t - (edges[j + 1] - 1), Fraction(0))
-        for j in range(len(edges) - 1)
-    ]
+    out: list[Fraction] = []
+    for j in range(len(edges) - 1):
+        lo, hi = scored_positions(edges[j], edges[j + 1])
+        out.append(-max(lo - t, t - hi, Fraction(0)))
+    return out
 
 
 def rank_halfwidth(epsilon: Fraction, sensitivity: Fraction, candidates: int) -> int:
