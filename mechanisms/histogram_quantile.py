@@ -4,13 +4,13 @@ sampled exactly.
 The candidates are the N buckets of a public grid (fixed by the declared bounds, never by
 the data; thousands of them). The database returns the exact count of each non-empty
 bucket; bucket j holds the values at sorted positions L_j … A_j − 1 and scores minus the
-distance from the target position t = p·(n − 1) to its interval of positions —
-[L_j, A_j − 1] when it holds a value, the gap [L_j − 1, L_j] it lies in when it is empty
+distance from the target position t = p·(n − 1) to its positions [L_j, A_j − 1], or,
+when it is empty, to the middle L_j − ½ of the gap it lies in
 (``mechanisms.quantile_utilities``, ``mechanisms.scored_positions``: 0 for the bucket
-holding the target, and for an empty one between the two positions the target falls
-between). Empty buckets between two non-empty ones share one score, so the N candidates
-fall into at most 2m + 1 *classes* (m non-empty buckets) of equal score, which is what
-makes thousands of candidates cheap.
+holding the target, and for an empty one in the gap whose middle is the target). Empty
+buckets between two non-empty ones share one score, so the N candidates fall into at
+most 2m + 1 *classes* (m non-empty buckets) of equal score, which is what makes
+thousands of candidates cheap.
 
 Each candidate's score becomes an integer *level* ℓ_j = min(⌈−u_j/Δ⌉, M) (Δ the
 utilities' sensitivity, M a public cap), and bucket j is chosen with probability
@@ -24,10 +24,10 @@ drawn by ``secrets.randbelow`` over the integer total, the bucket within its lev
 second ``randbelow``. No floating point is involved, and the work is O(m + M) big-integer
 operations whatever the draw.
 
-Only the buckets near the target rank matter one by one: every bucket whose scored
-interval is more than (M − 1)·Δ ranks from the target is at the cap M, and every
-non-empty bucket next to a bucket or a gap below the cap has [L, A] within
-W = (M − 1)·Δ + 1 of it (``window_ranks``). So the database may return just the
+Only the buckets near the target rank matter one by one: every bucket scored more than
+(M − 1)·Δ ranks from the target is at the cap M, and every non-empty bucket that is, or
+is next to an empty bucket that is, below the cap has [L, A] within W = (M − 1)·Δ + ½ of
+it (``window_ranks``). So the database may return just the
 non-empty buckets whose [L, A] meets [t − W, t + W] (a ``RankWindow``: at most 2·W + 2
 of them, whatever the grid and the rows), and ``choose_bucket_in_window``
 gives every bucket the level ``choose_bucket`` gives it — the same mechanism, the same
@@ -101,9 +101,9 @@ def level_runs(
 
     The level of a bucket holding positions L … A − 1 is min(⌈g/Δ⌉, cap) with
     g = max(lo − t, t − hi, 0) = −u the distance from t to its scored interval [lo, hi]
-    (``mechanisms.scored_positions``: [L, A − 1], or [L − 1, L] for an empty bucket;
-    ``mechanisms.quantile_utilities``), computed in integers: with p = a/q and Δ = s/d,
-    ⌈g/Δ⌉ = ⌈G·d/(q·s)⌉ for G = q·g."""
+    (``mechanisms.scored_positions``: [L, A − 1], or the gap's middle L − ½ for an empty
+    bucket; ``mechanisms.quantile_utilities``), computed in integers: with p = a/q and
+    Δ = s/d, ⌈g/Δ⌉ = ⌈G·d/(2·q·s)⌉ for G = 2·q·g."""
     n = sum(c for c in counts.values() if c > 0)
     return _runs_from(counts, 0, n, 0, buckets, p, sensitivity, cap)
 
@@ -121,13 +121,13 @@ def _runs_from(
     """The runs of buckets ``start`` … ``end`` − 1, of which ``counts`` are the non-empty
     ones, ``below`` values lying in the buckets before ``start``, n in all."""
     a, q = p.numerator, p.denominator
-    qt = a * (n - 1)  # q·t
-    unit = q * sensitivity.numerator
+    qt2 = 2 * a * (n - 1)  # 2·q·t
+    unit = 2 * q * sensitivity.numerator
     per = sensitivity.denominator
 
     def level(first: int, after: int) -> int:
-        lo, hi = scored_positions(first, after)
-        g = max(q * lo - qt, qt - q * hi, 0)
+        lo, hi = scored_positions(first, after)  # whole or half positions
+        g = max(int(2 * q * lo) - qt2, qt2 - int(2 * q * hi), 0)  # 2·q·g, exact
         return min(-(-g * per // unit), cap)
 
     position = start
@@ -187,24 +187,24 @@ class RankWindow:
 
 def window_ranks(epsilon: Fraction, buckets: int, sensitivity: Fraction) -> Fraction:
     """W, public: every non-empty bucket whose [L, A] (its positions L … A − 1 and the
-    gap after them) lies more than W ranks from the target is at the level cap M, and
-    so is every empty bucket next to one (``window_ranks_at_cap``)."""
+    position after them) lies more than W ranks from the target is at the level cap M,
+    and so is every empty bucket next to one (``window_ranks_at_cap``)."""
     return window_ranks_at_cap(level_cap(epsilon, buckets), sensitivity)
 
 
 def window_ranks_at_cap(cap: int, sensitivity: Fraction) -> Fraction:
-    """W = (M − 1)·Δ + 1 for the level cap M = ``cap``.
+    """W = (M − 1)·Δ + ½ for the level cap M = ``cap``.
 
     A level min(⌈g/Δ⌉, M) is below M iff g ≤ (M − 1)·Δ =: V. A non-empty bucket holding
     positions L … A − 1 is then within V of t: L ≤ t + V and A − 1 ≥ t − V, so [L, A]
-    meets [t − V, t + V]. An empty bucket scored on [L − 1, L] is then there iff
-    t − V ≤ L ≤ t + V + 1, and the non-empty buckets on either side of it (the one
-    ending at position L − 1, whose A is L; the one starting at position L) have L in
-    their [L', A'], so they meet [t − V, t + V + 1]. The one extra rank, on the upper
-    side, is what scoring an empty bucket on its gap adds (it reaches one rank nearer
-    than the farther of its two neighbours' positions did); W widens both sides by it,
-    which keeps the window symmetric at the price of one more bucket at most below."""
-    return (cap - 1) * sensitivity + 1
+    meets [t − V, t + V]. An empty bucket, scored at its gap's middle L − ½, is then
+    there iff t − V + ½ ≤ L ≤ t + V + ½, and the non-empty buckets on either side of it
+    (the one ending at position L − 1, whose A is L; the one starting at position L)
+    have L in their [L', A'], so they meet [t − V, t + V + ½]. The extra half rank, on
+    the upper side, is what scoring an empty bucket at its gap's middle adds (it lies
+    half a rank nearer than the next value's position); W widens both sides by it,
+    which keeps the window symmetric at the price of a bucket more at most below."""
+    return (cap - 1) * sensitivity + Fraction(1, 2)
 
 
 def window_level_runs(
@@ -261,8 +261,8 @@ def choose_bucket_in_window(
     there (``window_level_runs``), and the draws are the same. What the window changes is
     the work: the database returns at most 2·W + 2 buckets per cell (each kept bucket but
     the first starts at a distinct position in [t − W, t + W]) instead of one per
-    non-empty bucket, and the draw is O(kept + M) big-integer operations. (W is one rank
-    wider than (M − 1)·Δ: ``window_ranks_at_cap`` says why.)
+    non-empty bucket, and the draw is O(kept + M) big-integer operations. (W is half a
+    rank wider than (M − 1)·Δ: ``window_ranks_at_cap`` says why.)
     """
     _check(buckets, sensitivity, epsilon)
     cap = level_cap(epsilon, buckets)
@@ -338,14 +338,16 @@ def fine_rank_halfwidth(epsilon: Fraction, sensitivity: Fraction, buckets: int) 
     L = ⌈ln(20·buckets)/ln b⌉. The best bucket is at most at level ℓ₀ = ⌈½/Δ⌉: t lies
     within ½ of some position (n ≥ 1), and the bucket holding it scores g ≤ ½. A bucket
     at level ℓ scores g ≤ ℓ·Δ: a non-empty one holds a value within ℓ·Δ ranks of the
-    target; an empty one lies between positions L − 1 and L with the nearer within ℓ·Δ
-    and so the farther within ℓ·Δ + 1 (``mechanisms.scored_positions``). Hence
-    r = ⌈(ℓ₀ + L)·Δ⌉ + 1."""
+    target; an empty one lies between positions L − 1 and L whose middle is within ℓ·Δ,
+    so both are within ℓ·Δ + ½ (``mechanisms.scored_positions``). Hence
+    r = ⌈(ℓ₀ + L)·Δ + ½⌉ (for a median with one row per unit, Δ = ½, the same as the
+    ⌈(⌈1/Δ⌉ + L)·Δ⌉ of the score before issue 34's third pass)."""
     b = float(exp_half_lower(epsilon))
     if b <= 1:
         return None
-    best = math.ceil(Fraction(1, 2) / sensitivity)
-    level = math.ceil(math.log(20 * buckets) / math.log(b)) + best
+    level = math.ceil(math.log(20 * buckets) / math.log(b)) + math.ceil(
+        Fraction(1, 2) / sensitivity
+    )
     if level > level_cap(epsilon, buckets):
         return None
-    return math.ceil(level * float(sensitivity)) + 1
+    return math.ceil(level * sensitivity + Fraction(1, 2))

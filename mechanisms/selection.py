@@ -67,21 +67,26 @@ def permute_and_flip(
 
 def quantile_sensitivity(p: Fraction, rows_per_unit: int) -> Fraction:
     """Δ of ``quantile_utilities`` when one unit adds or removes at most ``rows_per_unit``
-    rows: each row moves both ends' terms lo_j − t and t − hi_j of every bucket's score
-    by at most max(p, 1 − p) (``quantile_utilities`` has the argument)."""
+    rows: each row moves both terms lo_j − t and t − hi_j of every bucket's score by at
+    most max(p, 1 − p) (``quantile_utilities`` has the argument)."""
     return rows_per_unit * max(p, 1 - p)
 
 
-def scored_positions(first: int, after: int) -> tuple[int, int]:
+def scored_positions(first: int, after: int) -> tuple[Fraction, Fraction]:
     """The interval [lo, hi] of sorted positions whose distance from the target scores a
     bucket holding positions ``first`` … ``after`` − 1: those positions when it holds a
-    value; when it is empty, the gap it lies in, between positions first − 1 and first
-    (the interval [first − 1, first], as Tumult's interval mechanism scores the space
-    between two consecutive values). The one definition every quantile path uses
-    (``quantile_utilities``, ``mechanisms.histogram_quantile``)."""
+    value; when it is empty, the middle of the gap it lies in, first − ½, between the
+    values at positions first − 1 and first. The one definition every quantile path
+    uses (``quantile_utilities``, ``mechanisms.histogram_quantile``).
+
+    The gap's score |first − ½ − t| is, for a median, the one Smith's interval mechanism
+    (Smith 2011, Alg. 2; what Tumult Analytics uses) gives the gap with ``first`` values
+    below it, |first − n/2|: t = (n − 1)/2. For another p it is |first − p·n − (½ − p)|,
+    the same score about PERCENTILE_CONT's target instead of p·n."""
     if after > first:
-        return first, after - 1
-    return first - 1, first
+        return Fraction(first), Fraction(after - 1)
+    middle = first - Fraction(1, 2)
+    return middle, middle
 
 
 def quantile_utilities(below: Sequence[int], n: int, p: Fraction) -> list[Fraction]:
@@ -93,19 +98,20 @@ def quantile_utilities(below: Sequence[int], n: int, p: Fraction) -> list[Fracti
     t = p·(n − 1) (0-based, as PERCENTILE_CONT places it), and bucket j scores minus the
     distance from t to its interval [lo_j, hi_j] (``scored_positions``):
     u_j = −max(lo_j − t, t − hi_j, 0), with [lo_j, hi_j] = [L_j, A_j − 1] when it holds a
-    value and [L_j − 1, L_j] when it is empty. So 0 for the bucket holding the target,
-    and for an empty bucket lying between the two positions the target falls between;
-    minus the distance in ranks otherwise.
+    value and lo_j = hi_j = L_j − ½, the middle of the gap it lies in, when it is empty.
+    So 0 for the bucket holding the target, and for an empty bucket in the gap whose
+    middle is the target (the two middle values of an even count, apart); minus the
+    distance in ranks otherwise.
 
     Sensitivity: a unit adds (or, read backwards, removes) r ≤ m rows, k_b of them in
     the buckets before j and k in j; n and t move by r and p·r. If j stays non-empty, or
     stays empty (k = 0), lo_j moves by k_b and hi_j by k_b + k, so lo_j − t moves by
     k_b − p·r ∈ [−p·r, (1 − p)·r] and t − hi_j by p·r − k_b − k ∈ [−(1 − p)·r, p·r]. If
-    j goes from empty to holding k ≥ 1 of them, [L − 1, L] becomes
+    j goes from empty to holding k ≥ 1 of them, [L − ½, L − ½] becomes
     [L + k_b, L + k_b + k − 1] with 1 ≤ k_b + k ≤ r, so lo_j − t moves by
-    1 + k_b − p·r ∈ [1 − p·r, (1 − p)·r] and t − hi_j by p·r − k_b − k + 1 ∈
-    [1 − (1 − p)·r, p·r]. Every move is within r·max(p, 1 − p), and max(·, ·, 0) moves
-    by at most the larger of its arguments' moves, so Δ = m·max(p, 1 − p)
+    k_b + ½ − p·r ∈ [½ − p·r, (1 − p)·r − ½] and t − hi_j by p·r − k_b − k + ½ ∈
+    [½ − (1 − p)·r, p·r − ½]. Every move is within r·max(p, 1 − p), and max(·, ·, 0)
+    moves by at most the larger of its arguments' moves, so Δ = m·max(p, 1 − p)
     (``quantile_sensitivity``).
     """
     t = p * (n - 1)

@@ -6,24 +6,25 @@ target rank that the compiled statement returns (``choose_bucket_in_window``).
 The neighbours are the values 0, 62, 63 and the same plus a second 63, on a grid of 64
 buckets (one row per unit, the median). They are close to the worst case (the largest
 loss over every database of at most 3 values in buckets 0-3, 31-33 and 60-63 and every
-added value): on the first the target position 1 is the value 62 and the 61 empty
-buckets 1 … 61 lie in the gap next to it, all at level 0, with bucket 63 at level 2; on
-the second the target 1.5 is half a rank from buckets 62 and 63 and from that gap, all
-at level 1. So bucket 63 moves down a level while 62 buckets move up one, and its
-probability (≈ 0.0059 and ≈ 0.0158 at ε = 1) changes by a factor e^(0.990·ε) — the loss
-of this exponential mechanism approaches ε only as the far buckets outnumber the near
-ones, which is why the grid has 64. The harness does not refute the mechanism at its
-claimed ε and refutes it when its noise is 0.5× (2ε) of what is claimed (≈ 0.0022
-against ≈ 0.0158, at 100,000 releases a side: ``HALF_N``). At 0.9× (ε/0.9, a loss of
-1.10 against 1 on these neighbours, an event of probability ≈ 0.016) the event is too
-rare to refute at 1e-6, so the profile test does not carry the 0.9× refutation.
+added value): on the first the target position 1 is the value 62, the 61 empty buckets
+1 … 61 in the gap before it are scored at its middle ½ (level 1) and bucket 63 is at
+level 2; on the second the target 1.5 is half a rank from buckets 62 and 63 (level 1)
+and the gap's middle 1 rank from it (level 2). So bucket 63 moves down a level while 61
+buckets move up one, and its probability (≈ 0.0095 and ≈ 0.0254 at ε = 1) changes by a
+factor e^(0.984·ε) — the loss of this exponential mechanism approaches ε only as the far
+buckets outnumber the near ones, which is why the grid has 64. The harness does not
+refute the mechanism at its claimed ε and refutes it when its noise is 0.5× (2ε) of what
+is claimed (≈ 0.0057 against ≈ 0.041, at 60,000 releases a side: ``HALF_N``). At 0.9×
+(ε/0.9, a loss of 1.09 against 1 on these neighbours, an event of probability ≈ 0.027)
+the event is too rare to refute at 1e-6, so the profile test does not carry the 0.9×
+refutation.
 
 The concentration test does (``dp_harness.concentration_test``, false alarm ≤ 1e-6): on
 201 values one per bucket in the middle of a 256-bucket grid, the chosen bucket's distance
 d from the median's bucket is claimed to have P(d) ∝ (number of buckets at d)·exp(−ε·ℓ/2),
 ℓ = ⌈g/Δ⌉ the level of a bucket g ranks from the target — from its values, or from the
-gap it lies in when empty (computed here from the definition, not by the code under
-test). The real mechanism's base b ≤ exp(ε/2) and its
+middle of the gap it lies in when empty (computed here from the definition, not by the
+code under test). The real mechanism's base b ≤ exp(ε/2) and its
 level cap only spread the choice further, so it is not refuted; with 0.9× the noise
 (ε/0.9) the choice is more concentrated — P(d = 0) 0.505 against the claimed 0.462 — and
 the test refutes it at 20,000 releases with probability ≥ 1 − 1e-9 (the exact binomial
@@ -52,12 +53,10 @@ GRID = quantile_grid("integer", 0, 63, Fraction(1, 2), 1)
 DB0 = {0: 1, 62: 1, 63: 1}
 DB1 = {0: 1, 62: 1, 63: 2}
 #: Releases per side for the half-noise refutations: the refuting events are rare (about
-#: 0.2% and 1.6-1.9%), and at 100,000 the harness's margin stays above 0.0008 even when
-#: both counts fall 1e-7 into their tails (20,000 left it about 0 at the expected counts);
-#: a 10,000-release pilot a side makes the top pilot quantile (0.995) land on the rare
-#: bucket, which the event needs, all but surely.
-HALF_N = 100_000
-HALF_PILOT = 10_000
+#: 0.6% against 4.1%, 0.7% against 4.9%), and at 60,000 the harness's margin stays above
+#: 0.006 even when both counts fall 1e-7 into their tails (at 20,000 it is negative
+#: 1e-4 into them).
+HALF_N = 60_000
 
 
 def _release(epsilon: Fraction) -> object:
@@ -82,9 +81,7 @@ def test_the_quantile_mechanism_is_not_refuted_at_its_epsilon() -> None:
 
 
 def test_half_the_noise_is_refuted() -> None:
-    result = check_release(
-        _release(2 * EPSILON), DB0, DB1, epsilon=float(EPSILON), n=HALF_N, n_pilot=HALF_PILOT
-    )
+    result = check_release(_release(2 * EPSILON), DB0, DB1, epsilon=float(EPSILON), n=HALF_N)
     assert result.rejected, result.summary()
 
 
@@ -105,8 +102,9 @@ def _claimed_distance_pmf(epsilon: float) -> np.ndarray:
     for j in range(SPREAD_BUCKETS):
         below = sum(1 for v in values if v < j)
         here = 1 if j in SPREAD else 0
-        # an empty bucket lies in the gap between positions below − 1 and below
-        lo, hi = (below, below + here - 1) if here else (below - 1, below)
+        # an empty bucket is scored at the middle of the gap between positions
+        # below − 1 and below
+        lo, hi = (below, below + here - 1) if here else (below - 0.5, below - 0.5)
         g = max(lo - t, t - hi, 0)
         level = math.ceil(g / float(DELTA_U))
         weights[MEDIAN_BUCKET - j if j <= MEDIAN_BUCKET else j - MEDIAN_BUCKET] += math.exp(
@@ -158,9 +156,9 @@ def test_the_power_at_0_9x_noise() -> None:
 # values either side. At ε = 1 the level cap is 101 and the window 51 ranks, so the
 # buckets of ranks below ≈ 47 and above ≈ 153 are cut (at the cap). The release is
 # whether bucket 151 was chosen (post-processing: a fixed event), whose probability moves
-# by e^(0.988·ε) between the neighbours — close to the worst case, as the empty buckets
-# of the profile test above: 0.0071 against 0.0189 at ε = 1, 0.0026 against 0.0192 when
-# the noise is halved, so 100,000 releases refute that (``HALF_N``). At 0.9× (e^1.10)
+# by e^(0.981·ε) between the neighbours — close to the worst case, as the empty buckets
+# of the profile test above: 0.0113 against 0.0302 at ε = 1, 0.0069 against 0.0486 when
+# the noise is halved, so 60,000 releases refute that (``HALF_N``). At 0.9× (e^1.09)
 # the event is too rare to refute at 1e-6; the concentration test below carries the
 # 0.9× refutation, as above.
 WINDOW_BUCKETS = 300
@@ -204,7 +202,6 @@ def test_the_windowed_quantile_with_half_the_noise_is_refuted() -> None:
         WINDOW_DB1,
         epsilon=float(EPSILON),
         n=HALF_N,
-        n_pilot=HALF_PILOT,
     )
     assert result.rejected, result.summary()
 

@@ -5,7 +5,7 @@ general private selection), false-alarm rate ≤ 1e-6.
 The neighbours are the values (0, 1, 1) and (0, 0, 1, 1) on the grid {0, 1, 2, 3} (one
 row per unit, the median): for them permute-and-flip's privacy loss is exactly ε on a
 threshold event the harness tests (the bucket {0}, i.e. {x ≤ 0}, is chosen with
-probability 0.143 on one and 0.389 on the other at ε = 1, a ratio of e; 0.062 and 0.456
+probability 0.158 on one and 0.430 on the other at ε = 1, a ratio of e; 0.065 and 0.484
 at 2ε) — the sharpest pair of at most 4 values on 4 or 5 buckets, found by computing the
 exact output law of every pair under ``quantile_utilities`` — so the test is as sharp as
 it can be. The same harness that does not refute the real mechanism refutes the broken
@@ -54,7 +54,7 @@ def _release(epsilon: Fraction) -> object:
 def _fixed_order_release(values: Sequence[int]) -> int:
     """Permute-and-flip without the permutation (candidates visited last to first): no
     longer ε-DP — on DB1 bucket {1} is best and always accepted before bucket {0} is
-    visited, which FIXED_DB0 releases with probability ≈ 0.25."""
+    visited, which FIXED_DB0 releases with probability ≈ 0.38."""
     counts = _counts(values)
     utilities = quantile_utilities(counts[:-1], counts[-1], P)
     best = max(utilities)
