@@ -101,9 +101,9 @@ def level_runs(
 
     The level of a bucket holding positions L … A − 1 is min(⌈g/Δ⌉, cap) with
     g = max(lo − t, t − hi, 0) = −u the distance from t to its scored interval [lo, hi]
-    (``mechanisms.scored_positions``: [L, A − 1], or the gap's middle L − ½ for an empty
-    bucket; ``mechanisms.quantile_utilities``), computed in integers: with p = a/q and
-    Δ = s/d, ⌈g/Δ⌉ = ⌈G·d/(2·q·s)⌉ for G = 2·q·g."""
+    (``mechanisms.scored_positions``, which gives it doubled: [L, A − 1], or the gap's
+    middle L − ½ for an empty bucket; ``mechanisms.quantile_utilities``), computed in
+    integers: with p = a/q and Δ = s/d, ⌈g/Δ⌉ = ⌈G·d/(2·q·s)⌉ for G = 2·q·g."""
     n = sum(c for c in counts.values() if c > 0)
     return _runs_from(counts, 0, n, 0, buckets, p, sensitivity, cap)
 
@@ -126,8 +126,8 @@ def _runs_from(
     per = sensitivity.denominator
 
     def level(first: int, after: int) -> int:
-        lo, hi = scored_positions(first, after)  # whole or half positions
-        g = max(int(2 * q * lo) - qt2, qt2 - int(2 * q * hi), 0)  # 2·q·g, exact
+        lo2, hi2 = scored_positions(first, after)  # 2·lo, 2·hi
+        g = max(q * lo2 - qt2, qt2 - q * hi2, 0)  # 2·q·g
         return min(-(-g * per // unit), cap)
 
     position = start

@@ -72,21 +72,21 @@ def quantile_sensitivity(p: Fraction, rows_per_unit: int) -> Fraction:
     return rows_per_unit * max(p, 1 - p)
 
 
-def scored_positions(first: int, after: int) -> tuple[Fraction, Fraction]:
-    """The interval [lo, hi] of sorted positions whose distance from the target scores a
-    bucket holding positions ``first`` … ``after`` − 1: those positions when it holds a
-    value; when it is empty, the middle of the gap it lies in, first − ½, between the
-    values at positions first − 1 and first. The one definition every quantile path
-    uses (``quantile_utilities``, ``mechanisms.histogram_quantile``).
+def scored_positions(first: int, after: int) -> tuple[int, int]:
+    """Twice the interval [lo, hi] of sorted positions (in half ranks, so that it is
+    whole) whose distance from the target scores a bucket holding positions ``first`` …
+    ``after`` − 1: those positions when it holds a value; when it is empty, the middle of
+    the gap it lies in, first − ½, between the values at positions first − 1 and first.
+    The one definition every quantile path uses (``quantile_utilities``, and the
+    integer levels of ``mechanisms.histogram_quantile``).
 
     The gap's score |first − ½ − t| is, for a median, the one Smith's interval mechanism
     (Smith 2011, Alg. 2; what Tumult Analytics uses) gives the gap with ``first`` values
     below it, |first − n/2|: t = (n − 1)/2. For another p it is |first − p·n − (½ − p)|,
     the same score about PERCENTILE_CONT's target instead of p·n."""
     if after > first:
-        return Fraction(first), Fraction(after - 1)
-    middle = first - Fraction(1, 2)
-    return middle, middle
+        return 2 * first, 2 * (after - 1)
+    return 2 * first - 1, 2 * first - 1
 
 
 def quantile_utilities(below: Sequence[int], n: int, p: Fraction) -> list[Fraction]:
@@ -96,7 +96,8 @@ def quantile_utilities(below: Sequence[int], n: int, p: Fraction) -> list[Fracti
     bucket j holds the values at sorted positions L_j … A_j − 1 with L_j = below[j − 1]
     (0 for the first) and A_j = below[j] (n for the last). The target position is
     t = p·(n − 1) (0-based, as PERCENTILE_CONT places it), and bucket j scores minus the
-    distance from t to its interval [lo_j, hi_j] (``scored_positions``):
+    distance from t to its interval [lo_j, hi_j] (``scored_positions``, which gives it
+    doubled):
     u_j = −max(lo_j − t, t − hi_j, 0), with [lo_j, hi_j] = [L_j, A_j − 1] when it holds a
     value and lo_j = hi_j = L_j − ½, the middle of the gap it lies in, when it is empty.
     So 0 for the bucket holding the target, and for an empty bucket in the gap whose
@@ -118,8 +119,8 @@ def quantile_utilities(below: Sequence[int], n: int, p: Fraction) -> list[Fracti
     edges = [0, *below, n]
     out: list[Fraction] = []
     for j in range(len(edges) - 1):
-        lo, hi = scored_positions(edges[j], edges[j + 1])
-        out.append(-max(lo - t, t - hi, Fraction(0)))
+        lo2, hi2 = scored_positions(edges[j], edges[j + 1])
+        out.append(-max(Fraction(lo2, 2) - t, t - Fraction(hi2, 2), Fraction(0)))
     return out
 
 
