@@ -27,12 +27,12 @@ operations whatever the draw.
 Only the buckets near the target rank matter one by one: every bucket scored more than
 (M − 1)·Δ ranks from the target is at the cap M, and every non-empty bucket that is, or
 is next to an empty bucket that is, below the cap has [L, A] within W = (M − 1)·Δ + ½ of
-it (``window_ranks``). So the database may return just the
-non-empty buckets whose [L, A] meets [t − W, t + W] (a ``RankWindow``: at most 2·W + 2
-of them, whatever the grid and the rows), and ``choose_bucket_in_window``
-gives every bucket the level ``choose_bucket`` gives it — the same mechanism, the same
-distribution — which is what lets the grid be fine (one bucket per integer value) without
-bringing back one row per non-empty bucket.
+it (``window_ranks``). So the database may return just the non-empty buckets whose
+[L, A] meets [t − W, t + W] (a ``RankWindow``: at most 2·W + 2 of them, whatever the grid
+and the rows), and ``choose_bucket_in_window`` gives every bucket the level
+``choose_bucket`` gives it — the same mechanism, the same distribution — which is what
+lets the grid be fine (one bucket per integer value) without bringing back one row per
+non-empty bucket.
 """
 
 from __future__ import annotations
