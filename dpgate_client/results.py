@@ -84,7 +84,8 @@ class Accuracy:
     has no rows, gives only those). VARIANCE and STDDEV columns are alike, with a third
     part, ``sum_squares``. A quantile (PERCENTILE_CONT, MEDIAN, MIN, MAX) has a rank
     interval instead: with 95 % probability the released value's bucket holds a value
-    whose rank is within ± ``rank_ci95_halfwidth`` of the target rank ``quantile``·(n−1).
+    whose rank is within ± ``rank_ci95_halfwidth`` of the target rank ``quantile``·(n−1),
+    or is empty and lies between two such values.
     """
 
     ci95_halfwidth: float | None

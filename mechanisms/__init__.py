@@ -35,6 +35,7 @@ from mechanisms.selection import (
     quantile_sensitivity,
     quantile_utilities,
     rank_halfwidth,
+    scored_positions,
 )
 from mechanisms.types import (
     Accuracy,
@@ -76,6 +77,7 @@ __all__ = [
     "ratio_interval",
     "release_probability",
     "sample",
+    "scored_positions",
     "selection_delta",
     "selection_threshold",
     "tail_probability",

@@ -3,12 +3,14 @@ sampled exactly.
 
 The candidates are the N buckets of a public grid (fixed by the declared bounds, never by
 the data; thousands of them). The database returns the exact count of each non-empty
-bucket; bucket j holds the values at sorted positions L_j … A_j − 1 and scores
-u_j = −max(L_j − t, t − (A_j − 1), 0) for the target position t = p·(n − 1)
-(``mechanisms.quantile_utilities``: 0 for the bucket holding the target, minus its
-distance in ranks otherwise). Empty buckets between two non-empty ones share one score,
-so the N candidates fall into at most 2m + 1 *classes* (m non-empty buckets) of equal
-score, which is what makes thousands of candidates cheap.
+bucket; bucket j holds the values at sorted positions L_j … A_j − 1 and scores minus the
+distance from the target position t = p·(n − 1) to its positions [L_j, A_j − 1], or,
+when it is empty, to the middle L_j − ½ of the gap it lies in
+(``mechanisms.quantile_utilities``, ``mechanisms.scored_positions``: 0 for the bucket
+holding the target, and for an empty one in the gap whose middle is the target). Empty
+buckets between two non-empty ones share one score, so the N candidates fall into at
+most 2m + 1 *classes* (m non-empty buckets) of equal score, which is what makes
+thousands of candidates cheap.
 
 Each candidate's score becomes an integer *level* ℓ_j = min(⌈−u_j/Δ⌉, M) (Δ the
 utilities' sensitivity, M a public cap), and bucket j is chosen with probability
@@ -22,13 +24,15 @@ drawn by ``secrets.randbelow`` over the integer total, the bucket within its lev
 second ``randbelow``. No floating point is involved, and the work is O(m + M) big-integer
 operations whatever the draw.
 
-Only the buckets near the target rank matter one by one: every bucket whose positions are
-all more than W = (M − 1)·Δ ranks from the target is at the cap M. So the database may
-return just the non-empty buckets whose positions meet [t − W, t + W] (a ``RankWindow``:
-at most 2·W + 2 of them, whatever the grid and the rows), and ``choose_bucket_in_window``
-gives every bucket the level ``choose_bucket`` gives it — the same mechanism, the same
-distribution — which is what lets the grid be fine (one bucket per integer value) without
-bringing back one row per non-empty bucket.
+Only the buckets near the target rank matter one by one: every bucket scored more than
+(M − 1)·Δ ranks from the target is at the cap M, and every non-empty bucket that is, or
+is next to an empty bucket that is, below the cap has [L, A] within W = (M − 1)·Δ + ½ of
+it (``window_ranks``). So the database may return just the non-empty buckets whose
+[L, A] meets [t − W, t + W] (a ``RankWindow``: at most 2·W + 2 of them, whatever the grid
+and the rows), and ``choose_bucket_in_window`` gives every bucket the level
+``choose_bucket`` gives it — the same mechanism, the same distribution — which is what
+lets the grid be fine (one bucket per integer value) without bringing back one row per
+non-empty bucket.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
+
+from mechanisms.selection import scored_positions
 
 #: b is a multiple of 2^-BASE_BITS: fine enough that 2·ln b is within 2^-30 of ε.
 BASE_BITS = 32
@@ -94,8 +100,10 @@ def level_runs(
     ``counts`` maps a bucket to its exact number of values (absent: none).
 
     The level of a bucket holding positions L … A − 1 is min(⌈g/Δ⌉, cap) with
-    g = max(L − t, t − (A − 1), 0) = −u (``mechanisms.quantile_utilities``), computed in
-    integers: with p = a/q and Δ = s/d, ⌈g/Δ⌉ = ⌈G·d/(q·s)⌉ for G = q·g."""
+    g = max(lo − t, t − hi, 0) = −u the distance from t to its scored interval [lo, hi]
+    (``mechanisms.scored_positions``, which gives it doubled: [L, A − 1], or the gap's
+    middle L − ½ for an empty bucket; ``mechanisms.quantile_utilities``), computed in
+    integers: with p = a/q and Δ = s/d, ⌈g/Δ⌉ = ⌈G·d/(2·q·s)⌉ for G = 2·q·g."""
     n = sum(c for c in counts.values() if c > 0)
     return _runs_from(counts, 0, n, 0, buckets, p, sensitivity, cap)
 
@@ -113,12 +121,13 @@ def _runs_from(
     """The runs of buckets ``start`` … ``end`` − 1, of which ``counts`` are the non-empty
     ones, ``below`` values lying in the buckets before ``start``, n in all."""
     a, q = p.numerator, p.denominator
-    qt = a * (n - 1)  # q·t
-    unit = q * sensitivity.numerator
+    qt2 = 2 * a * (n - 1)  # 2·q·t
+    unit = 2 * q * sensitivity.numerator
     per = sensitivity.denominator
 
     def level(first: int, after: int) -> int:
-        g = max(q * first - qt, qt - q * (after - 1), 0)
+        lo2, hi2 = scored_positions(first, after)  # 2·lo, 2·hi
+        g = max(q * lo2 - qt2, qt2 - q * hi2, 0)  # 2·q·g
         return min(-(-g * per // unit), cap)
 
     position = start
@@ -177,9 +186,25 @@ class RankWindow:
 
 
 def window_ranks(epsilon: Fraction, buckets: int, sensitivity: Fraction) -> Fraction:
-    """W: every bucket all of whose positions are more than W ranks from the target is at
-    the level cap M (its level min(⌈g/Δ⌉, M) is M as soon as g > (M − 1)·Δ). Public."""
-    return (level_cap(epsilon, buckets) - 1) * sensitivity
+    """W, public: every non-empty bucket whose [L, A] (its positions L … A − 1 and the
+    position after them) lies more than W ranks from the target is at the level cap M,
+    and so is every empty bucket next to one (``window_ranks_at_cap``)."""
+    return window_ranks_at_cap(level_cap(epsilon, buckets), sensitivity)
+
+
+def window_ranks_at_cap(cap: int, sensitivity: Fraction) -> Fraction:
+    """W = (M − 1)·Δ + ½ for the level cap M = ``cap``.
+
+    A level min(⌈g/Δ⌉, M) is below M iff g ≤ (M − 1)·Δ =: V. A non-empty bucket holding
+    positions L … A − 1 is then within V of t: L ≤ t + V and A − 1 ≥ t − V, so [L, A]
+    meets [t − V, t + V]. An empty bucket, scored at its gap's middle L − ½, is then
+    there iff t − V + ½ ≤ L ≤ t + V + ½, and the non-empty buckets on either side of it
+    (the one ending at position L − 1, whose A is L; the one starting at position L)
+    have L in their [L', A'], so they meet [t − V, t + V + ½]. The extra half rank, on
+    the upper side, is what scoring an empty bucket at its gap's middle adds (it lies
+    half a rank nearer than the next value's position); W widens both sides by it,
+    which keeps the window symmetric at the price of a bucket more at most below."""
+    return (cap - 1) * sensitivity + Fraction(1, 2)
 
 
 def window_level_runs(
@@ -188,16 +213,16 @@ def window_level_runs(
     """The level runs of ``level_runs`` over the full histogram, from a ``RankWindow``: the
     same level for every bucket (runs of the cap may be cut differently).
 
-    The kept buckets are consecutive among the non-empty ones (the positions of the
-    non-empty buckets, in bucket order, are consecutive intervals, and an interval meets
-    [t − W, t + W] iff it is between the first and the last that do). So the runs from
-    the first kept bucket to the last are known exactly (each bucket, and the empty runs
-    between two kept ones with the values below them); so is the empty run before the
-    first kept bucket when nothing is below it, and after the last when nothing is above
-    it. Every other bucket is at the cap: a non-empty bucket not kept has all its
-    positions more than W from t, and an empty run next to the known block lies between
-    two buckets one of which was not kept, on the far side of the window, so its values
-    below are more than W from t too (``window_ranks``)."""
+    The kept buckets are consecutive among the non-empty ones (the intervals [L, A] of
+    the non-empty buckets, in bucket order, are consecutive and overlap at their ends,
+    and one meets [t − W, t + W] iff it is between the first and the last that do). So
+    the runs from the first kept bucket to the last are known exactly (each bucket, and
+    the empty runs between two kept ones with the values below them); so is the empty
+    run before the first kept bucket when nothing is below it, and after the last when
+    nothing is above it. Every other bucket is at the cap (``window_ranks_at_cap``): a
+    non-empty bucket not kept has [L, A] outside [t − W, t + W]; an empty run next to
+    the known block lies next to a non-empty bucket that was not kept, and were it below
+    the cap that bucket's [L, A] would meet the window."""
     n = window.n
     kept = sorted((j, c, below) for j, c, below in window.kept if c > 0)
     if not kept:
@@ -236,7 +261,8 @@ def choose_bucket_in_window(
     there (``window_level_runs``), and the draws are the same. What the window changes is
     the work: the database returns at most 2·W + 2 buckets per cell (each kept bucket but
     the first starts at a distinct position in [t − W, t + W]) instead of one per
-    non-empty bucket, and the draw is O(kept + M) big-integer operations.
+    non-empty bucket, and the draw is O(kept + M) big-integer operations. (W is half a
+    rank wider than (M − 1)·Δ: ``window_ranks_at_cap`` says why.)
     """
     _check(buckets, sensitivity, epsilon)
     cap = level_cap(epsilon, buckets)
@@ -303,18 +329,25 @@ def _power(base: int, exponent: int) -> int:
 
 def fine_rank_halfwidth(epsilon: Fraction, sensitivity: Fraction, buckets: int) -> int | None:
     """r such that, with probability ≥ 95%, the chosen bucket holds a value whose rank is
-    within r of the target rank — whatever the data (public values only); ``None`` when
-    the level cap leaves no such guarantee (tiny ε).
+    within r of the target rank, or is empty and lies between two values whose ranks are
+    within r of it — whatever the data (public values only); ``None`` when the level cap
+    leaves no such guarantee (tiny ε).
 
-    Relative to a level-0 candidate, all candidates at level ≥ L weigh at most
-    buckets·b^(−L) together, so P(level ≥ L) ≤ 5% for L = ⌈ln(20·buckets)/ln b⌉, and a
-    level-ℓ bucket holds a value within ℓ·Δ ranks of the target. The
-    best bucket (some bucket holds a position within 1 of the target) is at most at level
-    ℓ₀ = ⌈1/Δ⌉, so P(level ≥ ℓ₀ + L) ≤ 5% too."""
+    Relative to the best candidate, all candidates at least L levels above it weigh at
+    most buckets·b^(−L) together, so that happens with probability ≤ 5% for
+    L = ⌈ln(20·buckets)/ln b⌉. The best bucket is at most at level ℓ₀ = ⌈½/Δ⌉: t lies
+    within ½ of some position (n ≥ 1), and the bucket holding it scores g ≤ ½. A bucket
+    at level ℓ scores g ≤ ℓ·Δ: a non-empty one holds a value within ℓ·Δ ranks of the
+    target; an empty one lies between positions L − 1 and L whose middle is within ℓ·Δ,
+    so both are within ℓ·Δ + ½ (``mechanisms.scored_positions``). Hence
+    r = ⌈(ℓ₀ + L)·Δ + ½⌉ (for a median with one row per unit, Δ = ½, the same as the
+    ⌈(⌈1/Δ⌉ + L)·Δ⌉ of the score before issue 34's third pass)."""
     b = float(exp_half_lower(epsilon))
     if b <= 1:
         return None
-    level = math.ceil(math.log(20 * buckets) / math.log(b)) + math.ceil(1 / float(sensitivity))
+    level = math.ceil(math.log(20 * buckets) / math.log(b)) + math.ceil(
+        Fraction(1, 2) / sensitivity
+    )
     if level > level_cap(epsilon, buckets):
         return None
-    return math.ceil(level * float(sensitivity))
+    return math.ceil(level * sensitivity + Fraction(1, 2))

@@ -67,8 +67,26 @@ def permute_and_flip(
 
 def quantile_sensitivity(p: Fraction, rows_per_unit: int) -> Fraction:
     """Δ of ``quantile_utilities`` when one unit adds or removes at most ``rows_per_unit``
-    rows: each row moves every L_j − t and t − A_j + 1 by at most max(p, 1 − p)."""
+    rows: each row moves both terms lo_j − t and t − hi_j of every bucket's score by at
+    most max(p, 1 − p) (``quantile_utilities`` has the argument)."""
     return rows_per_unit * max(p, 1 - p)
+
+
+def scored_positions(first: int, after: int) -> tuple[int, int]:
+    """Twice the interval [lo, hi] of sorted positions (in half ranks, so that it is
+    whole) whose distance from the target scores a bucket holding positions ``first`` …
+    ``after`` − 1: those positions when it holds a value; when it is empty, the middle of
+    the gap it lies in, first − ½, between the values at positions first − 1 and first.
+    The one definition every quantile path uses (``quantile_utilities``, and the
+    integer levels of ``mechanisms.histogram_quantile``).
+
+    The gap's score |first − ½ − t| is, for a median, the one Smith's interval mechanism
+    (Smith 2011, Alg. 2; what Tumult Analytics uses) gives the gap with ``first`` values
+    below it, |first − n/2|: t = (n − 1)/2. For another p it is |first − p·n − (½ − p)|,
+    the same score about PERCENTILE_CONT's target instead of p·n."""
+    if after > first:
+        return 2 * first, 2 * (after - 1)
+    return 2 * first - 1, 2 * first - 1
 
 
 def quantile_utilities(below: Sequence[int], n: int, p: Fraction) -> list[Fraction]:
@@ -77,19 +95,33 @@ def quantile_utilities(below: Sequence[int], n: int, p: Fraction) -> list[Fracti
     ``below[i]`` is the exact number of values below the grid's (i+1)-th inner edge, so
     bucket j holds the values at sorted positions L_j … A_j − 1 with L_j = below[j − 1]
     (0 for the first) and A_j = below[j] (n for the last). The target position is
-    t = p·(n − 1) (0-based, as PERCENTILE_CONT places it), and bucket j scores
-    u_j = −max(L_j − t, t − (A_j − 1), 0): 0 for the bucket holding the target, minus its
+    t = p·(n − 1) (0-based, as PERCENTILE_CONT places it), and bucket j scores minus the
+    distance from t to its interval [lo_j, hi_j] (``scored_positions``, which gives it
+    doubled):
+    u_j = −max(lo_j − t, t − hi_j, 0), with [lo_j, hi_j] = [L_j, A_j − 1] when it holds a
+    value and lo_j = hi_j = L_j − ½, the middle of the gap it lies in, when it is empty.
+    So 0 for the bucket holding the target, and for an empty bucket in the gap whose
+    middle is the target (the two middle values of an even count, apart); minus the
     distance in ranks otherwise.
 
-    Sensitivity: a unit adding r rows, k of them below an edge, moves L_j − t by k − p·r
-    and t − A_j + 1 by p·r − k', both within r·max(p, 1 − p) (``quantile_sensitivity``).
+    Sensitivity: a unit adds (or, read backwards, removes) r ≤ m rows, k_b of them in
+    the buckets before j and k in j; n and t move by r and p·r. If j stays non-empty, or
+    stays empty (k = 0), lo_j moves by k_b and hi_j by k_b + k, so lo_j − t moves by
+    k_b − p·r ∈ [−p·r, (1 − p)·r] and t − hi_j by p·r − k_b − k ∈ [−(1 − p)·r, p·r]. If
+    j goes from empty to holding k ≥ 1 of them, [L − ½, L − ½] becomes
+    [L + k_b, L + k_b + k − 1] with 1 ≤ k_b + k ≤ r, so lo_j − t moves by
+    k_b + ½ − p·r ∈ [½ − p·r, (1 − p)·r − ½] and t − hi_j by p·r − k_b − k + ½ ∈
+    [½ − (1 − p)·r, p·r − ½]. Every move is within r·max(p, 1 − p), and max(·, ·, 0)
+    moves by at most the larger of its arguments' moves, so Δ = m·max(p, 1 − p)
+    (``quantile_sensitivity``).
     """
     t = p * (n - 1)
     edges = [0, *below, n]
-    return [
-        -max(Fraction(edges[j]) - t, t - (edges[j + 1] - 1), Fraction(0))
-        for j in range(len(edges) - 1)
-    ]
+    out: list[Fraction] = []
+    for j in range(len(edges) - 1):
+        lo2, hi2 = scored_positions(edges[j], edges[j + 1])
+        out.append(-max(Fraction(lo2, 2) - t, t - Fraction(hi2, 2), Fraction(0)))
+    return out
 
 
 def rank_halfwidth(epsilon: Fraction, sensitivity: Fraction, candidates: int) -> int:

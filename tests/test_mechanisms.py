@@ -84,6 +84,7 @@ def test_public_api_is_pinned() -> None:
             "quantile_sensitivity",
             "quantile_utilities",
             "rank_halfwidth",
+            "scored_positions",
         ]
     )
     for name in mechanisms.__all__:

@@ -13,6 +13,7 @@ Statistical tests of the windowed mechanism: tests/statistical/test_histogram_qu
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import sqlite3
@@ -60,9 +61,11 @@ def _levels(runs: Sequence[LevelRun] | Iterator[LevelRun], buckets: int) -> list
 
 
 def _random_histogram(rng: random.Random, buckets: int) -> dict[int, int]:
-    shape = rng.choice(["spread", "clustered", "heavy", "sparse", "empty", "edges"])
+    shape = rng.choice(["spread", "clustered", "heavy", "sparse", "empty", "edges", "gaps"])
     n = rng.choice([0, 1, 2, 5, 50, 300, 2000]) if shape != "empty" else 0
     counts: dict[int, int] = {}
+    if shape == "gaps":
+        return _gapped_histogram(rng, buckets, n)
     for _ in range(n):
         if shape == "clustered":
             j = min(buckets - 1, max(0, int(rng.gauss(buckets / 2, 3))))
@@ -76,6 +79,19 @@ def _random_histogram(rng: random.Random, buckets: int) -> dict[int, int]:
             j = rng.randrange(buckets)
         j = min(j, buckets - 1)
         counts[j] = counts.get(j, 0) + 1
+    return counts
+
+
+def _gapped_histogram(rng: random.Random, buckets: int, n: int) -> dict[int, int]:
+    """Few values per bucket with empty runs of random lengths (often one bucket)
+    between them, so that the window's edges fall next to empty buckets."""
+    counts: dict[int, int] = {}
+    j = rng.randrange(min(buckets, 4))
+    while n > 0 and j < buckets:
+        c = min(n, rng.choice([1, 1, 1, 2, 3]))
+        counts[j] = c
+        n -= c
+        j += rng.choice([1, 2, 2, 2, 3, 5])
     return counts
 
 
@@ -105,25 +121,91 @@ def test_every_bucket_gets_the_level_the_whole_histogram_gives_it() -> None:
         assert windowed == whole, (buckets, counts, p, rows, epsilon)
 
 
+def test_an_empty_bucket_between_the_two_middle_values_is_the_best() -> None:
+    """Issue 34's 1M-row median: the two middle values (positions m − 1 and m) are two
+    apart with no value between, so the exact median's bucket is empty. It lies in the
+    gap whose middle is the target t = m − ½ and scores 0 (level 0); its neighbours, half a
+    rank away, are at level ⌈½/Δ⌉ — so it is the likeliest bucket, by a factor b. (Its
+    gap's farther end scored it ½ like them before.)"""
+    # n = 8: positions 0-2 in bucket 10, 3 in 48, 4 in 50, 5-7 in 90; t = 3.5
+    counts = {10: 3, 48: 1, 50: 1, 90: 3}
+    buckets, p, epsilon = 101, Fraction(1, 2), Fraction(1)
+    for rows in (1, 2, 3):
+        delta = quantile_sensitivity(p, rows)
+        cap = level_cap(epsilon, buckets)
+        whole = _levels(level_runs(counts, buckets, p, delta, cap), buckets)
+        assert whole[49] == 0
+        assert whole[48] == whole[50] == math.ceil(Fraction(1, 2) / delta) == 1
+        assert all(level >= 1 for j, level in enumerate(whole) if j != 49)
+        window = _exact_window(counts, p, window_ranks(epsilon, buckets, delta))
+        assert _levels(window_level_runs(window, buckets, p, delta, cap), buckets) == whole
+    # the same at a million rows, as the bench's table lies around its median
+    n_half = 500_000
+    big = {0: n_half - 1, 249_998: 1, 250_000: 1, 500_000: n_half - 1}
+    delta = quantile_sensitivity(p, 1)
+    cap = level_cap(epsilon, 500_001)
+    runs = {r.start: r for r in level_runs(big, 500_001, p, delta, cap)}
+    assert runs[249_999].level == 0 and runs[249_999].size == 1
+    assert runs[249_998].level == runs[250_000].level == 1
+
+
+def _exact_window(counts: Mapping[int, int], p: Fraction, width: Fraction) -> RankWindow:
+    """The buckets whose [below, below + count] meet [t − width, t + width], exactly."""
+    n = sum(counts.values())
+    t = p * (n - 1)
+    kept, below = [], 0
+    for j in sorted(counts):
+        if below <= t + width and below + counts[j] >= t - width:
+            kept.append((j, counts[j], below))
+        below += counts[j]
+    return RankWindow(n, tuple(kept))
+
+
 def test_the_window_is_exactly_wide_enough() -> None:
     """With no margin at all the levels still agree (the margin only absorbs the
-    statement's rounding), and one rank less than W would lose a bucket below the cap:
-    the test can fail."""
+    statement's rounding), and a window half a rank narrower than W loses a bucket
+    below the cap — on data with an empty bucket between every two values, the empty
+    bucket just past t + (M − 1)·Δ, scored at its gap's middle, half a rank nearer than
+    the next value (``window_ranks_at_cap``); on data without empty buckets, a rank and
+    a half narrower does: the test can fail."""
     p, delta, epsilon = Fraction(1, 2), Fraction(1, 2), Fraction(4)
-    buckets = 400
-    counts = dict.fromkeys(range(400), 1)
-    cap = level_cap(epsilon, buckets)
-    w = window_ranks(epsilon, buckets, delta)
-    whole = _levels(level_runs(counts, buckets, p, delta, cap), buckets)
+    dense = dict.fromkeys(range(400), 1)  # t = 199.5
+    gapped = dict.fromkeys(range(0, 401, 2), 1)  # values in the even buckets; t = 100
+    for counts, buckets, short in ((dense, 400, Fraction(3, 2)), (gapped, 401, Fraction(1, 2))):
+        cap = level_cap(epsilon, buckets)
+        w = window_ranks(epsilon, buckets, delta)
+        assert w == (cap - 1) * delta + Fraction(1, 2)
+        whole = _levels(level_runs(counts, buckets, p, delta, cap), buckets)
+        exact = _exact_window(counts, p, w)
+        assert _levels(window_level_runs(exact, buckets, p, delta, cap), buckets) == whole
+        narrow = _exact_window(counts, p, w - short)
+        assert _levels(window_level_runs(narrow, buckets, p, delta, cap), buckets) != whole
 
-    def exact(width: Fraction) -> RankWindow:
-        n, t = 400, p * 399
-        kept = tuple((j, 1, j) for j in range(400) if j <= t + width and j + 1 >= t - width)
-        return RankWindow(n, kept)
 
-    assert _levels(window_level_runs(exact(w), buckets, p, delta, cap), buckets) == whole
-    narrow = _levels(window_level_runs(exact(w - 1), buckets, p, delta, cap), buckets)
-    assert narrow != whole
+def test_an_exact_window_gives_every_bucket_its_level_on_sparse_histograms() -> None:
+    """As the test above, but with the window cut exactly at W (no margin, which would
+    hide a window one rank too narrow) on histograms with empty buckets everywhere, so
+    that empty runs sit at the window's edges: the empty bucket just past either edge
+    must be at the cap or be known."""
+    rng = random.Random(3434)
+    too_narrow = 0
+    for _ in range(1500):
+        buckets = rng.choice([7, 64, 500, 4096])
+        counts = _gapped_histogram(rng, buckets, rng.choice([1, 2, 5, 50, 300, 2000]))
+        p = rng.choice(P_VALUES)
+        rows = rng.choice([1, 1, 2, 3])
+        epsilon = rng.choice([Fraction(1, 10), Fraction(1, 2), Fraction(1), Fraction(4)])
+        delta = quantile_sensitivity(p, rows)
+        cap = level_cap(epsilon, buckets)
+        whole = _levels(level_runs(counts, buckets, p, delta, cap), buckets)
+        w = window_ranks(epsilon, buckets, delta)
+        window = _exact_window(counts, p, w)
+        windowed = _levels(window_level_runs(window, buckets, p, delta, cap), buckets)
+        assert windowed == whole, (buckets, counts, p, rows, epsilon)
+        narrow = _exact_window(counts, p, w - Fraction(1, 2))  # (M − 1)·Δ
+        if _levels(window_level_runs(narrow, buckets, p, delta, cap), buckets) != whole:
+            too_narrow += 1
+    assert too_narrow > 10  # the data puts empty buckets at the window's edge (28 times)
 
 
 def test_a_window_of_buckets_that_are_not_consecutive_is_refused() -> None:

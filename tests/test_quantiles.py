@@ -23,7 +23,14 @@ from gateway.pipeline.gateway import Gateway
 from gateway.pipeline.quantiles import spread_interval, spread_value
 from gateway.sql.analyze import analyze
 from gateway.sql.analyze.quantiles import MAX_BUCKETS, quantile_grid
-from mechanisms import calibrate_with_choices, fine_rank_halfwidth, quantile_utilities
+from mechanisms import (
+    calibrate_with_choices,
+    fine_rank_halfwidth,
+    quantile_sensitivity,
+    quantile_utilities,
+    scored_positions,
+)
+from mechanisms.histogram_quantile import level_runs
 
 
 def _ages(gw: Gateway, where: str = "1 = 1") -> list[int]:
@@ -44,17 +51,20 @@ def test_a_median_over_http_is_within_the_bounds_with_its_rank_interval(
     assert accuracy["quantile"] == 0.5
     assert accuracy["buckets"] == 101  # one bucket per declared age
     # levels of Δ = 1/2 ranks (one row per patient, p = 1/2) up to ln(20·101)/ln(e^(ε/2))
-    # past the best bucket's (at most ⌈1/Δ⌉ = 2)
-    level = math.ceil(math.log(20 * 101) / 0.5) + 2
-    assert accuracy["rank_ci95_halfwidth"] in (math.ceil(level / 2), math.ceil(level / 2) + 1)
+    # past the best bucket's (at most ⌈½/Δ⌉ = 1), and half a rank more for the
+    # neighbours of an empty bucket (scored at its gap's middle)
+    level = math.ceil(math.log(20 * 101) / 0.5) + 1
+    half = math.ceil(level / 2 + 0.5)
+    assert accuracy["rank_ci95_halfwidth"] in (half, half + 1)
     assert accuracy["rank_ci95_halfwidth"] == fine_rank_halfwidth(Fraction(1), Fraction(1, 2), 101)
     assert body["privacy"]["epsilon"] == 1.0
 
 
 def test_a_released_median_is_close_in_rank_to_the_true_one(make_gateway: Any) -> None:
-    """At ε = 10 a bucket whose rank gap G exceeds 2 has level ⌈G/Δ⌉ ≥ 5 (Δ = ½), the
-    best one at most 1, so it is chosen with probability at most 101·exp(−(10/2)·(5 − 1))
-    ≈ 2e-7, below the false-alarm rate 1e-6."""
+    """At ε = 10 a bucket whose score G (the rank distance from the target to its
+    positions, or to its gap's middle when empty: ``scored_positions``) exceeds 2 has
+    level ⌈G/Δ⌉ ≥ 5 (Δ = ½), the best one at most 1, so it is chosen with probability at
+    most 101·exp(−(10/2)·(5 − 1)) ≈ 2e-7, below the false-alarm rate 1e-6."""
     gw = make_gateway(privacy={"max_epsilon_per_query": 10.0})
     gw.ledger.create_analyst("ann", 100.0, 1e-6)
     ages = _ages(gw)
@@ -63,7 +73,8 @@ def test_a_released_median_is_close_in_rank_to_the_true_one(make_gateway: Any) -
     assert release.columns[0].name == "MEDIAN(age)"  # as written, not PERCENTILE_CONT(…)
     t = (len(ages) - 1) / 2
     below, at_most = sum(a < m for a in ages), sum(a <= m for a in ages)
-    assert below - 2 <= t <= at_most - 1 + 2, (m, below, at_most, t)
+    lo2, hi2 = scored_positions(below, at_most)  # in half ranks
+    assert lo2 / 2 - 2 <= t <= hi2 / 2 + 2, (m, below, at_most, t)
 
 
 def test_quantiles_per_group_public_and_selected(ask: Callable[..., Any]) -> None:
@@ -236,15 +247,62 @@ def test_the_grid_is_public_and_bounded() -> None:
 
 def test_quantile_utilities_score_the_bucket_holding_the_target_rank() -> None:
     # values 0, 0, 1, 3 on buckets {0}, {1}, {2}, {3}: the median position 1.5 lies
-    # between the buckets of positions 1 and 2, half a rank from each
+    # between the buckets of positions 1 and 2, half a rank from each; the empty bucket
+    # {2} lies in the gap between positions 2 and 3, scored at its middle 2.5
     below = [2, 3, 3]  # values < 1, < 2, < 3
     u = quantile_utilities(below, 4, Fraction(1, 2))
-    assert u == [Fraction(-1, 2), Fraction(-1, 2), Fraction(-3, 2), Fraction(-3, 2)]
-    # values 0, 1, 3: the median position 1 is in bucket {1}
-    assert quantile_utilities([1, 2, 2], 3, Fraction(1, 2)) == [-1, 0, -1, -1]
+    assert u == [Fraction(-1, 2), Fraction(-1, 2), -1, Fraction(-3, 2)]
+    # values 0, 1, 3: the median position 1 is in bucket {1}; the empty bucket {2} lies
+    # in the gap whose middle is 1.5
+    assert quantile_utilities([1, 2, 2], 3, Fraction(1, 2)) == [-1, 0, Fraction(-1, 2), -1]
+    # values 0, 2: the median 1 is the empty bucket {1}, in the gap whose middle is t
+    assert quantile_utilities([1, 1], 2, Fraction(1, 2)) == [Fraction(-1, 2), 0, Fraction(-1, 2)]
     # MIN (p = 0) picks the bucket of the smallest value, MAX the largest one's
     assert quantile_utilities(below, 4, Fraction(0))[0] == 0
     assert quantile_utilities(below, 4, Fraction(1))[3] == 0
+
+
+def _below(values: list[int], buckets: int) -> list[int]:
+    return [sum(v <= e for v in values) for e in range(buckets - 1)]
+
+
+def test_one_units_rows_move_every_utility_by_at_most_the_sensitivity() -> None:
+    """The sensitivity argument of ``quantile_utilities``, checked exhaustively on small
+    data: every multiset of up to 4 values on 5 buckets, one unit adding 1 to 3 rows
+    anywhere (removal is the same pair read backwards), every p the tests use. Buckets go
+    from empty to non-empty, so the gap score's own case is covered; each utility moves
+    by at most Δ = r·max(p, 1 − p), each level by at most one, and the levels
+    ``level_runs`` computes in integers are ⌈−u/Δ⌉ of these utilities."""
+    import itertools
+
+    buckets, cap = 5, 10**6
+    ps = [Fraction(0), Fraction(1, 4), Fraction(1, 3), Fraction(1, 2), Fraction(1)]
+    worst = Fraction(0)
+    for n in range(5):
+        for values in itertools.combinations_with_replacement(range(buckets), n):
+            for r in (1, 2, 3):
+                for added in itertools.combinations_with_replacement(range(buckets), r):
+                    after = sorted([*values, *added])
+                    for p in ps:
+                        delta = quantile_sensitivity(p, r)
+                        u0 = quantile_utilities(_below(list(values), buckets), n, p)
+                        u1 = quantile_utilities(_below(after, buckets), n + r, p)
+                        moves = [abs(a - b) for a, b in zip(u0, u1, strict=True)]
+                        assert max(moves) <= delta, (values, added, p)
+                        worst = max(worst, max(moves) / delta)
+                        seen = []
+                        for us, data in ((u0, values), (u1, after)):
+                            counts: dict[int, int] = {}
+                            for v in data:
+                                counts[v] = counts.get(v, 0) + 1
+                            levels = [-1] * buckets
+                            for run in level_runs(counts, buckets, p, delta, cap):
+                                for j in range(run.start, run.start + run.size):
+                                    levels[j] = run.level
+                            assert levels == [math.ceil(-u / delta) for u in us], (data, p)
+                            seen.append(levels)
+                        assert all(abs(a - b) <= 1 for a, b in zip(*seen, strict=True))
+    assert worst == 1  # the bound is reached: Δ is not larger than it needs to be
 
 
 def test_quantile_and_spread_answers_match_the_published_schema(

@@ -84,7 +84,8 @@ register_schema(
         "`sum`, `sum_squares` and `count` they are computed from, see `method`). Quantiles "
         "(PERCENTILE_CONT, MEDIAN, MIN, MAX): a rank interval — with 95% probability the "
         "released bucket holds a value whose rank among the group's bounded values is "
-        "within ±`rank_ci95_halfwidth` of the target rank p·(n−1); `buckets` and "
+        "within ±`rank_ci95_halfwidth` of the target rank p·(n−1), or is empty and lies "
+        "between two such values; `buckets` and "
         "`bucket_width` describe the public grid the value is chosen on.",
         "properties": {
             "ci95_halfwidth": {"type": ["number", "null"]},

@@ -9,7 +9,7 @@ mechanism, and VARIANCE / STDDEV as post-processing of noisy sums, with their ac
   ε_c for it. Its accuracy is a *rank* interval, computed from public values only
   (``mechanisms.fine_rank_halfwidth``): with 95% probability the chosen bucket holds a
   value whose position among the cell's bounded, clamped values is within ± r of the
-  target position p·(n − 1).
+  target position p·(n − 1), or is empty and lies between two such values.
 - VARIANCE / STDDEV of one cell from its noisy count n, sum S and sum of squares Q (of the
   clamped column): var_pop = Q/n − (S/n)², var_samp = (Q − S²/n)/(n − 1), clamped to
   [0, the largest variance the bounds allow]. Its 95% interval is conservative, not
@@ -90,7 +90,8 @@ def quantile_accuracy(grid: QuantileGrid, epsilon: Fraction) -> dict[str, Any]:
         "bucket_width": float(grid.width),
         "note": (
             f"with 95% probability the released bucket holds a value whose rank is {within} "
-            f"of the target rank p·(n−1) among the group's bounded values"
+            f"of the target rank p·(n−1) among the group's bounded values, or is empty and "
+            f"lies between two such values"
         ),
     }
 

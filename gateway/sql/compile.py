@@ -54,7 +54,7 @@ from gateway.sql.engines.dialects import for_engine
 from gateway.sql.join_keys import JoinKeys
 from gateway.sql.portable import data_type, portable
 from mechanisms import quantile_sensitivity
-from mechanisms.histogram_quantile import MAX_LEVELS
+from mechanisms.histogram_quantile import MAX_LEVELS, window_ranks_at_cap
 
 UNIT = "dp_unit"
 ROW_RANK = "dp_row_rank"
@@ -498,7 +498,7 @@ def _with_histograms(
 
 def widest_window(grid: QuantileGrid) -> Fraction:
     """The rank window the smallest ε needs (its level cap is the largest)."""
-    return (MAX_LEVELS - 1) * quantile_sensitivity(grid.p, grid.rows_per_unit)
+    return window_ranks_at_cap(MAX_LEVELS, quantile_sensitivity(grid.p, grid.rows_per_unit))
 
 
 def _near_target(

@@ -3,22 +3,28 @@ histogram, ``mechanisms.histogram_quantile``), false-alarm rate ≤ 1e-6 each: o
 histogram (``choose_bucket``) and, at the end of this file, on the buckets near the
 target rank that the compiled statement returns (``choose_bucket_in_window``).
 
-The neighbours are one value in bucket 62 and the same plus one in bucket 63, on a grid
-of 64 buckets (one row per unit, the median). They are close to the worst case: bucket 63
-moves from level 2 to level 1 while the 62 empty buckets below move from level 2 to 3,
-so its probability (≈ 0.015 and ≈ 0.040 at ε = 1) changes by a factor e^(0.974·ε) — the
-loss of this exponential mechanism approaches ε only as the far buckets outnumber the
-near ones, which is why the grid has 64. The harness does not refute the mechanism at its
-claimed ε and refutes it when its noise is 0.5× (2ε) of what is claimed. At 0.9× (ε/0.9,
-a loss of 1.08 against 1 on these neighbours, an event of probability ≈ 0.04) a million
-releases per database did not refute it (margin −0.0004, ε lower bound 0.99), so the
-profile test does not carry the 0.9× refutation.
+The neighbours are the values 0, 62, 63 and the same plus a second 63, on a grid of 64
+buckets (one row per unit, the median). They are close to the worst case (the largest
+loss over every database of at most 3 values in buckets 0-3, 31-33 and 60-63 and every
+added value): on the first the target position 1 is the value 62, the 61 empty buckets
+1 … 61 in the gap before it are scored at its middle ½ (level 1) and bucket 63 is at
+level 2; on the second the target 1.5 is half a rank from buckets 62 and 63 (level 1)
+and the gap's middle 1 rank from it (level 2). So bucket 63 moves down a level while 61
+buckets move up one, and its probability (≈ 0.0095 and ≈ 0.0254 at ε = 1) changes by a
+factor e^(0.984·ε) — the loss of this exponential mechanism approaches ε only as the far
+buckets outnumber the near ones, which is why the grid has 64. The harness does not
+refute the mechanism at its claimed ε and refutes it when its noise is 0.5× (2ε) of what
+is claimed (≈ 0.0057 against ≈ 0.041, at 60,000 releases a side: ``HALF_N``). At 0.9×
+(ε/0.9, a loss of 1.09 against 1 on these neighbours, an event of probability ≈ 0.027)
+the event is too rare to refute at 1e-6, so the profile test does not carry the 0.9×
+refutation.
 
 The concentration test does (``dp_harness.concentration_test``, false alarm ≤ 1e-6): on
 201 values one per bucket in the middle of a 256-bucket grid, the chosen bucket's distance
 d from the median's bucket is claimed to have P(d) ∝ (number of buckets at d)·exp(−ε·ℓ/2),
-ℓ = ⌈g/Δ⌉ the level of a bucket g ranks from the target (computed here from the
-definition, not by the code under test). The real mechanism's base b ≤ exp(ε/2) and its
+ℓ = ⌈g/Δ⌉ the level of a bucket g ranks from the target — from its values, or from the
+middle of the gap it lies in when empty (computed here from the definition, not by the
+code under test). The real mechanism's base b ≤ exp(ε/2) and its
 level cap only spread the choice further, so it is not refuted; with 0.9× the noise
 (ε/0.9) the choice is more concentrated — P(d = 0) 0.505 against the claimed 0.462 — and
 the test refutes it at 20,000 releases with probability ≥ 1 − 1e-9 (the exact binomial
@@ -44,8 +50,13 @@ pytestmark = pytest.mark.slow
 
 EPSILON = Fraction(1)
 GRID = quantile_grid("integer", 0, 63, Fraction(1, 2), 1)
-DB0 = {62: 1}
-DB1 = {62: 1, 63: 1}
+DB0 = {0: 1, 62: 1, 63: 1}
+DB1 = {0: 1, 62: 1, 63: 2}
+#: Releases per side for the half-noise refutations: the refuting events are rare (about
+#: 0.6% against 4.1%, 0.7% against 4.9%), and at 60,000 the harness's margin stays above
+#: 0.006 even when both counts fall 1e-7 into their tails (at 20,000 it is negative
+#: 1e-4 into them).
+HALF_N = 60_000
 
 
 def _release(epsilon: Fraction) -> object:
@@ -70,7 +81,7 @@ def test_the_quantile_mechanism_is_not_refuted_at_its_epsilon() -> None:
 
 
 def test_half_the_noise_is_refuted() -> None:
-    result = check_release(_release(2 * EPSILON), DB0, DB1, epsilon=float(EPSILON), n=20_000)
+    result = check_release(_release(2 * EPSILON), DB0, DB1, epsilon=float(EPSILON), n=HALF_N)
     assert result.rejected, result.summary()
 
 
@@ -91,7 +102,10 @@ def _claimed_distance_pmf(epsilon: float) -> np.ndarray:
     for j in range(SPREAD_BUCKETS):
         below = sum(1 for v in values if v < j)
         here = 1 if j in SPREAD else 0
-        g = max(below - t, t - (below + here - 1), 0) if here else max(below - t, t - below, 0)
+        # an empty bucket is scored at the middle of the gap between positions
+        # below − 1 and below
+        lo, hi = (below, below + here - 1) if here else (below - 0.5, below - 0.5)
+        g = max(lo - t, t - hi, 0)
         level = math.ceil(g / float(DELTA_U))
         weights[MEDIAN_BUCKET - j if j <= MEDIAN_BUCKET else j - MEDIAN_BUCKET] += math.exp(
             -epsilon * level / 2
@@ -136,18 +150,20 @@ def test_the_power_at_0_9x_noise() -> None:
 # returns (``window_like_the_statement``, tests/test_quantile_window.py, which checks it
 # against the statement on real engines), on data where the window leaves buckets out.
 #
-# Profile test: 100 values one per bucket in 0 … 99, one in bucket 150, 100 in 200 … 299,
-# a 300-bucket grid; the neighbour adds one in bucket 151. At ε = 1 the level cap is 101
-# and the window 50 ranks, so the buckets of ranks below ≈ 48 and above ≈ 152 are cut
-# (at the cap). The release is whether bucket 151 was chosen (post-processing: a fixed
-# event), whose probability moves by e^(0.984·ε) between the neighbours — close to the
-# worst case, as the 62 empty buckets of the profile test above: 0.0095 against 0.0255
-# at ε = 1, 0.0092 against 0.064 when the noise is halved, so 20,000 releases refute
-# that. At 0.9× (e^1.09) the event is too rare to refute at 1e-6; the concentration test
-# below carries the 0.9× refutation, as above.
+# Profile test: 100 values one per bucket in 0 … 99, one in each of 150 … 250, a
+# 300-bucket grid (the median is 150, after the 50 empty buckets 100 … 149); the
+# neighbour adds a second value in bucket 151 — the profile test above, with long runs of
+# values either side. At ε = 1 the level cap is 101 and the window 51 ranks, so the
+# buckets of ranks below ≈ 47 and above ≈ 153 are cut (at the cap). The release is
+# whether bucket 151 was chosen (post-processing: a fixed event), whose probability moves
+# by e^(0.981·ε) between the neighbours — close to the worst case, as the empty buckets
+# of the profile test above: 0.0113 against 0.0302 at ε = 1, 0.0069 against 0.0486 when
+# the noise is halved, so 60,000 releases refute that (``HALF_N``). At 0.9× (e^1.09)
+# the event is too rare to refute at 1e-6; the concentration test below carries the
+# 0.9× refutation, as above.
 WINDOW_BUCKETS = 300
-WINDOW_DB0 = {**dict.fromkeys(range(100), 1), 150: 1, **dict.fromkeys(range(200, 300), 1)}
-WINDOW_DB1 = {**WINDOW_DB0, 151: 1}
+WINDOW_DB0 = {**dict.fromkeys(range(100), 1), **dict.fromkeys(range(150, 251), 1)}
+WINDOW_DB1 = {**WINDOW_DB0, 151: 2}
 
 
 def _windowed(counts: dict[int, int], buckets: int, epsilon: Fraction) -> int:
@@ -181,7 +197,11 @@ def test_the_windowed_quantile_is_not_refuted_at_its_epsilon() -> None:
 
 def test_the_windowed_quantile_with_half_the_noise_is_refuted() -> None:
     result = check_release(
-        _windowed_event(2 * EPSILON), WINDOW_DB0, WINDOW_DB1, epsilon=float(EPSILON), n=20_000
+        _windowed_event(2 * EPSILON),
+        WINDOW_DB0,
+        WINDOW_DB1,
+        epsilon=float(EPSILON),
+        n=HALF_N,
     )
     assert result.rejected, result.summary()
 
