@@ -105,17 +105,32 @@ P_VALUES = [
 ]
 
 
+def _random_query(
+    rng: random.Random, counts: dict[int, int], buckets: int
+) -> tuple[Fraction, int, Fraction, Fraction, int, list[int]]:
+    """A random (p, rows per unit, ε) for a histogram: with Δ, the level cap and every
+    bucket's level over the whole histogram."""
+    p = rng.choice(P_VALUES)
+    rows = rng.choice([1, 1, 2, 3])
+    epsilon = rng.choice([Fraction(1, 10), Fraction(1, 2), Fraction(1), Fraction(4)])
+    delta = quantile_sensitivity(p, rows)
+    cap = level_cap(epsilon, buckets)
+    return (
+        p,
+        rows,
+        epsilon,
+        delta,
+        cap,
+        _levels(level_runs(counts, buckets, p, delta, cap), buckets),
+    )
+
+
 def test_every_bucket_gets_the_level_the_whole_histogram_gives_it() -> None:
     rng = random.Random(34)
     for _ in range(1500):
         buckets = rng.choice([1, 2, 7, 64, 500, 4096])
         counts = _random_histogram(rng, buckets)
-        p = rng.choice(P_VALUES)
-        rows = rng.choice([1, 1, 2, 3])
-        epsilon = rng.choice([Fraction(1, 10), Fraction(1, 2), Fraction(1), Fraction(4)])
-        delta = quantile_sensitivity(p, rows)
-        cap = level_cap(epsilon, buckets)
-        whole = _levels(level_runs(counts, buckets, p, delta, cap), buckets)
+        p, rows, epsilon, delta, cap, whole = _random_query(rng, counts, buckets)
         window = window_like_the_statement(counts, p, window_ranks(epsilon, buckets, delta))
         windowed = _levels(window_level_runs(window, buckets, p, delta, cap), buckets)
         assert windowed == whole, (buckets, counts, p, rows, epsilon)
@@ -192,12 +207,7 @@ def test_an_exact_window_gives_every_bucket_its_level_on_sparse_histograms() -> 
     for _ in range(1500):
         buckets = rng.choice([7, 64, 500, 4096])
         counts = _gapped_histogram(rng, buckets, rng.choice([1, 2, 5, 50, 300, 2000]))
-        p = rng.choice(P_VALUES)
-        rows = rng.choice([1, 1, 2, 3])
-        epsilon = rng.choice([Fraction(1, 10), Fraction(1, 2), Fraction(1), Fraction(4)])
-        delta = quantile_sensitivity(p, rows)
-        cap = level_cap(epsilon, buckets)
-        whole = _levels(level_runs(counts, buckets, p, delta, cap), buckets)
+        p, rows, epsilon, delta, cap, whole = _random_query(rng, counts, buckets)
         w = window_ranks(epsilon, buckets, delta)
         window = _exact_window(counts, p, w)
         windowed = _levels(window_level_runs(window, buckets, p, delta, cap), buckets)
