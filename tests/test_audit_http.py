@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from flask.testing import FlaskClient
 
+from gateway.pipeline import audit_policy
 from gateway.pipeline.gateway import Gateway
 
 Ask = Callable[..., tuple[int, dict[str, Any]]]
@@ -112,6 +113,33 @@ def test_a_refused_query_asked_again_is_refused_free(
         assert detail["charged"] is False and detail["refused_before"] is True
         assert detail["combined_with"] == first["error"]["detail"]["combined_with"]
     assert client.get("/v1/budget", headers=auth).get_json()["budget"] == spent
+
+
+def test_the_refusal_memo_is_bounded_and_repeats_stay_refused_free(
+    ask: Ask, gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past ``REFUSED_MEMO_MAX`` distinct refusals a scope's memo is dropped (memory stays
+    bounded, issue 36) and a repeat is found in the ledger instead: still refused, free."""
+    monkeypatch.setattr(audit_policy, "REFUSED_MEMO_MAX", 2)
+    assert ask(f"SELECT COUNT(*) FROM patients WHERE {TARGET}", epsilon=1.0)[0] == 200
+    splits = [
+        "smoker",
+        "NOT smoker",
+        "disease = 'Crohn'",
+        "disease = 'Influenza'",
+        "income > 1000",
+    ]
+    questions = [f"SELECT COUNT(*) FROM patients WHERE {TARGET} AND {s}" for s in splits]
+    for sql in questions:
+        status, body = ask(sql, epsilon=1.0)
+        assert refused(status, body) and body["error"]["detail"]["charged"] is False
+    scopes = gateway.audit._refused
+    assert scopes and all(memo is None for memo in scopes.values())
+    for sql in questions:
+        status, body = ask(sql, epsilon=1.0)
+        assert refused(status, body)
+        assert body["error"]["detail"]["refused_before"] is True
+        assert body["error"]["detail"]["charged"] is False
 
 
 def test_refusals_are_in_the_history_with_their_reason(

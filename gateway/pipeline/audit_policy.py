@@ -48,6 +48,12 @@ from gateway.pipeline.noising import audit_cells_from_json
 from gateway.pipeline.planning import PlannedQuery, Planner
 
 GLOBAL_SCOPE = "*"
+#: Distinct refused questions a process remembers per scope (``AuditPolicy._refused``, a
+#: negative filter: a question not among them needs no ledger read). Past it the scope's
+#: memo is dropped, and each of its requests reads the ledger's refusals (one indexed
+#: look-up) instead: memory stays bounded however many distinct questions are refused
+#: (issue 36: ~320 bytes each, without end before).
+REFUSED_MEMO_MAX = 2048
 log = logging.getLogger("dpgate.audit")
 
 
@@ -83,8 +89,8 @@ class AuditPolicy:
         self._synced_turn: dict[str, int] = {}
         # per scope: the (analyst, query key) of every refusal read or recorded (complete
         # up to the last sync: refusals, too, are recorded only under the scope's lock),
-        # and the last refusal id read
-        self._refused: dict[str, set[tuple[str, str]]] = {}
+        # or None once they are more than ``REFUSED_MEMO_MAX``; and the last refusal id read
+        self._refused: dict[str, set[tuple[str, str]] | None] = {}
         self._refusals_read: dict[str, int] = {}
         self._sync_lock = threading.Lock()
         self._lanes: dict[str, ScopeLane] = {}
@@ -246,7 +252,7 @@ class AuditPolicy:
     def _refused_before(self, analyst: str, key: str) -> None:
         """Refuse again, free, a request refused before. Called in the scope's lane,
         whose sync read every refusal recorded before (``_sync``): a request not among
-        them needs no read of the ledger."""
+        them needs no read of the ledger (unless the scope's memo overflowed)."""
         known = self._refused.get(self.scope_of(analyst))
         if known is not None and (analyst, key) not in known:
             return
@@ -279,9 +285,18 @@ class AuditPolicy:
                 combined_with=decision.combined_with,
                 reservation_id=None if reservation is None else reservation.id,
             )
-        known = self._refused.get(self.scope_of(analyst))
-        if known is not None:  # recorded under the scope's lock: the set stays complete
-            known.add((analyst, planned.key))
+        # recorded under the scope's lock: the memo stays complete
+        self._memo_refusal(self.scope_of(analyst), analyst, planned.key)
+
+    def _memo_refusal(self, scope: str, analyst: str, key: str) -> None:
+        """Add a refusal to the scope's memo, or drop the memo past ``REFUSED_MEMO_MAX``
+        (from then on every request of the scope reads the ledger)."""
+        known = self._refused.get(scope)
+        if known is None:
+            return
+        known.add((analyst, key))
+        if len(known) > REFUSED_MEMO_MAX:
+            self._refused[scope] = None
 
     def forget(self, scope: str) -> None:
         """Drop what this process knows of ``scope`` — the auditor's knowledge and what
@@ -343,14 +358,15 @@ class AuditPolicy:
                             cells=audit_cells_from_json(cells),
                         ),
                     )
-            with ledger_errors():
-                refused = self.ledger.refused_keys(
-                    analyst, self.planner.data_version, after=self._refusals_read.get(scope)
-                )
-            known = self._refused.setdefault(scope, set())
-            for refusal_id, who, key in refused:
-                known.add((who, key))
-                self._refusals_read[scope] = refusal_id
+            if scope not in self._refused or self._refused[scope] is not None:
+                with ledger_errors():
+                    refused = self.ledger.refused_keys(
+                        analyst, self.planner.data_version, after=self._refusals_read.get(scope)
+                    )
+                self._refused.setdefault(scope, set())
+                for refusal_id, who, key in refused:
+                    self._memo_refusal(scope, who, key)
+                    self._refusals_read[scope] = refusal_id
             if turn is not None:  # read up to now: the next turn up needs no read
                 self._synced_turn[scope] = turn
 
