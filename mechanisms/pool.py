@@ -11,8 +11,9 @@ are taken, never on what they are.
 Pools are keyed by the exact ``Noise`` spec. A daemon thread refills a pool when it falls
 below its low-water mark, off the request path. A release that finds its pool short (the
 first release with a new spec, or a burst) fills it synchronously with a first batch
-(``FIRST_BATCH`` values, or as many as it takes) and then takes from it, and the refiller
-tops the pool up to ``POOL_TARGET`` off the request path. The batch's cost depends on
+(``FIRST_BATCH`` values, or as many as it takes) and then takes from it; the refiller
+then tops a pool in use up off the request path, doubling its size at each refill up to
+``POOL_TARGET``. The batch's cost depends on
 the values drawn only through the samplers' rare events (a tail recursion, 2^−24 per
 value; an undecided prefix, about 2^−62), not through the rejections (in rejection
 sampling the accepted values are independent of how many proposals were rejected). The

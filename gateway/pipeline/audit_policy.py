@@ -358,7 +358,7 @@ class AuditPolicy:
                             cells=audit_cells_from_json(cells),
                         ),
                     )
-            if scope not in self._refused or self._refused[scope] is not None:
+            if self._refused.get(scope, set()) is not None:  # None: overflowed, not kept
                 with ledger_errors():
                     refused = self.ledger.refused_keys(
                         analyst, self.planner.data_version, after=self._refusals_read.get(scope)
