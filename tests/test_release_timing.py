@@ -32,7 +32,14 @@ from gateway.core.errors import DatabaseUnavailable
 from gateway.core.plan import QueryRequest
 from gateway.pipeline.cost_model import ENGINE_COSTS
 from gateway.pipeline.gateway import CHARGED_FAILURE_MESSAGE, Gateway
-from gateway.pipeline.timing import ARRIVAL_WINDOW_S, FALLBACK_DEADLINE_MS, StatementSlots
+from gateway.pipeline.timing import (
+    AHEAD_SHARE,
+    ARRIVAL_WINDOW_S,
+    FALLBACK_DEADLINE_MS,
+    MIN_STEP_MS,
+    StatementSlots,
+    admitted_by,
+)
 
 pytestmark = pytest.mark.timing
 
@@ -162,6 +169,92 @@ def test_requests_present_lengthen_a_statements_allowance_not_its_slot(
     crowded, crowded_slot = allowance_and_reservation()
     assert crowded - alone == pytest.approx(10 * 0.003, abs=0.003)
     assert crowded_slot == pytest.approx(alone_slot, abs=0.003)
+
+
+def test_the_schedule_counts_from_the_arrival_not_from_the_admissions_end(
+    make_gateway: Callable[..., Gateway],
+) -> None:
+    """How long a query's own admission took (compiling, its lane, the pre-audit, the
+    reservation: work that other queries' statements, whose running time depends on the
+    rows, can slow down) does not move its release moment while it stays within the
+    allowance; past it, the moment moves by a whole step (the allowance doubled, until
+    the admission fits), never by the admission's own length. Requests that arrived after
+    it do not count in its allowance, whenever its schedule is fixed."""
+    first = make_gateway(execution=DEADLINE)
+    planned = first.planner.plan(request("SELECT COUNT(*) FROM patients"))
+    plan = planned.plan  # type: ignore[union-attr]
+    table = first.config.tables["patients"]
+
+    def fresh() -> tuple[Gateway, str]:
+        gw = make_gateway(execution={**DEADLINE, "admission_ms": 200})
+        return gw, gw._compile(planned).sql  # type: ignore[arg-type]
+
+    prompt, sql = fresh()
+    since = prompt.timing.arrived()
+    quick = prompt.timing.start(plan, table, sql, 10_000, arrival=since)
+    assert quick.release_at is not None
+    slow, _ = fresh()
+    since_slow = slow.timing.arrived()
+    time.sleep(0.03)  # an admission slowed down, within its 200 ms
+    for _ in range(5):  # and requests that arrived meanwhile
+        slow.timing.arrived()
+    late = slow.timing.start(plan, table, sql, 10_000, arrival=since_slow)
+    assert late.release_at is not None
+    assert late.release_at - since_slow.at == pytest.approx(quick.release_at - since.at, abs=1e-6)
+    overrun, _ = fresh()
+    since_overrun = overrun.timing.arrived()
+    time.sleep(0.25)  # past its allowance: one step later (400 ms), not 50 ms later
+    stepped = overrun.timing.start(plan, table, sql, 10_000, arrival=since_overrun)
+    assert stepped.release_at is not None
+    moved = (stepped.release_at - since_overrun.at) - (quick.release_at - since.at)
+    assert moved == pytest.approx(0.200, abs=1e-6)
+
+
+def test_requests_ahead_in_the_lane_count_whichever_fixed_its_schedule_first(
+    make_gateway: Callable[..., Gateway],
+) -> None:
+    """A query's admission allowance grows with the requests of its audit scope that
+    arrived before it and whose admission the schedule has not done by its arrival (their
+    pre-audits and post-audits hold the lane first); whether those fixed their own
+    schedule before it or after it (which depends on how long admissions really took)
+    changes nothing."""
+    first = make_gateway(execution=DEADLINE)
+    planned = first.planner.plan(request("SELECT COUNT(*) FROM patients"))
+    plan = planned.plan  # type: ignore[union-attr]
+    table = first.config.tables["patients"]
+    sql = first._compile(planned).sql  # type: ignore[arg-type]
+
+    def second_after(first_fixes_first: bool, scope_b: str = "erin") -> float:
+        timing = make_gateway(execution={**DEADLINE, "admission_ms": 50}).timing
+        a = timing.arrived("erin")
+        b = timing.arrived(scope_b)
+        if first_fixes_first:
+            timing.start(plan, table, sql, 10_000, arrival=a)
+        clock = timing.start(plan, table, sql, 10_000, arrival=b)
+        if not first_fixes_first:
+            timing.start(plan, table, sql, 10_000, arrival=a)
+        assert clock.release_at is not None
+        return clock.release_at - b.at
+
+    in_order, out_of_order = second_after(True), second_after(False)
+    assert in_order == pytest.approx(out_of_order, abs=0.002)
+    # the one ahead added its share; another scope's request does not
+    alone = second_after(True, scope_b="finn")
+    assert in_order - alone == pytest.approx(AHEAD_SHARE * 0.050, abs=0.01)
+
+
+def test_an_admission_past_its_allowance_moves_by_whole_steps() -> None:
+    assert admitted_by(10.0, 4.0, 10.003) == pytest.approx(10.004)
+    assert admitted_by(10.0, 4.0, 10.004) == pytest.approx(10.004)
+    assert admitted_by(10.0, 4.0, 10.0041) == pytest.approx(10.008)
+    assert admitted_by(10.0, 4.0, 10.020) == pytest.approx(10.032)
+    # a fixed deadline's allowance is 0: its steps start at MIN_STEP_MS
+    assert admitted_by(10.0, 0.0, 10.0) == pytest.approx(10.0)
+    assert admitted_by(10.0, 0.0, 10.0025) == pytest.approx(10.0 + 4 * MIN_STEP_MS / 1000)
+    # every moment it gives is on the grid since + allowance·2ᵏ, whatever ``now`` was
+    grid = {round(10.0 + 0.004 * 2**k, 9) for k in range(12)}
+    for now in (10.0 + i * 0.0007 for i in range(1, 400)):
+        assert round(admitted_by(10.0, 4.0, now), 9) in grid
 
 
 def test_without_a_declared_row_count_the_fixed_deadline_applies(
@@ -526,7 +619,8 @@ def test_an_analysts_own_misses_stretch_their_deadlines_and_no_one_elses(
         gw.query("erin", request(sql, epsilon=0.2))
     monkeypatch.setattr(gateway.pipeline.gateway, "run_aggregate", real)
     stretched = dry("erin")
-    kept = gw.config.execution.post_ms
+    # the statement's allowance doubles; the admission's and what follows it do not
+    kept = gw.config.execution.post_ms + gw.config.execution.admission_ms
     assert stretched - kept == pytest.approx(2 * (base - kept), abs=1)
     assert dry("finn") == base
     # the schedule others are given takes the unstretched deadline

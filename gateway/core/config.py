@@ -208,7 +208,9 @@ class ExecutionConfig:
     ``base_ms`` override them —, the query's shape, the gateway's concurrency), times
     ``deadline_margin``, plus ``post_ms`` for the work after the statement, never below
     ``min_deadline_ms``, plus ``interpreter_ms`` per other request present in the process
-    (their own Python work shares the interpreter with the statement's); a
+    (their own Python work shares the interpreter with the statement's), all counted
+    from the query's arrival after ``admission_ms`` (times the load factor, and more per
+    query of its audit scope ahead of it) for its own admission; a
     ``deadline_ms`` here (or on a table) fixes it instead, and a table without a declared
     ``rows`` gets ``FALLBACK_DEADLINE_MS`` (gateway/pipeline/timing.py).
 
@@ -223,6 +225,7 @@ class ExecutionConfig:
     min_deadline_ms: int = DEFAULT_MIN_MS
     post_ms: int = 10
     interpreter_ms: float = 1.0  # per other request present (gateway/pipeline/timing.py)
+    admission_ms: float = 4.0  # a query's own admission, from its arrival (same module)
     load_aware: bool = False
     row_ns: float | None = None  # the cost model's per-row costs (None: the engine's)
     char_ns: float | None = None

@@ -328,8 +328,8 @@ class Gateway:
                 return self._dry_run(analyst, planned)
         plan, calibration = planned.plan, planned.calibration
         table = self.config.tables[plan.table]
-        self.timing.arrived()  # present beside the statements that start meanwhile
-        arrived = time.monotonic()
+        # present beside the statements that start meanwhile; its schedule counts from here
+        arrived = self.timing.arrived(self.audit.scope_of(analyst) if self.audit.active else None)
         compiled = self._compile(planned)  # pure functions of the plan: outside the lane
         _prefill(planned)
         # The scope lock's own failure is the ledger's, before anything is charged.
@@ -344,12 +344,14 @@ class Gateway:
                     table,
                     compiled.sql,
                     self.config.database.statement_timeout_ms,
+                    arrival=arrived,
+                    since=max(arrived.at, lane.opened_at),
                     after=lane.last_release,
                     analyst=self._stretched(analyst),
                 )
                 ticket = lane.ticket(clock.release_at)
-                if clock.fixed_at is not None:  # not padded: the operator's figure
-                    metrics.record_statement_phase("admission", clock.fixed_at - arrived)
+                if clock.fixed_at is not None:  # what the admission took (its allowance aside)
+                    metrics.record_statement_phase("admission", clock.fixed_at - arrived.at)
                 # its outcome is not shown (cache, history) before its release moment
                 self.charges.hold(reservation, clock.release_at)
             answered = False

@@ -73,6 +73,12 @@ class ScopeLane:
         #: The release moment of the last ticket given (``time.monotonic()``).
         self.last_release: float | None = None
 
+    @property
+    def opened_at(self) -> float:
+        """When the lane last opened (took the scope's lock and re-read its history): a
+        query that waited for that counts its schedule from it, not from its arrival."""
+        return self._opened_at
+
     @contextmanager
     def deciding(self) -> Iterator[None]:
         """Hold the lane for the pre-audit, the reservation and the ticket, once no
@@ -196,6 +202,7 @@ class NoLane:
     def __init__(self, scope: str) -> None:
         self.scope = scope
         self.last_release: float | None = None
+        self.opened_at = 0.0
 
     @contextmanager
     def deciding(self) -> Iterator[None]:

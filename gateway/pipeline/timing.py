@@ -9,7 +9,15 @@ Under ``execution.timing: deadline`` (the default) every query that reaches the 
 database gets a release moment fixed before its statement starts, from public facts only
 (Haeberlen, Pierce and Narayan, "Differential Privacy Under Fire", USENIX Security 2011:
 predictable transactions — each has a deadline fixed in advance and a default outcome
-when it misses it):
+when it misses it), counted from its **arrival** (``ReleaseTiming.arrived``; or from the
+moment its audit lane let it in, when it had to wait for the lane to open): its own
+admission — compiling, waiting for its lane, the pre-audit, the reservation — shares the
+CPUs with other queries' statements, whose running time depends on the rows, so its
+length must not move the release moment. The schedule gives it ``admission_ms`` (times
+the load factor of the queries in flight); one that takes longer moves its schedule by a
+whole step, the allowance doubled until it fits (``admitted_by``), never by its own
+length. What the schedule counts (queries in flight, requests present) is what arrived
+before it, whenever it is fixed. The schedule is made of:
 
 - its statement's **slot** (when the cost model sizes its deadline): at most ``cpus``
   such statements of this process run at once (``StatementSlots``), on a public
@@ -48,10 +56,15 @@ Every input of the release moment is public: the plan, the config (declared row
 counts, per-row costs), the catalogue's unique keys, the arrival time and the release
 moments and slot reservations of earlier queries (which fix how many statements are in
 flight). None of them is a running time of a statement, nor read from the protected rows.
+Two residues of the admission remain (docs/privacy.md, "Admission moments"): which step
+an overrunning admission reached, and, for two queries that arrive within one admission
+of each other, which of them fixed its schedule first (the slot it got, whether it
+counted the other).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -86,6 +99,19 @@ MAX_STRETCH = 8.0
 #: Requests that reached the pipeline this recently count as present beside a statement
 #: (``ReleaseTiming.arrived``), admitted yet or not.
 ARRIVAL_WINDOW_S = 0.5
+#: A query's schedule counts from its arrival (``ReleaseTiming.start``'s ``since``), up to
+#: this long before it is fixed: arrivals and release moments are kept this long for it.
+HORIZON_S = 5.0
+#: What each request of the same audit scope ahead of a query in its lane adds to the
+#: query's admission allowance, in ``admission_ms``: its pre-audit and reservation, and
+#: its post-audit and ledger commit, which go first (a 20-chart dashboard of one analyst
+#: on the demo, 2 cores: 12-15 ms per chart ahead, ``bench.dashboard``).
+AHEAD_SHARE = 3.0
+#: The smallest step by which an admission that overran its allowance moves its
+#: schedule (``admitted_by``).
+MIN_STEP_MS = 1.0
+#: Forgotten arrivals and release moments are dropped this many at a time.
+FORGET_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -120,6 +146,23 @@ def deadline_ms(execution: ExecutionConfig, table: TableConfig) -> int | None:
     return table.deadline_ms if table.deadline_ms is not None else execution.deadline_ms
 
 
+def admitted_by(since: float, allowance_ms: float, now: float) -> float:
+    """When the schedule has a query's admission done: ``allowance_ms`` after ``since``,
+    or, when the admission overran that (it was done only ``now``), the first moment
+    ``since + allowance·2ᵏ`` (k = 1, 2, …; the allowance at least ``MIN_STEP_MS``) not
+    before ``now``. So the release moment moves only by whole steps: what an admission
+    slowed by other queries' statements can show is which step it reached (a few
+    values, the first nearly always), never its exact length — where a miss would
+    have charged the analyst for it."""
+    ready = since + allowance_ms / 1000
+    if ready >= now:
+        return ready
+    step = max(allowance_ms, MIN_STEP_MS) / 1000
+    while since + step < now:
+        step *= 2
+    return since + step
+
+
 class StatementSlots:
     """At most ``slots`` statements of this process running at once, on a public schedule.
 
@@ -152,6 +195,17 @@ class StatementSlots:
                 self._cond.notify()
 
 
+@dataclass
+class Arrival:
+    """A request that reached the pipeline: when (``time.monotonic()``), in which audit
+    scope, and when its schedule has its admission done (``None``: not fixed yet, or
+    never — refused before its statement). Public: arrival times and the schedule."""
+
+    at: float
+    scope: str | None = None
+    ready: float | None = None
+
+
 class ReleaseTiming:
     """The timing policy of one gateway: its cost model, the release moments of the
     queries in flight and the public schedule of its statement slots (all public: they
@@ -161,9 +215,11 @@ class ReleaseTiming:
         self.execution = execution
         self.model = model
         self._lock = threading.Lock()
-        self._pending: list[float] = []  # release moments not yet past
+        # (arrival, release moment on the public schedule) of the queries started lately
+        self._pending: list[tuple[float, float]] = []
         self._stretch: dict[str, float] = {}  # analysts whose misses stretch deadlines
-        self._arrivals: deque[float] = deque()  # when requests reached the pipeline
+        self._arrivals: list[float] = []  # when requests reached the pipeline (sorted)
+        self._by_scope: dict[str, deque[Arrival]] = {}  # the same, per audit scope
         cpus = model.cpus if model is not None else cpu_count()
         #: when each statement slot's public reservation ends (``time.monotonic()``)
         self._slot_free = [0.0] * max(1, cpus)
@@ -173,25 +229,56 @@ class ReleaseTiming:
     def active(self) -> bool:
         return self.execution.timing != "off"
 
-    def arrived(self) -> None:
-        """Count a request that reached the pipeline now (public: its arrival time)."""
-        if not self.active:
-            return
+    def arrived(self, scope: str | None = None) -> Arrival:
+        """Count a request of audit ``scope`` that reached the pipeline now (public: its
+        arrival time); its schedule counts from it (``start``)."""
         now = time.monotonic()
+        arrival = Arrival(now, scope)
+        if not self.active:
+            return arrival
         with self._lock:
             self._arrivals.append(now)
-            self._forget_arrivals(now)
+            forget = now - ARRIVAL_WINDOW_S - HORIZON_S
+            old = bisect.bisect_left(self._arrivals, forget)
+            if old > FORGET_BATCH:
+                del self._arrivals[:old]
+            if scope is not None:
+                mine = self._by_scope.setdefault(scope, deque())
+                while mine and mine[0].at < forget:
+                    mine.popleft()
+                mine.append(arrival)
+        return arrival
 
-    def _forget_arrivals(self, now: float) -> None:
-        while self._arrivals and self._arrivals[0] < now - ARRIVAL_WINDOW_S:
-            self._arrivals.popleft()
+    def _ahead_in_scope(self, arrival: Arrival, since: float) -> int:
+        """The requests of ``arrival``'s scope that arrived before it, within
+        ``ARRIVAL_WINDOW_S`` of ``since``, and whose admission the schedule has not done
+        by ``since`` (call holding the lock): its admission waits for theirs, one at a
+        time (the lane). One whose schedule is not fixed yet has its admission done
+        later than ``since`` whatever happens, so the count does not depend on when the
+        others' schedules are fixed; one refused before its statement counts until it
+        leaves the window (whether it was refused yet is not a public moment)."""
+        if arrival.scope is None:
+            return 0
+        ahead = 0
+        for other in self._by_scope.get(arrival.scope, ()):
+            if other.at >= arrival.at:
+                break
+            if other.at >= since - ARRIVAL_WINDOW_S and (
+                other.ready is None or other.ready > since
+            ):
+                ahead += 1
+        return ahead
 
-    def _interpreter_ms(self, now: float, in_flight: int) -> float:
-        """The allowance for the other requests present (call holding the lock): those in
-        flight, or arrived within ``ARRIVAL_WINDOW_S``, whichever are more, this one
-        aside — a function of arrival times and earlier release moments."""
-        self._forget_arrivals(now)
-        others = max(in_flight, len(self._arrivals)) - 1
+    def _interpreter_ms(self, since: float, in_flight: int) -> float:
+        """The allowance for the other requests present at ``since`` (call holding the
+        lock): those in flight, or arrived within ``ARRIVAL_WINDOW_S`` before it,
+        whichever are more, this one aside — a function of arrival times and earlier
+        release moments (arrivals after ``since`` do not count, whenever they came)."""
+        arrivals = self._arrivals
+        recent = bisect.bisect_right(arrivals, since) - bisect.bisect_left(
+            arrivals, since - ARRIVAL_WINDOW_S
+        )
+        others = max(in_flight, recent) - 1
         return self.execution.interpreter_ms * max(0, others)
 
     def deadline_ms(
@@ -207,7 +294,9 @@ class ReleaseTiming:
         ``analyst`` with ``in_flight`` queries in this process, or ``None`` when timing is
         off."""
         statement, kept = self._deadline(plan, table, sql, in_flight, self.stretch(analyst))
-        return None if statement is None else float(math.ceil(statement + kept))
+        if statement is None:
+            return None
+        return float(math.ceil(self._admission_ms(plan, table, sql) + statement + kept))
 
     def stretch(self, analyst: str | None) -> float:
         """How much ``analyst``'s own earlier misses stretch their statements' deadlines
@@ -277,18 +366,34 @@ class ReleaseTiming:
         sql: str,
         statement_timeout_ms: int,
         *,
+        arrival: Arrival | None = None,
+        since: float | None = None,
         after: float | None = None,
         analyst: str | None = None,
     ) -> ReleaseClock:
-        """Fix the release moment of a query of ``analyst`` ready to run its statement
-        now; ``after`` is the release moment of the previous ticket of its audit scope
-        (``None``: none)."""
+        """Fix the release moment of a query of ``analyst`` that arrived as ``arrival``
+        (``arrived``'s record) and is counted from ``since`` (its arrival, or the later
+        moment at which its audit lane let it in; both ``None``: now), ready to run its
+        statement; ``after`` is the release
+        moment of the previous ticket of its audit scope (``None``: none).
+
+        The schedule counts from ``since``, not from now: the query's own admission
+        (compiling, waiting for its lane, the pre-audit, the reservation) shares the CPU
+        with other queries' statements, whose running time depends on the rows, so its
+        length must not move the release moment. The schedule gives it an allowance
+        (``_admission_ms``); one that took longer moves it by whole steps
+        (``admitted_by``).
+        """
+        now = time.monotonic()
         if not self.active:
             return ReleaseClock(release_at=None, statement_timeout_ms=statement_timeout_ms)
-        now = time.monotonic()
+        if since is None:
+            since = now if arrival is None else arrival.at
+        since = min(since, now)
         with self._lock:
-            self._pending = [t for t in self._pending if t > now]
-            in_flight = len(self._pending) + 1
+            self._forget_pending(now)
+            # queries that arrived before this one and are released after its arrival
+            in_flight = 1 + sum(1 for a, t in self._pending if a <= since < t)
             # the public schedule (slots, queries in flight) takes the unstretched
             # deadline: one analyst's misses move no other analyst's release moment
             scheduled, kept = self._deadline(plan, table, sql, in_flight)
@@ -300,9 +405,12 @@ class ReleaseTiming:
             # for all of it would hold the others back for nothing.
             scheduling = self._model_sized(plan, table, sql)
             # the others' Python work: this query's allowance, not its slot's reservation
-            shared = self._interpreter_ms(now, in_flight) if scheduling else 0.0
+            shared = self._interpreter_ms(since, in_flight) if scheduling else 0.0
+            ahead = 0 if arrival is None else self._ahead_in_scope(arrival, since)
+            allowance = self._admission_ms(plan, table, sql, in_flight, ahead)
+            ready = admitted_by(since, allowance, now)
             slot = min(range(len(self._slot_free)), key=self._slot_free.__getitem__)
-            starts_at = max(now, self._slot_free[slot]) if scheduling else now
+            starts_at = max(ready, self._slot_free[slot]) if scheduling else ready
             earliest = 0.0
             if after is not None:
                 # room for this one's post-audit once the previous ticket's is done
@@ -314,14 +422,39 @@ class ReleaseTiming:
             until = release_at - kept / 1000
             if scheduling:
                 self._slot_free[slot] = max(starts_at + scheduled / 1000, earliest - kept / 1000)
-            self._pending.append(on_schedule)
+            self._pending.append((since, on_schedule))
+            if arrival is not None:
+                arrival.ready = ready
         return ReleaseClock(
             release_at=release_at,
             statement_timeout_ms=max(1, min(statement_timeout_ms, int((until - now) * 1000))),
             statement_until=until,
-            deadline_ms=math.ceil((release_at - now) * 1000),
+            deadline_ms=math.ceil((release_at - since) * 1000),
             starts_at=starts_at if scheduling else None,
             fixed_at=now,
+        )
+
+    def _forget_pending(self, now: float) -> None:
+        """Drop release moments no query fixed from now on can count (holding the lock):
+        those before the earliest ``since`` still possible, ``HORIZON_S`` ago."""
+        if len(self._pending) > FORGET_BATCH:
+            horizon = now - HORIZON_S
+            self._pending = [(a, t) for a, t in self._pending if t > horizon]
+
+    def _admission_ms(
+        self, plan: QueryPlan, table: TableConfig, sql: str, in_flight: int = 1, ahead: int = 0
+    ) -> float:
+        """The schedule's allowance for a query's admission with ``in_flight`` queries in
+        this process and ``ahead`` of its own scope before it in the lane:
+        ``admission_ms`` times the load factor of those in flight (its Python work
+        shares the CPUs with theirs), plus ``AHEAD_SHARE`` times that for each one ahead
+        (their admissions and post-audits hold the lane first, one at a time), under
+        the cost model; a fixed or fallback deadline, a worst case, counts from the
+        arrival and includes it."""
+        if self.model is None or not self._model_sized(plan, table, sql):
+            return 0.0
+        return self.execution.admission_ms * (
+            self.model.load_factor(in_flight) + AHEAD_SHARE * ahead
         )
 
     def _model_sized(self, plan: QueryPlan, table: TableConfig, sql: str) -> bool:

