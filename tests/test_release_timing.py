@@ -26,6 +26,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 import gateway.pipeline.gateway
+import gateway.pipeline.timing
 import gateway.sql.execute
 from gateway.core.config_load import parse_config
 from gateway.core.errors import DatabaseUnavailable
@@ -36,6 +37,8 @@ from gateway.pipeline.timing import (
     AHEAD_SHARE,
     ARRIVAL_WINDOW_S,
     FALLBACK_DEADLINE_MS,
+    FORGET_BATCH,
+    HORIZON_S,
     MIN_STEP_MS,
     StatementSlots,
     admitted_by,
@@ -241,6 +244,23 @@ def test_requests_ahead_in_the_lane_count_whichever_fixed_its_schedule_first(
     # the one ahead added its share; another scope's request does not
     alone = second_after(True, scope_b="finn")
     assert in_order - alone == pytest.approx(AHEAD_SHARE * 0.050, abs=0.01)
+
+
+def test_what_the_schedule_remembers_of_arrivals_is_bounded(
+    make_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Arrivals, and the scopes they came from (one per analyst), are forgotten once no
+    schedule can count them any more (issue 36: memory that stays flat)."""
+    clock = [1000.0]
+    monkeypatch.setattr(gateway.pipeline.timing.time, "monotonic", lambda: clock[0])
+    timing = make_gateway(execution=DEADLINE).timing
+    for i in range(2 * FORGET_BATCH):
+        timing.arrived(f"analyst-{i}")
+    clock[0] += ARRIVAL_WINDOW_S + HORIZON_S + 1
+    for _ in range(2 * FORGET_BATCH):
+        timing.arrived("erin")
+    assert list(timing._by_scope) == ["erin"]
+    assert len(timing._arrivals) <= 2 * FORGET_BATCH + 1
 
 
 def test_an_admission_past_its_allowance_moves_by_whole_steps() -> None:

@@ -242,6 +242,9 @@ class ReleaseTiming:
             old = bisect.bisect_left(self._arrivals, forget)
             if old > FORGET_BATCH:
                 del self._arrivals[:old]
+                # and the scopes nobody of which arrived lately (one per analyst)
+                for quiet in [k for k, v in self._by_scope.items() if v[-1].at < forget]:
+                    del self._by_scope[quiet]
             if scope is not None:
                 mine = self._by_scope.setdefault(scope, deque())
                 while mine and mine[0].at < forget:
