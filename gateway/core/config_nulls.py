@@ -71,14 +71,15 @@ def canonical(tree: exp.Expr) -> exp.Expr:
     """The condition with lower-case column names and ``x IS NOT NULL`` written ``NOT x
     IS NULL`` (one spelling for the compiler and the auditor)."""
 
-    def rewrite(node: exp.Expr) -> exp.Expr:
-        if isinstance(node, exp.Column):
-            return exp.column(node.name.lower())
+    def lower(node: exp.Expr) -> exp.Expr:
+        return exp.column(node.name.lower()) if isinstance(node, exp.Column) else node
+
+    def positive(node: exp.Expr) -> exp.Expr:
         if isinstance(node, exp.Is) and node.args.get("negate"):
             return exp.Not(this=exp.Is(this=node.this, expression=exp.Null()))
         return node
 
-    return tree.copy().transform(rewrite)
+    return tree.transform(lower).transform(positive)
 
 
 def _problems(
@@ -93,13 +94,13 @@ def _problems(
         return
     if isinstance(node, exp.Is):
         if not isinstance(node.expression, exp.Null):
-            yield f"'{node.sql()}' is not supported: {_WRITE}"
+            yield f"`{node.sql()}` is not supported: {_WRITE}"
             return
         yield from _column(node.this, column, columns, unit)
         return
     if isinstance(node, exp.In):
         if node.args.get("query") or node.args.get("unnest") or not node.expressions:
-            yield f"'{node.sql()}' is not supported: IN takes a list of constants"
+            yield f"`{node.sql()}` is not supported: IN takes a list of constants"
             return
         yield from _compared(node, node.this, node.expressions, column, columns, unit)
         return
@@ -113,11 +114,11 @@ def _problems(
         if not isinstance(_bare(side), exp.Column):
             side, other = other, side  # the constant first: 'Employed' = employment
         if not isinstance(_bare(side), exp.Column):
-            yield f"'{node.sql()}' is not supported: compare a column itself with constants"
+            yield f"`{node.sql()}` is not supported: compare a column itself with constants"
             return
         yield from _compared(node, side, [other], column, columns, unit)
         return
-    yield f"'{node.sql()}' is not supported: {_WRITE}"
+    yield f"`{node.sql()}` is not supported: {_WRITE}"
 
 
 def _bare(node: exp.Expr) -> exp.Expr:
@@ -132,12 +133,12 @@ def _column(
     """Problems with ``node`` as the column a comparison reads."""
     node = _bare(node)
     if not isinstance(node, exp.Column):
-        yield f"'{node.sql()}' is not supported: compare a column itself, not an expression"
+        yield f"`{node.sql()}` is not supported: compare a column itself, not an expression"
         return
     name = node.name.lower()
     if node.table:
         yield (
-            f"'{node.sql()}' names another table's column: the condition reads this "
+            f"`{node.sql()}` names another table's column: the condition reads this "
             "table's own columns, by their names alone"
         )
     elif name == column:
@@ -166,23 +167,23 @@ def _compared(
         return
     col = columns[_bare(side).name.lower()]
     if col.type == "date":
-        yield f"'{node.sql()}': a date column is read here with IS NULL only"
+        yield f"`{node.sql()}`: a date column is read here with IS NULL only"
         return
     if col.type in ("text", "boolean") and isinstance(node, (*_ORDER, exp.Between)):
-        yield f"'{node.sql()}': {col.type} compares with =, <>, IN and NOT IN only"
+        yield f"`{node.sql()}`: {col.type} compares with =, <>, IN and NOT IN only"
         return
     for constant in constants:
         value = _bare(constant)
         if isinstance(value, exp.Null):
-            yield f"'{node.sql()}': compare with NULL using IS NULL or IS NOT NULL"
+            yield f"`{node.sql()}`: compare with NULL using IS NULL or IS NOT NULL"
         elif isinstance(value, exp.Column):
-            yield f"'{node.sql()}' is not supported: compare a column with constants only"
+            yield f"`{node.sql()}` is not supported: compare a column with constants only"
         elif col.type == "text" and not (isinstance(value, exp.Literal) and value.is_string):
-            yield f"'{node.sql()}': {col.name} is text, so compare it with a quoted string"
+            yield f"`{node.sql()}`: {col.name} is text, so compare it with a quoted string"
         elif col.type == "boolean" and not isinstance(value, exp.Boolean):
-            yield f"'{node.sql()}': {col.name} is boolean, so compare it with TRUE or FALSE"
+            yield f"`{node.sql()}`: {col.name} is boolean, so compare it with TRUE or FALSE"
         elif col.numeric and not _is_number(value):
-            yield f"'{node.sql()}': {col.name} is {col.type}, so compare it with a number"
+            yield f"`{node.sql()}`: {col.name} is {col.type}, so compare it with a number"
         elif col.type == "text" and col.values is not None and value.this not in col.values:
             yield f"'{value.this}' is not one of {col.name}'s declared values"
 
