@@ -431,8 +431,13 @@ def census_config(database: Path, ledger: Path) -> dict[str, Any]:
                         "upper": 99,
                         "null_when": "employment IS NULL OR employment <> 'Employed'",
                     },
-                    # not asked under 15
-                    "income": {"type": "integer", "lower": 0, "upper": 500_000, "nullable": True},
+                    # asked from 15 on
+                    "income": {
+                        "type": "integer",
+                        "lower": 0,
+                        "upper": 500_000,
+                        "null_when": "age < 15",
+                    },
                     "household_size": {
                         "type": "integer",
                         "lower": 1,
