@@ -7,6 +7,7 @@ be empty (tests/test_audit_null_when.py)."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,34 @@ def test_the_condition_reads_bounded_numbers_clamped_as_every_query_does(
     }
     assert exact(gateway, "SELECT SUM(hours_worked) FROM persons") == {(): (60,)}
     assert exact(gateway, "SELECT COUNT(*) FROM persons WHERE employment IS NULL") == {(): (0,)}
+
+
+def test_a_joined_table_keeps_its_declared_domain(tmp_path: Path) -> None:
+    """``persons`` as the lookup of ``jobs`` (one row per job, on the privacy unit): its
+    rows outside the declared domain match nothing, so their jobs are no one's."""
+    db = tmp_path / "jobs.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute(f"CREATE TABLE persons ({', '.join(COLUMNS)})")
+        conn.executemany(
+            f"INSERT INTO persons VALUES ({', '.join('?' for _ in COLUMNS)})",
+            [tuple(r.values()) for r in HONEST + OUTSIDE],
+        )
+        conn.execute("CREATE TABLE jobs (person_id INTEGER, wage INTEGER)")
+        conn.executemany(
+            "INSERT INTO jobs VALUES (?, 1000)", [(r["person_id"],) for r in HONEST + OUTSIDE]
+        )
+    raw = _config(f"sqlite:///{db}", None, tmp_path / "ledger.db", (0, 100))
+    raw["tables"]["jobs"] = {
+        "max_rows_per_unit": 3,
+        "references": {"person_id": "persons.person_id"},
+        "columns": {"person_id": {"type": "integer"}, "wage": {"type": "integer"}},
+    }
+    gateway = Gateway(parse_config(raw))
+    sql = (
+        "SELECT p.occupation, COUNT(*) FROM jobs j JOIN persons p "
+        "ON j.person_id = p.person_id GROUP BY p.occupation"
+    )
+    assert exact(gateway, sql) == {("Managers",): (1,), (None,): (3,)}
 
 
 def test_the_domain_filter_is_in_the_statement_on_every_backend(tmp_path: Path) -> None:

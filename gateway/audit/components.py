@@ -181,7 +181,9 @@ def _universe(kn: Knowledge) -> RowInfo | None:
     if kn.space.n_atoms == 0:
         return None
     untouched = kn.block_of[: kn.space.n_atoms] < 0
-    if np.any(untouched) and np.any(untouched & kn.space.possible_atoms()):
+    if np.any(untouched) and (
+        not kn.space.constraints or np.any(untouched & kn.space.possible_atoms())
+    ):
         return None
     estimate = 0.0
     pending = unknown = False
