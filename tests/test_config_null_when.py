@@ -203,3 +203,27 @@ def test_config_check_lists_the_declared_conditions(tmp_path: Path) -> None:
     catalogue_only = result.output.split("Nullable only by the catalogue", 1)[-1]
     assert "columns.occupation" not in catalogue_only
     assert "columns.employment" not in catalogue_only
+    assert "keeps it NOT NULL" not in result.output
+
+
+def test_config_check_warns_of_a_condition_on_a_column_kept_not_null(tmp_path: Path) -> None:
+    """The catalogue's NOT NULL and a condition that holds somewhere leave out every row
+    where it holds: said, from catalogue metadata alone."""
+    db = tmp_path / "census.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "CREATE TABLE persons (person_id INTEGER PRIMARY KEY, age INTEGER NOT NULL, "
+            "employment TEXT NOT NULL, occupation TEXT, hours_worked INTEGER, "
+            "retired INTEGER, moved_in TEXT, area TEXT)"
+        )
+        conn.execute("CREATE TABLE areas (area TEXT PRIMARY KEY, region TEXT)")
+    raw = _raw()
+    raw["database"]["url"] = f"sqlite:///{db}"
+    raw["ledger"]["url"] = f"sqlite:///{tmp_path / 'ledger.db'}"
+    path = tmp_path / "dpgate.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = CliRunner().invoke(main, ["config", "check", str(path)])
+    assert result.exit_code == 0, result.output
+    (line,) = [x for x in result.output.splitlines() if "NOT NULL:" in x]
+    assert "NULL exactly when: employment (age < 16)" in line
+    assert "every row where the condition holds is left out" in line

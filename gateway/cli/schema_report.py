@@ -118,7 +118,7 @@ def _table_notes(t: TableConfig, facts: TableFacts, seen: set[str], engine: str)
     lines = [f"tables.{t.name} ({where}): {len(facts.columns)} column(s) in the database"]
     for kind, line in (
         *_nullability_notes(t, facts),
-        *_null_when_notes(t),
+        *_null_when_notes(t, facts),
         *_unit_notes(t, facts),
         *_unit_index_notes(t, facts, engine, where),
         *_constraint_notes(facts),
@@ -148,13 +148,22 @@ def _nullability_notes(t: TableConfig, facts: TableFacts) -> list[tuple[str, str
     return lines
 
 
-def _null_when_notes(t: TableConfig) -> list[tuple[str, str]]:
-    """The columns declared NULL exactly when a condition holds, with the condition."""
-    return [
-        ("null_when", f"NULL exactly when: {c.name} ({c.null_when})")
-        for c in t.columns.values()
-        if c.null_when is not None
-    ]
+def _null_when_notes(t: TableConfig, facts: TableFacts) -> list[tuple[str, str]]:
+    """The columns declared NULL exactly when a condition holds, with the condition; and
+    where the catalogue keeps such a column NOT NULL, that no row where it holds is read."""
+    lines = []
+    for c in t.columns.values():
+        if c.null_when is None:
+            continue
+        line = f"NULL exactly when: {c.name} ({c.null_when})"
+        found = facts.column(c.name)
+        if found is not None and found.nullable is False:
+            line += (
+                " — but the database keeps it NOT NULL: every row where the condition "
+                "holds is left out of every query"
+            )
+        lines.append(("null_when", line))
+    return lines
 
 
 def _unit_notes(t: TableConfig, facts: TableFacts) -> list[tuple[str, str]]:
