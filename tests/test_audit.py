@@ -385,6 +385,16 @@ def test_an_expression_that_cannot_be_normalised_is_not_treated_as_unrelated(
     assert refused(bob.ask("SELECT COUNT(*) FROM patients WHERE age > 30", 2000.0))
 
 
+def test_is_not_null_is_the_region_the_sql_reads(alice: Session) -> None:
+    """``glucose IS NOT NULL`` is the readings, not their absence (sqlglot 30 parses it
+    as IS NULL with a ``negate`` flag, which the auditor once read past): the over-40s
+    of Eger without a reading, minus those over 41, is the one person of 41 without one."""
+    eger = "SELECT COUNT(*) FROM patients WHERE city = 'Eger' AND "
+    assert not refused(alice.ask(eger + "age > 40", 100.0))
+    assert not refused(alice.ask(eger + "age > 40 AND glucose IS NOT NULL", 60.0))
+    assert refused(alice.ask(eger + "age > 41 AND glucose IS NULL", 39.0))
+
+
 def test_nullable_columns_have_a_null_cell_and_others_none(alice: Session) -> None:
     # glucose may be NULL (the catalogue says so): the NULL cell is a region of its own
     assert not refused(alice.ask("SELECT COUNT(*) FROM patients", 3000.0))

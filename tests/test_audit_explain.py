@@ -79,8 +79,14 @@ def _refusal(result: Any) -> Any:
         # a longer prefix inside a shorter one: both conditions, not just the inner one
         (
             "SELECT COUNT(*) FROM patients WHERE zip LIKE '9%'",
-            "SELECT COUNT(*) FROM patients WHERE zip LIKE '9%' AND zip NOT LIKE '94%'",
+            "SELECT COUNT(*) FROM patients WHERE zip LIKE '94%'",
             "(zip LIKE '9%' AND zip NOT LIKE '94%')",
+        ),
+        # … and the other way round (NOT LIKE is the complement, not LIKE)
+        (
+            "SELECT COUNT(*) FROM patients WHERE zip LIKE '9%'",
+            "SELECT COUNT(*) FROM patients WHERE zip LIKE '9%' AND zip NOT LIKE '94%'",
+            "zip LIKE '94%'",
         ),
     ],
 )

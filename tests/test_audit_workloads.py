@@ -200,7 +200,10 @@ def test_the_corpus_is_large_enough() -> None:
 
 def _dpgate_view(conn: sqlite3.Connection, table: TableConfig) -> str:
     """A view of ``table`` as dpgate reads it (gateway/core/domain.py), built independently
-    of the compiler: bounded numbers clamped, rows outside declared values dropped."""
+    of the compiler: bounded numbers clamped, rows outside the declared domain dropped —
+    a value not declared, NULL in a column declared ``nullable: false``, or a column NULL
+    where its ``null_when`` does not hold (or not NULL where it does), the condition read
+    on the clamped values."""
     columns = []
     keep = []
     for name, col in table.columns.items():
@@ -211,12 +214,19 @@ def _dpgate_view(conn: sqlite3.Connection, table: TableConfig) -> str:
         if col.values is not None:
             listed = ", ".join(f"'{v}'" for v in col.values)
             keep.append(f"({name} IN ({listed}) OR {name} IS NULL)")
+        if col.nullable is False:
+            keep.append(f"{name} IS NOT NULL")
+    declared = [
+        f"(({col.null_when}) IS TRUE) = ({name} IS NULL)"
+        for name, col in table.columns.items()
+        if col.null_when is not None
+    ]
     view = f"reference_{table.name}"
-    where = " AND ".join(keep) or "1"
     conn.execute(f"DROP VIEW IF EXISTS {view}")
     conn.execute(
-        f"CREATE TEMP VIEW {view} AS SELECT rowid AS rid, {', '.join(columns)} "
-        f"FROM {table.name} WHERE {where}"
+        f"CREATE TEMP VIEW {view} AS SELECT * FROM (SELECT rowid AS rid, {', '.join(columns)} "
+        f"FROM {table.name} WHERE {' AND '.join(keep) or '1'}) "
+        f"WHERE {' AND '.join(declared) or '1'}"
     )
     return view
 
@@ -401,6 +411,21 @@ def reference_audit(gateway: Gateway, db: Path, session: Session) -> None:
         assert (sizes < K).sum() <= 2000, f"{session.name}: too many small atoms to enumerate"
         small = _small_determined(sizes, hashes)
         assert not small, f"{session.name}: {table} regions of < {K} rows determined: {small}"
+
+
+@pytest.mark.parametrize("dataset", sorted(DATASETS))
+def test_every_row_of_the_data_sets_is_inside_its_declared_domain(
+    dataset: str, databases: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """The data sets are written to meet their configs (``values:``, ``nullable:``,
+    ``null_when:``): no row is left out, so the sessions read every person."""
+    config = parse_config(DATASETS[dataset].config(databases(dataset), tmp_path / "ledger.db"))
+    with sqlite3.connect(databases(dataset)) as conn:
+        for t in config.tables.values():
+            view = _dpgate_view(conn, t)
+            (stored,) = conn.execute(f"SELECT COUNT(*) FROM {t.name}").fetchone()
+            (kept,) = conn.execute(f"SELECT COUNT(*) FROM {view}").fetchone()
+            assert kept == stored, f"{dataset}.{t.name}: {stored - kept} rows outside"
 
 
 @pytest.mark.parametrize("name", sorted(SESSIONS))

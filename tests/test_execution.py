@@ -98,6 +98,25 @@ def _normal(v: Any) -> Any:
     return v
 
 
+def test_negated_tests_run_negated(demo_db: Path) -> None:
+    """``NOT LIKE``, ``NOT ILIKE`` and ``IS NOT NULL`` count the rows their positive form
+    does not (sqlglot 30 marks them with a ``negate`` flag, which the compiler once
+    dropped: ``NOT LIKE`` ran as ``LIKE``)."""
+    engine = open_protected_engine(f"sqlite:///{demo_db}", statement_timeout_ms=60_000)
+    config = as_the_gateway_reads(engine, demo_config(f"sqlite:///{demo_db}"))
+    count = "SELECT COUNT(*) FROM patients WHERE "
+    ((everyone,),) = exact(engine, config, "SELECT COUNT(*) FROM patients", set())
+    for positive, negated in (
+        ("zip LIKE '1%'", "zip NOT LIKE '1%'"),
+        ("city ILIKE 'eg%'", "city NOT ILIKE 'eg%'"),
+        ("glucose IS NULL", "glucose IS NOT NULL"),
+    ):
+        ((yes,),) = exact(engine, config, count + positive, set())
+        ((no,),) = exact(engine, config, count + negated, set())
+        assert 0 < yes < everyone and yes + no == everyone, (positive, yes, no)
+    engine.dispose()
+
+
 # -- docs/design.md, invariant 6: influence is bounded in the executed SQL -----------------
 
 

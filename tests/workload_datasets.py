@@ -10,8 +10,9 @@ deterministically (seeded) and quickly, with the config its admin would write.
   age, sex, marital status, education, employment, occupation, income, hours worked and
   the household's size and tenure) and ``areas`` (the public list of statistical areas
   with their region and settlement type, which ``persons.area`` references). Income is
-  missing (NULL) under 15, occupation and hours worked for whoever does not work, as in
-  census files (the PUMS person file codes them "N/A").
+  missing (NULL) under 15, employment status under 16, occupation and hours worked for
+  whoever is not employed, as in census files (the PUMS person file codes them "N/A"),
+  and the config says so (``null_when``).
 
 The distributions are loosely modelled on public statistics (age pyramids, education
 and income shares); no real record is used.
@@ -324,7 +325,7 @@ def build_census(path: Path, *, persons: int = PERSONS, seed: int = CENSUS_SEED)
             sex TEXT NOT NULL,
             marital_status TEXT NOT NULL,
             education TEXT NOT NULL,
-            employment TEXT NOT NULL,
+            employment TEXT,
             occupation TEXT,
             hours_worked INTEGER,
             income INTEGER,
@@ -365,7 +366,7 @@ def build_census(path: Path, *, persons: int = PERSONS, seed: int = CENSUS_SEED)
                 marital = rng.choices(MARITAL, weights)[0]
             education = _education(rng, age)
             if age < 16:
-                employment = "Not in labour force"
+                employment = None  # not asked under 16
             elif age >= 67:
                 employment = rng.choices(EMPLOYMENT, (8, 1, 91))[0]
             else:
@@ -411,17 +412,32 @@ def census_config(database: Path, ledger: Path) -> dict[str, Any]:
                     "sex": {"type": "text", "values": ["F", "M"], "nullable": False},
                     "marital_status": {"type": "text", "values": list(MARITAL), "nullable": False},
                     "education": {"type": "text", "values": list(EDUCATION), "nullable": False},
-                    "employment": {"type": "text", "values": list(EMPLOYMENT), "nullable": False},
-                    # not asked of whoever does not work (the census codes it N/A)
-                    "occupation": {"type": "text", "values": list(OCCUPATIONS), "nullable": True},
+                    # asked from 16 on (the labour-force universe)
+                    "employment": {
+                        "type": "text",
+                        "values": list(EMPLOYMENT),
+                        "null_when": "age < 16",
+                    },
+                    # asked of the employed, and only of them (under 16, employment is
+                    # NULL: `employment <> 'Employed'` would not hold there)
+                    "occupation": {
+                        "type": "text",
+                        "values": list(OCCUPATIONS),
+                        "null_when": "employment IS NULL OR employment <> 'Employed'",
+                    },
                     "hours_worked": {
                         "type": "integer",
                         "lower": 0,
                         "upper": 99,
-                        "nullable": True,
+                        "null_when": "employment IS NULL OR employment <> 'Employed'",
                     },
-                    # not asked under 15
-                    "income": {"type": "integer", "lower": 0, "upper": 500_000, "nullable": True},
+                    # asked from 15 on
+                    "income": {
+                        "type": "integer",
+                        "lower": 0,
+                        "upper": 500_000,
+                        "null_when": "age < 15",
+                    },
                     "household_size": {
                         "type": "integer",
                         "lower": 1,

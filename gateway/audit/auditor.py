@@ -116,6 +116,10 @@ class Auditor:
         self._builders = {
             name: FormulaBuilder(t, through.get(name)) for name, t in self.tables.items()
         }
+        # what every row of a table meets by declaration (``null_when``), read once
+        self._constraints = {
+            name: builder.domain_constraints() for name, builder in self._builders.items()
+        }
         self._state: dict[tuple[str, str], TableKnowledge] = {}
         self._saturated: set[tuple[str, str]] = set()
         self._pending: dict[tuple[str, str], tuple[str, TableKnowledge, TableKnowledge]] = {}
@@ -331,6 +335,8 @@ class Auditor:
                 if id(piece) not in seen:
                     seen.add(id(piece))
                     new.update(dict.fromkeys(c.dimension for c in piece.conditions()))
+        # the declared constraints on the columns it reads come with it (``components``)
+        new.update(dict.fromkeys(base.constrained(frozenset(new))[0]))
         owner: dict[str, DimensionKey] = {}
         for dim in [*known, *new]:
             for column in sorted(dim.columns):
@@ -394,7 +400,7 @@ class Auditor:
         self._bring_back(key[0])
         kn = self._state.get(key)
         if kn is None:
-            kn = TableKnowledge(self.tables[key[1]])
+            kn = TableKnowledge(self.tables[key[1]], constraints=self._constraints[key[1]])
             self._state[key] = kn
         return kn
 

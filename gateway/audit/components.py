@@ -7,6 +7,12 @@ constant. So the span of all answered regions is the sum of the spans of *compon
 also knows the regions that use no dimension at all (``COUNT(*)`` over everyone), which
 are therefore copied into each. Each component has its own, much smaller, cell space;
 a query that bridges components merges them (replaying their rows in a fresh space).
+
+A declared domain constraint (``null_when``) ties its dimensions together: a component
+using any of them holds them all, and the constraint with them (``CellSpace``). A
+component that comes to need a constraint it did not hold replays its rows in a fresh
+space holding it, so that every region of the component leaves out the cells the
+constraint rules out, the old ones too.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import numpy as np
 
 from gateway.audit.confidence import CountNoise
 from gateway.audit.knowledge import Knowledge, NoiseTerms, RowInfo
-from gateway.audit.predicates import TRUE, DimensionKey, Formula
+from gateway.audit.predicates import TRUE, DimensionKey, DomainConstraint, Formula
 from gateway.audit.space import CellSpace
 from gateway.audit.span import coefficients, in_span
 from gateway.core.config import TableConfig
@@ -52,12 +58,30 @@ class TableKnowledge:
     constant_rows: tuple[tuple[RowInfo, Formula], ...] = ()
     query_ids: frozenset[str] = frozenset()
     universe_added: bool = False  # the last ``extend`` shared a derived everyone-row
+    constraints: tuple[DomainConstraint, ...] = ()  # the table's declared (``null_when``)
+
+    def constrained(
+        self, used: frozenset[DimensionKey]
+    ) -> tuple[frozenset[DimensionKey], tuple[DomainConstraint, ...]]:
+        """``used`` with the dimensions of every constraint on a column they claim
+        (repeatedly: constraints sharing a column come together), and those constraints."""
+        found: list[DomainConstraint] = []
+        changed = True
+        while changed:
+            changed = False
+            claimed = frozenset().union(*(d.columns for d in used))
+            for c in self.constraints:
+                if c not in found and c.columns & claimed:
+                    found.append(c)
+                    used = used | c.dimensions
+                    changed = True
+        return used, tuple(c for c in self.constraints if c in found)
 
     def extend(self, rows: Rows, extend_one: ExtendFn) -> tuple[TableKnowledge, list[Extension]]:
         """The knowledge with ``rows`` added, and the components that changed."""
         self = replace(self, universe_added=False)
         rows = [(r.with_formula(f), f) for r, f in rows]
-        used = frozenset(c.dimension for _, f in rows for c in f.conditions())
+        used = self.constrained(frozenset(c.dimension for _, f in rows for c in f.conditions()))[0]
         parts = list(self.parts)
         dims = list(self.dims)
         constant_rows = self.constant_rows
@@ -73,9 +97,13 @@ class TableKnowledge:
                 changes.append(Extension(i, old, new, touched))
         else:
             hit = [i for i, d in enumerate(dims) if (d & used) or not d]
-            base = parts[hit[0]] if len(hit) == 1 else _replay(self, hit, extend_one)
-            old, new, touched = extend_one(base, rows)
             merged_dims = frozenset().union(used, *(dims[i] for i in hit))
+            needed = self.constrained(merged_dims)[1]
+            if len(hit) == 1 and set(needed) <= set(parts[hit[0]].space.constraints):
+                base = parts[hit[0]]
+            else:
+                base = _replay(self, hit, extend_one, needed)
+            old, new, touched = extend_one(base, rows)
             keep = [i for i in range(len(parts)) if i not in hit]
             parts = [parts[i] for i in keep] + [new]
             dims = [dims[i] for i in keep] + [merged_dims]
@@ -119,9 +147,15 @@ class TableKnowledge:
         return out, changes
 
 
-def _replay(tk: TableKnowledge, hit: list[int], extend_one: ExtendFn) -> Knowledge:
-    """One component holding the dimensionless rows and the rows of components ``hit``."""
-    kn = Knowledge(space=CellSpace(tk.table))
+def _replay(
+    tk: TableKnowledge,
+    hit: list[int],
+    extend_one: ExtendFn,
+    constraints: tuple[DomainConstraint, ...],
+) -> Knowledge:
+    """One component holding the dimensionless rows and the rows of components ``hit``,
+    in a space that holds ``constraints``."""
+    kn = Knowledge(space=CellSpace(tk.table, constraints))
     replay: Rows = list(tk.constant_rows)
     for i in hit:
         for info in tk.parts[i].info:
@@ -141,8 +175,15 @@ def _replay(tk: TableKnowledge, hit: list[int], extend_one: ExtendFn) -> Knowled
 
 def _universe(kn: Knowledge) -> RowInfo | None:
     """A row for "everyone" when ``kn``'s span holds it: its count is the same
-    combination of noisy answers (unknown if it needs an unanswered or count-less row)."""
-    if kn.space.n_atoms == 0 or np.any(kn.block_of[: kn.space.n_atoms] < 0):
+    combination of noisy answers (unknown if it needs an unanswered or count-less row).
+    Atoms empty by declaration (``CellSpace.possible_atoms``) are in no region and need
+    not be: everyone is every row there can be."""
+    if kn.space.n_atoms == 0:
+        return None
+    untouched = kn.block_of[: kn.space.n_atoms] < 0
+    if np.any(untouched) and (
+        not kn.space.constraints or np.any(untouched & kn.space.possible_atoms())
+    ):
         return None
     estimate = 0.0
     pending = unknown = False

@@ -67,6 +67,19 @@ class Formula:
         return [c for ch in self.children for c in ch.conditions()]
 
 
+@dataclass(frozen=True, slots=True)
+class DomainConstraint:
+    """A condition every row of the table meets because the compiled SQL reads no row
+    that breaks it (``gateway/core/domain.py``, ``row_filter``): a column declared NULL
+    exactly when a condition holds (``null_when``). Cells where ``formula`` is not TRUE
+    hold no row: the cell space leaves them out of every region (``space``).
+    ``dimensions`` are those it reads, ``columns`` the table columns they claim."""
+
+    formula: Formula
+    dimensions: frozenset[DimensionKey]
+    columns: frozenset[str]
+
+
 TRUE = Formula("const", const=2)
 FALSE = Formula("const", const=0)
 NULL = Formula("const", const=1)

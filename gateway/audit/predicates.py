@@ -39,6 +39,7 @@ from gateway.audit.formulas import (
     Condition,
     DimensionKey,
     DimKind,
+    DomainConstraint,
     Formula,
     conj,
     disj,
@@ -48,6 +49,7 @@ from gateway.audit.formulas import (
 )
 from gateway.audit.normalise import Normaliser, may_be_null
 from gateway.core.config import TableConfig
+from gateway.core.domain import null_condition
 from gateway.core.joins import PublicLookup
 
 __all__ = [
@@ -302,6 +304,23 @@ class FormulaBuilder:
 
             return self.branches(inner, result)
         return None
+
+    def domain_constraints(self) -> tuple[DomainConstraint, ...]:
+        """The table's declared ``null_when`` conditions, each as the rows it keeps: the
+        column IS NULL exactly where the condition IS TRUE (a NULL condition does not
+        hold), as the compiled SQL's domain filter reads it (``gateway/core/domain.py``)."""
+        out = []
+        for name, col in self.table.columns.items():
+            condition = null_condition(col)
+            if condition is None:
+                continue
+            holds = is_true(self.formula(condition))
+            is_null = self.formula(exp.Is(this=exp.column(name), expression=exp.Null()))
+            formula = disj(conj(is_null, holds), conj(neg(is_null), neg(holds)))
+            dimensions = frozenset(c.dimension for c in formula.conditions())
+            claimed = frozenset().union(*(d.columns for d in dimensions))
+            out.append(DomainConstraint(formula, dimensions, claimed))
+        return tuple(out)
 
     def counted(self, node: exp.Expr) -> Formula:
         """The rows where ``node`` is not NULL (what COUNT(node) counts)."""

@@ -14,6 +14,12 @@ Each axis of the space groups the pieces that no condition seen so far tells apa
 (``age > 30`` needs two groups, ``age IN (20, 40)`` puts 20 and 40 in one). The space is
 the product of these groups over the dimensions the scope has used, kept as a dense
 grid that maps each cell to its *atom*: cells no answered region tells apart are one atom.
+
+A product cannot say that one column is NULL exactly when another says so (a declared
+``null_when``): a space that holds such a constraint's dimensions also holds the
+constraint (``DomainConstraint``), and every region leaves out the cells where it is not
+TRUE, as the compiled SQL reads no row there. Those cells are in no region, so no
+combination of answers determines them, and they never count as a group.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from gateway.audit.formulas import Condition, DimensionKey, Formula, Prefix
+from gateway.audit.formulas import TRUE, Condition, DimensionKey, DomainConstraint, Formula, Prefix
 from gateway.core.config import ColumnConfig, TableConfig
 from gateway.core.domain import clamped, declared_values
 
@@ -365,17 +371,25 @@ class Dimension:
 
 
 class CellSpace:
-    """The grid of one (scope, table): dimensions and the atom id of every cell."""
+    """The grid of one (scope, table): dimensions and the atom id of every cell.
 
-    def __init__(self, table: TableConfig) -> None:
+    ``constraints``: the declared domain constraints this space holds, its dimensions
+    refined for them from the start, so that every region it ever computes leaves out
+    the cells they rule out (a region computed before they were there would keep them)."""
+
+    def __init__(self, table: TableConfig, constraints: tuple[DomainConstraint, ...] = ()) -> None:
         self.table = table
         self.dims: list[Dimension] = []
         self.index: dict[DimensionKey, int] = {}
         self.atom_of = np.zeros((), dtype=np.int32)
         self.n_atoms = 1
+        self.constraints = constraints
+        if constraints:
+            self.ensure(c.formula for c in constraints)
 
     def copy(self) -> CellSpace:
         other = CellSpace(self.table)
+        other.constraints = self.constraints
         other.dims = [_copy_dim(d) for d in self.dims]
         other.index = dict(self.index)
         other.atom_of = self.atom_of
@@ -455,8 +469,20 @@ class CellSpace:
         return out
 
     def mask(self, f: Formula, memo: dict[int, np.ndarray] | None = None) -> np.ndarray:
-        """Cells where the predicate is TRUE (the rows a WHERE keeps)."""
-        return np.broadcast_to(self.truth(f, memo) == T, self.atom_of.shape)
+        """Cells where the predicate is TRUE (the rows a WHERE keeps), among those the
+        space's domain constraints leave (the rows the SQL reads at all)."""
+        memo = {} if memo is None else memo
+        kept = self.truth(f, memo) == T
+        for c in self.constraints:
+            kept = kept & (self.truth(c.formula, memo) == T)
+        return np.broadcast_to(kept, self.atom_of.shape)
+
+    def possible_atoms(self) -> np.ndarray:
+        """Per atom, whether it holds a cell the domain constraints leave (one that rows
+        can fill): the others are empty by declaration."""
+        out = np.zeros(self.n_atoms, dtype=bool)
+        out[self.atom_of[self.mask(TRUE)]] = True
+        return out
 
     def split(self, label: np.ndarray, n_labels: int) -> np.ndarray:
         """Split atoms by a labelling of cells (0..n_labels); returns the parent atom of

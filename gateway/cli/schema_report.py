@@ -1,8 +1,9 @@
 """The part of ``dpgate config check`` that compares the config with the protected
 database's catalogue (``gateway/sql/engines/catalogue.py``) and says what the catalogue means
 for analysts: which declared tables and columns are missing (problems), and, per table,
-which columns may hold NULL, whether the privacy unit is kept unique, which keys and
-constraints were found, and what the engine could not tell.
+which columns may hold NULL (and which are declared NULL exactly when a condition holds),
+whether the privacy unit is kept unique, which keys and constraints were found, and what
+the engine could not tell.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ MEANINGS = {
         "table made by CREATE TABLE AS, or written by Spark, has every column nullable"
     ),
     "unknown": "nullability unknown: taken as nullable (as above); declare `nullable:`",
+    "null_when": (
+        "NULL exactly when (`null_when`): a row whose column is NULL where its condition "
+        "does not hold, or holds a value where it does, is left out of every query (a test "
+        "per row in the compiled SQL, like undeclared values); the auditor knows the groups "
+        "such rows would form are empty, so they are never refused as small"
+    ),
     "unique": (
         "kept unique: one row per unit holds by the database's own enforcement, so the "
         "compiled SQL needs no per-unit bound (faster; answers are the same)"
@@ -111,6 +118,7 @@ def _table_notes(t: TableConfig, facts: TableFacts, seen: set[str], engine: str)
     lines = [f"tables.{t.name} ({where}): {len(facts.columns)} column(s) in the database"]
     for kind, line in (
         *_nullability_notes(t, facts),
+        *_null_when_notes(t, facts),
         *_unit_notes(t, facts),
         *_unit_index_notes(t, facts, engine, where),
         *_constraint_notes(facts),
@@ -137,6 +145,24 @@ def _nullability_notes(t: TableConfig, facts: TableFacts) -> list[tuple[str, str
         lines.append(("nullable", f"may hold NULL: {', '.join(nullable)}"))
     if unknown:
         lines.append(("unknown", f"nullability unknown: {', '.join(unknown)}"))
+    return lines
+
+
+def _null_when_notes(t: TableConfig, facts: TableFacts) -> list[tuple[str, str]]:
+    """The columns declared NULL exactly when a condition holds, with the condition; and
+    where the catalogue keeps such a column NOT NULL, that no row where it holds is read."""
+    lines = []
+    for c in t.columns.values():
+        if c.null_when is None:
+            continue
+        line = f"NULL exactly when: {c.name} ({c.null_when})"
+        found = facts.column(c.name)
+        if found is not None and found.nullable is False:
+            line += (
+                " — but the database keeps it NOT NULL: every row where the condition "
+                "holds is left out of every query"
+            )
+        lines.append(("null_when", line))
     return lines
 
 

@@ -44,6 +44,12 @@ class ColumnConfig:
     upper: float | None = None
     values: tuple[Any, ...] | None = None
     nullable: bool | None = None  # None: not declared (the catalogue decides, else True)
+    # ``null_when``: a condition on the table's other declared columns (SQL, as
+    # ``gateway.core.config_nulls`` reads it) that holds exactly on the rows where this
+    # column is NULL. Part of the declared domain: rows where it does not are left out of
+    # every query (gateway/core/domain.py, ``row_filter``), and the auditor knows the
+    # regions they would fill are empty.
+    null_when: str | None = None
     # The database itself keeps the column inside its declared domain (catalogue NOT NULL
     # where NULL is outside it, CHECK constraints admitting declared values only), so the
     # compiled SQL does not filter on it (gateway/sql/constraints.py). Read, never declared.

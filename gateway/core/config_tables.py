@@ -16,6 +16,7 @@ from gateway.core.config import (
     TableConfig,
 )
 from gateway.core.config_access import parse_grants
+from gateway.core.config_nulls import parse_null_when
 from gateway.core.config_problems import _Validator
 
 
@@ -60,6 +61,7 @@ def _tables(v: _Validator, raw: Any) -> dict[str, TableConfig]:
         unit = traw.get("privacy_unit")
         if unit is not None and str(unit).lower() not in columns:
             v.problem(f"{path}.privacy_unit: '{unit}' is not a declared column")
+        columns = _null_conditions(v, path, traw, columns, unit)
         tables[str(tname).lower()] = TableConfig(
             name=str(tname),
             columns=columns,
@@ -74,6 +76,40 @@ def _tables(v: _Validator, raw: Any) -> dict[str, TableConfig]:
             grants=parse_grants(v, f"{path}.grants", traw.get("grants")),
         )
     return _joins(v, raw, tables)
+
+
+def _null_conditions(
+    v: _Validator,
+    path: str,
+    traw: Mapping[str, Any],
+    columns: dict[str, ColumnConfig],
+    unit: Any,
+) -> dict[str, ColumnConfig]:
+    """Each column's ``null_when`` read over the table's declared columns
+    (``gateway.core.config_nulls``). A column NULL where a condition holds may be NULL:
+    undeclared, its ``nullable`` is true (the catalogue cannot make the rows where the
+    condition holds impossible); declared false, it contradicts the condition."""
+    out = dict(columns)
+    for name, col in columns.items():
+        if col.null_when is None:
+            continue
+        where = f"{path}.columns.{col.name}.null_when"
+        if traw.get("public") is True:
+            v.problem(
+                f"{where}: a public table's rows are public as they are; null_when "
+                "declares the domain of a protected table"
+            )
+            continue
+        if col.nullable is False:
+            v.problem(f"{where}: the column is declared nullable: false, so it is never NULL")
+            continue
+        text, problems = parse_null_when(
+            col.null_when, name, columns, str(unit).lower() if unit is not None else None
+        )
+        for problem in problems:
+            v.problem(f"{where}: {problem}")
+        out[name] = replace(col, null_when=text, nullable=True)
+    return out
 
 
 def _joins(
@@ -271,7 +307,7 @@ def _column(v: _Validator, path: str, name: str, raw: Any) -> ColumnConfig | Non
     if not isinstance(raw, Mapping):
         v.problem(f"{path}: must be a mapping like {{type: integer, lower: 0, upper: 120}}")
         return None
-    v.no_unknown(raw, path, {"type", "lower", "upper", "values", "nullable"})
+    v.no_unknown(raw, path, {"type", "lower", "upper", "values", "nullable", "null_when"})
     ctype = v.choice(raw, f"{path}.type", COLUMN_TYPES, None)
     if ctype is None:
         return None
@@ -320,6 +356,10 @@ def _column(v: _Validator, path: str, name: str, raw: Any) -> ColumnConfig | Non
     if nullable is not None and not isinstance(nullable, bool):
         v.problem(f"{path}.nullable: must be true or false")
         nullable = None
+    null_when = raw.get("null_when")
+    if null_when is not None and not isinstance(null_when, str):
+        v.problem(f"{path}.null_when: must be a SQL condition, as a string")
+        null_when = None
     return ColumnConfig(
         name=name,
         type=ctype,  # type: ignore[arg-type]
@@ -327,4 +367,5 @@ def _column(v: _Validator, path: str, name: str, raw: Any) -> ColumnConfig | Non
         upper=upper,
         values=values,
         nullable=nullable,
+        null_when=null_when,
     )

@@ -13,21 +13,28 @@ reads a protected table as:
   them; a boolean column only TRUE and FALSE.
 - **NULL only where nullable**: a column declared (or, by default, catalogued) ``nullable:
   false`` keeps only the rows where it is not NULL.
+- **NULL exactly where declared**: a column with ``null_when`` keeps only the rows where
+  it is NULL exactly when that condition on other columns holds (is TRUE), the condition
+  read as every query reads those columns (bounded numbers clamped).
 
-Rows that a ``values:`` list or a ``nullable: false`` leaves out are left out of *every*
-query on the table, ``COUNT(*)`` included: the table dpgate protects is the rows inside
-the declared domain (``row_filter``). So a region "outside the domain" never exists, in
-SQL or in the auditor; the auditor's pieces per column are the declared values (or the
-bounded interval) plus NULL exactly when the column is nullable.
+Rows that a ``values:`` list, a ``nullable: false`` or a ``null_when`` leaves out are left
+out of *every* query on the table, ``COUNT(*)`` included: the table dpgate protects is
+the rows inside the declared domain (``row_filter``). So a region "outside the domain"
+never exists, in SQL or in the auditor; the auditor's pieces per column are the declared
+values (or the bounded interval) plus NULL exactly when the column is nullable, and the
+cells a ``null_when`` rules out hold no row (``gateway/audit/space.py``).
 """
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
+import sqlglot
 from sqlglot import exp
 
 from gateway.core.config import ColumnConfig, TableConfig
+from gateway.core.config_nulls import READ_DIALECT
 
 
 def clamped(col: ColumnConfig) -> bool:
@@ -66,9 +73,65 @@ def row_filter(table: TableConfig) -> exp.Expr | None:
             parts.append(member)
         elif not col.may_be_null:
             parts.append(exp.Not(this=exp.Is(this=column, expression=exp.Null())))
+    for name, col in table.columns.items():
+        condition = null_condition(col)
+        if condition is not None:
+            parts.append(_null_exactly_when(name, _read_as_declared(condition, table)))
     if not parts:
         return None
     return exp.and_(*parts, copy=False) if len(parts) > 1 else parts[0]  # fresh nodes
+
+
+def null_condition(col: ColumnConfig) -> exp.Expr | None:
+    """The column's ``null_when`` condition (a fresh tree over bare column names), or
+    None. The config has checked it (``gateway.core.config_nulls``)."""
+    return None if col.null_when is None else _parsed(col.null_when).copy()
+
+
+@cache
+def _parsed(text: str) -> exp.Expr:
+    return sqlglot.parse_one(text, read=READ_DIALECT)
+
+
+def _null_exactly_when(name: str, condition: exp.Expr) -> exp.Expr:
+    """``(1 where the condition is TRUE, else 0) = (1 where the column is NULL, else 0)``:
+    the rows where the column is NULL exactly when the condition holds (a NULL
+    condition does not hold). Integers, not booleans: every engine compares them."""
+
+    def one_if(test: exp.Expr) -> exp.Expr:
+        return exp.Case(
+            ifs=[exp.If(this=test, true=exp.Literal.number(1))], default=exp.Literal.number(0)
+        )
+
+    is_null = exp.Is(this=exp.column(name, quoted=True), expression=exp.Null())
+    return exp.EQ(this=one_if(exp.Paren(this=condition)), expression=one_if(is_null))
+
+
+def _read_as_declared(condition: exp.Expr, table: TableConfig) -> exp.Expr:
+    """``condition`` over quoted column names, each bounded number read clamped to its
+    bounds where it is compared (as every query reads it: a value beyond a bound counts
+    as the bound); ``IS NULL`` reads the column itself (clamping keeps NULL as NULL)."""
+
+    def rewrite(node: exp.Expr) -> exp.Expr:
+        if not isinstance(node, exp.Column):
+            return node
+        quoted = exp.column(node.name, quoted=True)
+        col = table.columns[node.name]
+        if isinstance(node.parent, exp.Is) or not clamped(col):
+            return quoted
+        assert col.lower is not None and col.upper is not None
+        whole = col.type == "integer"  # whole-number bounds (the config checks)
+        lower = _literal(int(col.lower) if whole else col.lower, col.type)
+        upper = _literal(int(col.upper) if whole else col.upper, col.type)
+        return exp.Case(
+            ifs=[
+                exp.If(this=exp.LT(this=quoted.copy(), expression=lower), true=lower.copy()),
+                exp.If(this=exp.GT(this=quoted.copy(), expression=upper), true=upper.copy()),
+            ],
+            default=quoted,
+        )
+
+    return condition.transform(rewrite, copy=False)
 
 
 def _literal(value: Any, ctype: str) -> exp.Expr:

@@ -21,7 +21,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
+from sqlglot import exp
+
 from gateway.core.config import ColumnConfig, Reference, TableConfig
+from gateway.core.config_nulls import READ_DIALECT
+from gateway.core.domain import null_condition
 
 __all__ = [
     "PublicLookup",
@@ -69,8 +73,10 @@ def relation(
     """The anchor with every lookup's columns beside its own.
 
     ``required``: the lookups an inner join requires to match, whose columns keep their
-    declared nullability; the others' columns may be NULL. None (the auditor's view): every
-    lookup column may be NULL.
+    declared nullability and ``null_when`` (over the relation's names of its columns);
+    the others' columns may be NULL, whatever their condition says (a row that matches
+    nothing has NULL everywhere). None (the auditor's view): every lookup column may be
+    NULL.
     """
     base = tables[anchor]
     columns: dict[str, ColumnConfig] = dict(base.columns)
@@ -82,9 +88,26 @@ def relation(
         keep = required is not None and ref.table in required
         for name, col in tables[ref.table].columns.items():
             columns[relation_column(ref.table, name)] = replace(
-                col, nullable=col.nullable if keep else True, determined_by=claim
+                col,
+                nullable=col.nullable if keep else True,
+                determined_by=claim,
+                null_when=_null_when_in_relation(col, ref.table) if keep else None,
             )
     return replace(base, columns=columns)
+
+
+def _null_when_in_relation(col: ColumnConfig, table: str) -> str | None:
+    """A lookup column's ``null_when`` over the relation's names of the lookup's columns."""
+    condition = null_condition(col)
+    if condition is None:
+        return None
+
+    def renamed(node: exp.Expr) -> exp.Expr:
+        if isinstance(node, exp.Column):
+            return exp.column(relation_column(table, node.name), quoted=True)
+        return node
+
+    return condition.transform(renamed).sql(dialect=READ_DIALECT)
 
 
 def audit_relations(

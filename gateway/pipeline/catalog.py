@@ -1,5 +1,6 @@
 """The public catalogue: what the admin declared about the protected tables (names,
-types, bounds, value domains, privacy units). Read from the config only, never from the
+types, bounds, value domains, the conditions under which a column is NULL, privacy
+units). Read from the config only, never from the
 protected database (its statistics, such as row estimates, would leak)."""
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ def public_schema(tables: Mapping[str, TableConfig]) -> dict[str, Any]:
                 col["lower"], col["upper"] = c.lower, c.upper
             if c.values is not None:
                 col["values"] = list(c.values)
+            if c.null_when is not None:
+                col["null_when"] = c.null_when  # NULL exactly when this holds
             if c.name.lower() == t.privacy_unit:
                 col["privacy_unit"] = True
             columns.append(col)
