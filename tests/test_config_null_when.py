@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from gateway.cli import main
 from gateway.core.config import ConfigError
@@ -177,13 +177,15 @@ def test_the_schema_publishes_the_condition() -> None:
     assert "null_when" not in columns["age"]
 
 
-def test_config_check_lists_the_declared_conditions(tmp_path: Path) -> None:
+def _config_check(tmp_path: Path, employment: str) -> Result:
+    """``dpgate config check`` of the census config over an empty database whose
+    ``employment`` column is declared ``employment`` in its DDL."""
     db = tmp_path / "census.db"
     with sqlite3.connect(db) as conn:
         conn.execute(
             "CREATE TABLE persons (person_id INTEGER PRIMARY KEY, age INTEGER NOT NULL, "
-            "employment TEXT, occupation TEXT, hours_worked INTEGER, retired INTEGER, "
-            "moved_in TEXT, area TEXT)"
+            f"employment {employment}, occupation TEXT, hours_worked INTEGER, "
+            "retired INTEGER, moved_in TEXT, area TEXT)"
         )
         conn.execute("CREATE TABLE areas (area TEXT PRIMARY KEY, region TEXT)")
     raw = _raw()
@@ -191,7 +193,11 @@ def test_config_check_lists_the_declared_conditions(tmp_path: Path) -> None:
     raw["ledger"]["url"] = f"sqlite:///{tmp_path / 'ledger.db'}"
     path = tmp_path / "dpgate.yaml"
     path.write_text(yaml.safe_dump(raw))
-    result = CliRunner().invoke(main, ["config", "check", str(path)])
+    return CliRunner().invoke(main, ["config", "check", str(path)])
+
+
+def test_config_check_lists_the_declared_conditions(tmp_path: Path) -> None:
+    result = _config_check(tmp_path, "TEXT")
     assert result.exit_code == 0, result.output
     assert "NULL exactly when: employment (age < 16)" in result.output
     assert (
@@ -209,20 +215,7 @@ def test_config_check_lists_the_declared_conditions(tmp_path: Path) -> None:
 def test_config_check_warns_of_a_condition_on_a_column_kept_not_null(tmp_path: Path) -> None:
     """The catalogue's NOT NULL and a condition that holds somewhere leave out every row
     where it holds: said, from catalogue metadata alone."""
-    db = tmp_path / "census.db"
-    with sqlite3.connect(db) as conn:
-        conn.execute(
-            "CREATE TABLE persons (person_id INTEGER PRIMARY KEY, age INTEGER NOT NULL, "
-            "employment TEXT NOT NULL, occupation TEXT, hours_worked INTEGER, "
-            "retired INTEGER, moved_in TEXT, area TEXT)"
-        )
-        conn.execute("CREATE TABLE areas (area TEXT PRIMARY KEY, region TEXT)")
-    raw = _raw()
-    raw["database"]["url"] = f"sqlite:///{db}"
-    raw["ledger"]["url"] = f"sqlite:///{tmp_path / 'ledger.db'}"
-    path = tmp_path / "dpgate.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    result = CliRunner().invoke(main, ["config", "check", str(path)])
+    result = _config_check(tmp_path, "TEXT NOT NULL")
     assert result.exit_code == 0, result.output
     (line,) = [x for x in result.output.splitlines() if "NOT NULL:" in x]
     assert "NULL exactly when: employment (age < 16)" in line
