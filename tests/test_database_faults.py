@@ -18,6 +18,7 @@ import os
 import shutil
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +37,8 @@ from tests.conftest import ADMIN_KEY, POSTGRES_URL, demo_config_dict
 SQL = "SELECT COUNT(*) FROM patients WHERE age > 40"
 #: A statement blocked by a lock is cut here (charged: it reached the database).
 STATEMENT_TIMEOUT_MS = 300
+#: How long a recreated PostgreSQL database may take to answer again.
+RESUME_S = 30.0
 
 
 class Load:
@@ -216,14 +219,21 @@ def test_a_postgres_database_dropped_and_back_answers_truthful_503s(
         load.stop.wait(1.5)
         lost = ready.get("/readyz")
         recreate()
-        load.stop.wait(1.5)
+        back_at = len(load.results)
+        # answers resume once it is back: how soon depends on the server — on a 2-core
+        # machine a recreated database's statements ran past the 300 ms statement timeout
+        # for up to ~5 s (2026-11-27, on the code before that day's changes too), so the
+        # 1.5 s this test gave it failed in 5 of 7 runs
+        waited = time.monotonic()
+        while time.monotonic() - waited < RESUME_S and not any(
+            s == 200 for _, s, _ in load.results[back_at:]
+        ):
+            load.stop.wait(0.1)
         back = ready.get("/readyz")
     finally:
         results = load.finish()
     assert lost.status_code == 503 and back.status_code == 200, (lost.json, back.json)
     codes = {(s, (b.get("error") or {}).get("detail", {}).get("charged")) for _, s, b in results}
     assert (503, False) in codes  # no database to connect to: refunded
-    # answers resume once it is back (one of the last few: under load a single one may
-    # still miss its deadline, a charged 503 that check_truthful below accounts for)
-    assert any(s == 200 for _, s, _ in results[-5:]), results[-5:]
+    assert any(s == 200 for _, s, _ in results[back_at:]), results[-5:]
     check_truthful(gateway, results)
