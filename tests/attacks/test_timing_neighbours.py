@@ -142,8 +142,8 @@ def paired_sample(
     Open loop, not "the next pair once both answered": a client that waits for the slower
     of two servers couples them, and with identical databases one server settled into a
     slower regime for a whole sample (closed loop, 6 pairs in flight, identical tables:
-    KS p < 1e-3 in 8 of 9 runs, on the code before and after the schedule counted from
-    arrivals), which would make any difference — or none — look like a leak."""
+    KS p < 1e-3 in 7 of 12 runs before the schedule counted from arrivals, 5 of 15
+    after), which would make any difference — or none — look like a leak."""
 
     def one_pair(i: int, at: float) -> tuple[Observation, Observation]:
         epsilon = query_epsilon() * (1 + (first + i) * 1e-6)
