@@ -217,6 +217,7 @@ class ReleaseTiming:
         self._lock = threading.Lock()
         # (arrival, release moment on the public schedule) of the queries started lately
         self._pending: list[tuple[float, float]] = []
+        self._prune_at = FORGET_BATCH  # prune ``_pending`` when it grows past this
         self._stretch: dict[str, float] = {}  # analysts whose misses stretch deadlines
         self._arrivals: list[float] = []  # when requests reached the pipeline (sorted)
         self._by_scope: dict[str, deque[Arrival]] = {}  # the same, per audit scope
@@ -440,9 +441,10 @@ class ReleaseTiming:
     def _forget_pending(self, now: float) -> None:
         """Drop release moments no query fixed from now on can count (holding the lock):
         those before the earliest ``since`` still possible, ``HORIZON_S`` ago."""
-        if len(self._pending) > FORGET_BATCH:
+        if len(self._pending) > self._prune_at:  # amortised: not a rebuild per query
             horizon = now - HORIZON_S
             self._pending = [(a, t) for a, t in self._pending if t > horizon]
+            self._prune_at = max(FORGET_BATCH, 2 * len(self._pending))
 
     def _admission_ms(
         self, plan: QueryPlan, table: TableConfig, sql: str, in_flight: int = 1, ahead: int = 0
