@@ -43,6 +43,7 @@ from gateway.pipeline.timing import (
     StatementSlots,
     admitted_by,
 )
+from gateway.sql.compile import CompiledQuery
 
 pytestmark = pytest.mark.timing
 
@@ -67,7 +68,7 @@ def deadline_of(gw: Gateway, sql: str) -> float | None:
     planned = gw.planner.plan(request(sql))
     plan = planned.plan  # type: ignore[union-attr]
     compiled = gw._compile(planned)  # type: ignore[arg-type]
-    return gw.timing.deadline_ms(plan, gw.config.tables[plan.table], compiled.sql)
+    return gw.timing.deadline_ms(plan, gw.config.tables[plan.table], compiled)
 
 
 def drop_one_patient(db: Path) -> None:
@@ -132,9 +133,9 @@ def test_the_deadline_follows_the_querys_cost(
     # the release moment waits for more when more statements are in flight (public)
     planned = gw.planner.plan(request("SELECT COUNT(*) FROM patients"))
     plan = planned.plan  # type: ignore[union-attr]
-    sql = gw._compile(planned).sql  # type: ignore[arg-type]
+    compiled = gw._compile(planned)  # type: ignore[arg-type]
     table = gw.config.tables["patients"]
-    many = gw.timing.deadline_ms(plan, table, sql, in_flight=20)
+    many = gw.timing.deadline_ms(plan, table, compiled, in_flight=20)
     assert many is not None and many > count
     # and when the machine is busy (its load average, in steps)
     model = gw.timing.model
@@ -155,11 +156,11 @@ def test_requests_present_lengthen_a_statements_allowance_not_its_slot(
     gw = make_gateway(execution={**DEADLINE, "interpreter_ms": 3})
     planned = gw.planner.plan(request("SELECT COUNT(*) FROM patients"))
     plan = planned.plan  # type: ignore[union-attr]
-    sql = gw._compile(planned).sql  # type: ignore[arg-type]
+    compiled = gw._compile(planned)  # type: ignore[arg-type]
     table = gw.config.tables["patients"]
 
     def allowance_and_reservation() -> tuple[float, float]:
-        clock = gw.timing.start(plan, table, sql, 10_000)
+        clock = gw.timing.start(plan, table, compiled, 10_000)
         assert clock.statement_until is not None and clock.fixed_at is not None
         slot = max(gw.timing._slot_free)
         return clock.statement_until - clock.fixed_at, slot - clock.fixed_at
@@ -188,26 +189,26 @@ def test_the_schedule_counts_from_the_arrival_not_from_the_admissions_end(
     plan = planned.plan  # type: ignore[union-attr]
     table = first.config.tables["patients"]
 
-    def fresh() -> tuple[Gateway, str]:
+    def fresh() -> tuple[Gateway, CompiledQuery]:
         gw = make_gateway(execution={**DEADLINE, "admission_ms": 200})
-        return gw, gw._compile(planned).sql  # type: ignore[arg-type]
+        return gw, gw._compile(planned)  # type: ignore[arg-type]
 
-    prompt, sql = fresh()
+    prompt, compiled = fresh()
     since = prompt.timing.arrived()
-    quick = prompt.timing.start(plan, table, sql, 10_000, arrival=since)
+    quick = prompt.timing.start(plan, table, compiled, 10_000, arrival=since)
     assert quick.release_at is not None
     slow, _ = fresh()
     since_slow = slow.timing.arrived()
     time.sleep(0.03)  # an admission slowed down, within its 200 ms
     for _ in range(5):  # and requests that arrived meanwhile
         slow.timing.arrived()
-    late = slow.timing.start(plan, table, sql, 10_000, arrival=since_slow)
+    late = slow.timing.start(plan, table, compiled, 10_000, arrival=since_slow)
     assert late.release_at is not None
     assert late.release_at - since_slow.at == pytest.approx(quick.release_at - since.at, abs=1e-6)
     overrun, _ = fresh()
     since_overrun = overrun.timing.arrived()
     time.sleep(0.25)  # past its allowance: one step later (400 ms), not 50 ms later
-    stepped = overrun.timing.start(plan, table, sql, 10_000, arrival=since_overrun)
+    stepped = overrun.timing.start(plan, table, compiled, 10_000, arrival=since_overrun)
     assert stepped.release_at is not None
     moved = (stepped.release_at - since_overrun.at) - (quick.release_at - since.at)
     assert moved == pytest.approx(0.200, abs=1e-6)
@@ -225,17 +226,17 @@ def test_requests_ahead_in_the_lane_count_whichever_fixed_its_schedule_first(
     planned = first.planner.plan(request("SELECT COUNT(*) FROM patients"))
     plan = planned.plan  # type: ignore[union-attr]
     table = first.config.tables["patients"]
-    sql = first._compile(planned).sql  # type: ignore[arg-type]
+    compiled = first._compile(planned)  # type: ignore[arg-type]
 
     def second_after(first_fixes_first: bool, scope_b: str = "erin") -> float:
         timing = make_gateway(execution={**DEADLINE, "admission_ms": 50}).timing
         a = timing.arrived("erin")
         b = timing.arrived(scope_b)
         if first_fixes_first:
-            timing.start(plan, table, sql, 10_000, arrival=a)
-        clock = timing.start(plan, table, sql, 10_000, arrival=b)
+            timing.start(plan, table, compiled, 10_000, arrival=a)
+        clock = timing.start(plan, table, compiled, 10_000, arrival=b)
         if not first_fixes_first:
-            timing.start(plan, table, sql, 10_000, arrival=a)
+            timing.start(plan, table, compiled, 10_000, arrival=a)
         assert clock.release_at is not None
         return clock.release_at - b.at
 
@@ -488,11 +489,11 @@ def test_a_fixed_deadline_takes_no_slot(make_gateway: Callable[..., Gateway]) ->
     gw = make_gateway(execution={**DEADLINE, "deadline_ms": 300})
     planned = gw.planner.plan(request("SELECT COUNT(*) FROM patients"))
     plan = planned.plan  # type: ignore[union-attr]
-    sql = gw._compile(planned).sql  # type: ignore[arg-type]
+    compiled = gw._compile(planned)  # type: ignore[arg-type]
     table = gw.config.tables["patients"]
     for _ in range(8):
         now = time.monotonic()
-        clock = gw.timing.start(plan, table, sql, 10_000)
+        clock = gw.timing.start(plan, table, compiled, 10_000)
         assert clock.starts_at is None and clock.release_at is not None
         assert clock.release_at - now == pytest.approx(0.3, abs=0.05)
 
@@ -649,7 +650,7 @@ def test_an_analysts_own_misses_stretch_their_deadlines_and_no_one_elses(
     compiled = gw._compile(planned)  # type: ignore[arg-type]
     table = gw.config.tables["patients"]
     before = list(gw.timing._slot_free)
-    clock = gw.timing.start(plan, table, compiled.sql, 10_000, analyst="erin")
+    clock = gw.timing.start(plan, table, compiled, 10_000, analyst="erin")
     assert clock.starts_at is not None and clock.statement_until is not None
     (reserved,) = [b for a, b in zip(before, gw.timing._slot_free, strict=True) if a != b]
     assert reserved - clock.starts_at == pytest.approx((base - kept) / 1000, abs=2e-3)

@@ -12,6 +12,7 @@ from pathlib import Path
 from gateway.core.config import Config
 from gateway.pipeline.calibration import Calibration, measure
 from gateway.pipeline.cost_model import EngineCosts
+from gateway.sql.compile import CompiledQuery
 
 
 def measure_config(cfg: Config, repeat: int) -> Calibration:
@@ -27,9 +28,9 @@ def measure_config(cfg: Config, repeat: int) -> Calibration:
         try:
             timeout = cfg.database.statement_timeout_ms
 
-            def compile_sql(sql: str) -> str:
+            def compile_sql(sql: str) -> CompiledQuery:
                 plan = gateway.analyze(sql)
-                return gateway.compile(plan).sql
+                return gateway.compile(plan)
 
             def run(sql: str) -> object:
                 return run_aggregate(gateway.engine, sql, timeout_ms=timeout)
@@ -45,7 +46,7 @@ def measure_lines(cfg: Config, cal: Calibration) -> list[str]:
     ex = cfg.execution
     configured = EngineCosts(
         row_ns=ex.row_ns or 0,
-        char_ns=ex.char_ns or 0,
+        op_ns=ex.op_ns or 0,
         sort_ns=ex.sort_ns or 0,
         join_ns=ex.join_ns or 0,
         base_ms=ex.base_ms or 0,
@@ -92,7 +93,7 @@ def measure_lines(cfg: Config, cal: Calibration) -> list[str]:
         f"  deadline_margin: {margin:g}{note}   # slowest of {cal.cpus} concurrent runs: "
         f"{cal.spread:.2f} x the suggested model, at load {cal.load:.1f}"
     )
-    for name in ("row_ns", "char_ns", "sort_ns", "join_ns", "group_ns", "base_ms"):
+    for name in ("row_ns", "op_ns", "sort_ns", "join_ns", "group_ns", "base_ms"):
         value = getattr(s, name)
         now = getattr(configured, name)
         note = "" if not now else f"   # configured {now:g}" + (" (lower)" if now < value else "")

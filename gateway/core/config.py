@@ -210,7 +210,7 @@ class ExecutionConfig:
     (response time then depends on the data).
 
     The deadline is the cost model's (``gateway/pipeline/cost_model.py``: declared row counts,
-    the engine's per-row costs — ``row_ns``, ``char_ns``, ``sort_ns``, ``join_ns``, ``group_ns``,
+    the engine's per-row costs — ``row_ns``, ``op_ns``, ``sort_ns``, ``join_ns``, ``group_ns``,
     ``base_ms`` override them —, the query's shape, the gateway's concurrency), times
     ``deadline_margin``, plus ``post_ms`` for the work after the statement, never below
     ``min_deadline_ms``, plus ``interpreter_ms`` per other request present in the process
@@ -234,7 +234,7 @@ class ExecutionConfig:
     admission_ms: float = 4.0  # a query's own admission, from its arrival (same module)
     load_aware: bool = False
     row_ns: float | None = None  # the cost model's per-row costs (None: the engine's)
-    char_ns: float | None = None
+    op_ns: float | None = None
     sort_ns: float | None = None
     join_ns: float | None = None
     group_ns: float | None = None

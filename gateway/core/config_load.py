@@ -121,6 +121,13 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
         address_per_minute=v.integer(li, "limits.address_per_minute", None, low=1),
     )
     ex = v.section(raw, "execution")
+    if "char_ns" in ex:
+        v.problem(
+            "execution.char_ns: replaced by execution.op_ns, the cost of one operation of a "
+            "statement per row (not one character); `dpgate config check --measure` "
+            "suggests it"
+        )
+        ex = {k: val for k, val in ex.items() if k != "char_ns"}
     v.no_unknown(
         ex,
         "execution",
@@ -134,7 +141,7 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
             "admission_ms",
             "load_aware",
             "row_ns",
-            "char_ns",
+            "op_ns",
             "sort_ns",
             "join_ns",
             "group_ns",
@@ -161,7 +168,7 @@ def parse_config(raw: Any, *, base_dir: Path | None = None, source: Path | None 
         admission_ms=_non_negative(v, ex, "execution.admission_ms", 4.0),
         load_aware=load_aware,
         row_ns=v.number(ex, "execution.row_ns", None, positive=True),
-        char_ns=v.number(ex, "execution.char_ns", None, positive=True),
+        op_ns=v.number(ex, "execution.op_ns", None, positive=True),
         sort_ns=v.number(ex, "execution.sort_ns", None, positive=True),
         join_ns=v.number(ex, "execution.join_ns", None, positive=True),
         group_ns=v.number(ex, "execution.group_ns", None, positive=True),

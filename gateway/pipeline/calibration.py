@@ -3,7 +3,7 @@
 
 The release deadline of a query is the cost model's estimate of its statement
 (``gateway/pipeline/cost_model.py``) times a margin, and the estimate rests on per-row costs of
-the engine (``execution.row_ns``, ``char_ns``, ``sort_ns``, ``join_ns``, ``group_ns``,
+the engine (``execution.row_ns``, ``op_ns``, ``sort_ns``, ``join_ns``, ``group_ns``,
 ``base_ms``) and
 declared row counts (``tables.<t>.rows``). Built-in figures fit a loaded 2-core machine
 running SQLite; this module measures them where the gateway will run:
@@ -13,7 +13,7 @@ running SQLite; this module measures them where the gateway will run:
 - per table and query shape, the running time of the statement dpgate compiles for it
   (the real compiler, the real catalogue facts: a table whose unit the database keeps
   unique gets no window; the engine's own plan, with whatever indexes it has): a count, a
-  bounded SUM, a long WHERE (per-character work), a GROUP BY over declared values (the
+  bounded SUM, a long WHERE (per-operation work), a GROUP BY over declared values (the
   group bound), a quantile (its grid of cumulative counts) and a join along each
   declared reference; the median of ``repeat`` runs after a warm-up run;
 - the coefficients: a non-negative least-squares fit of the model to every measured
@@ -51,12 +51,13 @@ from gateway.core.config import TableConfig
 from gateway.core.joins import matched_lookups
 from gateway.pipeline.cost_model import EngineCosts
 from gateway.sql import dialects
+from gateway.sql.compile import CompiledQuery
 
 #: Runs of each statement after its warm-up run; the median is kept.
 REPEAT = 5
 #: The per-row coefficients, in the order of the fit's columns.
-COEFFICIENTS = ("row_ns", "char_ns", "sort_ns", "join_ns", "group_ns")
-#: Conditions in the long WHERE of the per-character shape (each a comparison of a
+COEFFICIENTS = ("row_ns", "op_ns", "sort_ns", "join_ns", "group_ns")
+#: Conditions in the long WHERE of the per-operation shape (each a comparison of a
 #: bounded column with a literal: the analyst's cheapest per-row work, written out long).
 LONG_WHERE_TERMS = 24
 
@@ -75,6 +76,7 @@ class Shape:
     ms: float  # median running time
     group_keys: int = 0  # GROUP BY keys of the analyst's query
     lookups: int | None = None  # tables joined (None: one if ``lookup_rows``, else none)
+    row_ops: float = 0.0  # operations per row read (``gateway/sql/row_work.py``)
 
     def features(self) -> list[float]:
         """Nanoseconds per unit of each coefficient (``COEFFICIENTS``), as in
@@ -82,7 +84,7 @@ class Shape:
         joins = float(self.lookups if self.lookups is not None else bool(self.lookup_rows))
         return [
             float(self.rows + self.lookup_rows),
-            float(self.rows * len(self.sql)),
+            float(self.rows * self.row_ops),
             self.windows * self.largest * math.log2(max(2, self.largest)),
             joins * self.rows,
             float(self.rows * self.group_keys),
@@ -128,15 +130,15 @@ def estimate_ms(shape: Shape, costs: EngineCosts) -> float:
 
 def measure(
     tables: Mapping[str, TableConfig],
-    compile_sql: Callable[[str], str],
+    compile_sql: Callable[[str], CompiledQuery],
     run: Callable[[str], object],
     engine: str,
     *,
     repeat: int = REPEAT,
 ) -> Calibration:
     """Measure every table of ``tables`` (see the module doc). ``compile_sql(sql)`` gives
-    the statement dpgate compiles for an analyst's query, ``run(statement)`` runs
-    one on the protected database; both are the gateway's own."""
+    the statement dpgate compiles for an analyst's query (its text and row operations),
+    ``run(statement)`` runs one on the protected database; both are the gateway's own."""
     base_ms = _timed(run, "SELECT 1", repeat)
     counts: dict[str, int] = {}
     for key, t in tables.items():
@@ -148,7 +150,8 @@ def measure(
         if t.public:
             continue
         for name, sql, joined in shape_queries(t, tables):
-            statement = compile_sql(sql)
+            compiled = compile_sql(sql)
+            statement = compiled.sql
             # the lookups the statement reads: the one the shape joins, and those every
             # query on the table joins (``every_row_matches``), as the cost model counts
             read = {n.lower() for n in matched_lookups(tables, key)}
@@ -165,6 +168,7 @@ def measure(
                     windows=statement.upper().count(" OVER ("),
                     largest=max(counts[key], lookup),
                     ms=_timed(run, statement, repeat),
+                    row_ops=compiled.row_ops,
                     group_keys=1 if " GROUP BY " in sql.upper() else 0,
                     lookups=len(read),
                 )
@@ -263,7 +267,7 @@ def fit(shapes: Sequence[Shape], base_ms: float) -> EngineCosts:
     ``base_ms`` best in relative error, the per-row cost then raised until the model's
     estimate reaches every measured time: the margin is left for load and jitter only."""
     if not shapes:
-        return EngineCosts(row_ns=0, char_ns=0, sort_ns=0, join_ns=0, base_ms=base_ms, group_ns=0)
+        return EngineCosts(row_ns=0, op_ns=0, sort_ns=0, join_ns=0, base_ms=base_ms, group_ns=0)
     a = np.array([s.features() for s in shapes], dtype=float)
     y = np.array([max(0.0, s.ms - base_ms) * 1e6 for s in shapes])
     weight = 1 / np.maximum(y, 1e3)  # relative error, a microsecond at least
@@ -289,9 +293,9 @@ def fit(shapes: Sequence[Shape], base_ms: float) -> EngineCosts:
     # every shape reads rows: the per-row cost is raised until each shape is covered
     deficit = (y - a @ coef) / np.maximum(a[:, 0], 1)
     coef[0] += max(0.0, float(np.max(deficit)))
-    row, char, sort, join, group = (float(c) for c in coef)
+    row, op, sort, join, group = (float(c) for c in coef)
     return EngineCosts(
-        row_ns=row, char_ns=char, sort_ns=sort, join_ns=join, base_ms=base_ms, group_ns=group
+        row_ns=row, op_ns=op, sort_ns=sort, join_ns=join, base_ms=base_ms, group_ns=group
     )
 
 
@@ -300,7 +304,7 @@ def rounded_up(costs: EngineCosts) -> EngineCosts:
     stays the smallest step, 1/64)."""
     return EngineCosts(
         row_ns=power_of_two_up(costs.row_ns),
-        char_ns=power_of_two_up(costs.char_ns),
+        op_ns=power_of_two_up(costs.op_ns),
         sort_ns=power_of_two_up(costs.sort_ns),
         join_ns=power_of_two_up(costs.join_ns),
         base_ms=power_of_two_up(costs.base_ms),
@@ -322,7 +326,7 @@ def round_rows_up(n: int) -> int:
 
 
 def _per_row(costs: EngineCosts) -> list[float]:
-    return [costs.row_ns, costs.char_ns, costs.sort_ns, costs.join_ns, costs.group_ns]
+    return [costs.row_ns, costs.op_ns, costs.sort_ns, costs.join_ns, costs.group_ns]
 
 
 def _timed(run: Callable[[str], object], sql: str, repeat: int) -> float:

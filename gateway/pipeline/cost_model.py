@@ -6,9 +6,9 @@ never the protected rows nor the running time of any statement (docs/privacy.md,
 "Timing"):
 
 - the query's plan and its compiled statement (a function of the plan and the config):
-  which tables it reads, how many keys it groups each row by, how much expression text
-  each row evaluates (domain filters, a
-  quantile's bucket, a LIKE's pattern all weigh in), how many window functions (the read
+  which tables it reads, how many keys it groups each row by, how many operations each
+  row evaluates (``gateway/sql/row_work.py``: domain filters, a quantile's bucket, a
+  LIKE's pattern all weigh in), how many window functions (the read
   bound) sort, its joins, how many (group, bucket) rows its quantiles' fine histograms
   can hold (``histogram_rows``) and how many of them, those near the target rank, they
   bring back for the exponential mechanism to weigh (``histogram_returned``);
@@ -16,7 +16,7 @@ never the protected rows nor the running time of any statement (docs/privacy.md,
   declares public, like a column's bounds; ``dpgate config check --measure`` counts
   and suggests it), and whether the read bound needs a sort (the unit column is not
   kept unique by the database: catalogue facts, read at start-up);
-- per engine, **per-row costs** (``execution.row_ns``, ``char_ns``, ``sort_ns``,
+- per engine, **per-row costs** (``execution.row_ns``, ``op_ns``, ``sort_ns``,
   ``join_ns``, ``group_ns``, ``base_ms``): built-in figures fitted on a loaded 2-core
   machine, or the admin's own;
 - the gateway's concurrency: how many queries of this process are in flight when the
@@ -47,7 +47,12 @@ from dataclasses import dataclass
 
 from gateway.core.config import ExecutionConfig, TableConfig
 from gateway.core.plan import QueryPlan
-from gateway.sql.compile import HISTOGRAM_WINDOWS, WINDOW_MARGIN, widest_window
+from gateway.sql.compile import (
+    HISTOGRAM_WINDOWS,
+    WINDOW_MARGIN,
+    CompiledQuery,
+    widest_window,
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ class EngineCosts:
     """Per-row costs of one engine, in nanoseconds, and its fixed cost per statement."""
 
     row_ns: float  # reading one row
-    char_ns: float  # one character of the compiled statement, evaluated on one row
+    op_ns: float  # one operation of the compiled statement (row_work.py), on one row
     sort_ns: float  # one row's share of a window's sort, per log2(rows) (the read bound)
     join_ns: float  # one row's probe of a lookup table
     base_ms: float  # a statement's fixed cost (connection, planning, round trips)
@@ -67,20 +72,18 @@ class EngineCosts:
 #: to the demo's queries on a 2-core machine under load and rounded up; the others are
 #: scaled from it, generously where the engine plans for long (Spark).
 ENGINE_COSTS: Mapping[str, EngineCosts] = {
-    "sqlite": EngineCosts(row_ns=64, char_ns=1, sort_ns=64, join_ns=512, base_ms=1, group_ns=256),
-    "duckdb": EngineCosts(row_ns=32, char_ns=0.5, sort_ns=32, join_ns=128, base_ms=3, group_ns=64),
-    "postgres": EngineCosts(
-        row_ns=128, char_ns=1, sort_ns=64, join_ns=512, base_ms=3, group_ns=256
-    ),
+    "sqlite": EngineCosts(row_ns=64, op_ns=1, sort_ns=64, join_ns=512, base_ms=1, group_ns=256),
+    "duckdb": EngineCosts(row_ns=32, op_ns=0.5, sort_ns=32, join_ns=128, base_ms=3, group_ns=64),
+    "postgres": EngineCosts(row_ns=128, op_ns=1, sort_ns=64, join_ns=512, base_ms=3, group_ns=256),
     "clickhouse": EngineCosts(
-        row_ns=32, char_ns=0.5, sort_ns=32, join_ns=128, base_ms=10, group_ns=64
+        row_ns=32, op_ns=0.5, sort_ns=32, join_ns=128, base_ms=10, group_ns=64
     ),
     "spark": EngineCosts(
-        row_ns=256, char_ns=2, sort_ns=128, join_ns=1024, base_ms=3000, group_ns=512
+        row_ns=256, op_ns=2, sort_ns=128, join_ns=1024, base_ms=3000, group_ns=512
     ),
 }
 GENERIC_COSTS = EngineCosts(
-    row_ns=512, char_ns=4, sort_ns=256, join_ns=2048, base_ms=20, group_ns=1024
+    row_ns=512, op_ns=4, sort_ns=256, join_ns=2048, base_ms=20, group_ns=1024
 )
 
 
@@ -139,15 +142,15 @@ class CostModel:
     engine: EngineCosts
     cpus: int
 
-    def statement_ms(self, plan: QueryPlan, sql: str) -> float | None:
-        """What the plan's statement ``sql`` (compiled from the plan and the config:
+    def statement_ms(self, plan: QueryPlan, compiled: CompiledQuery) -> float | None:
+        """What the plan's statement ``compiled`` (compiled from the plan and the config:
         public) costs alone on the machine, in ms — an estimate from public facts; the
         caller adds the margin and the concurrency —, or ``None`` when a table it reads
         has no declared row count.
 
         Per row of the anchor table: reading it, and evaluating the statement's
-        expressions (its length stands for them: domain filters, a quantile's bucket, a
-        LIKE's pattern), and grouping it by each GROUP BY key; per window function (the
+        operations (``compiled.row_ops``: domain filters, a quantile's bucket, a LIKE's
+        pattern), and grouping it by each GROUP BY key; per window function (the
         read bound of a table whose unit is not unique), a sort of the largest table
         read; per lookup, reading it and one probe per anchor row; per quantile, two sorts
         of the most (group, bucket) rows its histogram can hold (``histogram_rows``), and
@@ -157,7 +160,10 @@ class CostModel:
         if anchor is None or anchor.rows is None:
             return None
         e = self.engine
-        ns = anchor.rows * (e.row_ns + len(sql) * e.char_ns + len(plan.group_keys) * e.group_ns)
+        sql = compiled.sql
+        ns = anchor.rows * (
+            e.row_ns + compiled.row_ops * e.op_ns + len(plan.group_keys) * e.group_ns
+        )
         largest = anchor.rows
         if plan.join is not None:
             for t in plan.join.tables[1:]:
@@ -199,7 +205,7 @@ def build_model(
     base = ENGINE_COSTS.get(dialect, GENERIC_COSTS)
     engine = EngineCosts(
         row_ns=_either(execution.row_ns, base.row_ns),
-        char_ns=_either(execution.char_ns, base.char_ns),
+        op_ns=_either(execution.op_ns, base.op_ns),
         sort_ns=_either(execution.sort_ns, base.sort_ns),
         join_ns=_either(execution.join_ns, base.join_ns),
         base_ms=_either(execution.base_ms, base.base_ms),

@@ -342,7 +342,7 @@ class Gateway:
                 clock = self.timing.start(
                     plan,
                     table,
-                    compiled.sql,
+                    compiled,
                     self.config.database.statement_timeout_ms,
                     arrival=arrived,
                     since=max(arrived.at, lane.opened_at),
@@ -409,9 +409,8 @@ class Gateway:
         )
         # the cost model's deadline on an idle gateway (public: plan, config, model)
         table = self.config.tables[planned.plan.table]
-        sql = self._compile(planned).sql
         deadline = self.timing.deadline_ms(
-            planned.plan, table, sql, analyst=self._stretched(analyst)
+            planned.plan, table, self._compile(planned), analyst=self._stretched(analyst)
         )
         ms = None if deadline is None else int(deadline)
         return replace(release, extra={**release.extra, "release_deadline_ms": ms})

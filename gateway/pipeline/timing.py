@@ -76,6 +76,7 @@ from dataclasses import dataclass
 from gateway.core.config import ExecutionConfig, TableConfig
 from gateway.core.plan import QueryPlan
 from gateway.pipeline.cost_model import CostModel, cpu_count, machine_load
+from gateway.sql.compile import CompiledQuery
 
 #: Under a fixed ``deadline_ms``, the statement may use this share of it; the rest is
 #: kept for what follows it (noise from the pre-drawn pool, the post-audit, the durable
@@ -289,18 +290,18 @@ class ReleaseTiming:
         self,
         plan: QueryPlan,
         table: TableConfig,
-        sql: str,
+        compiled: CompiledQuery,
         in_flight: int = 1,
         *,
         analyst: str | None = None,
     ) -> float | None:
-        """The deadline of the plan's statement ``sql`` (plus what follows it) for
+        """The deadline of the plan's statement ``compiled`` (plus what follows it) for
         ``analyst`` with ``in_flight`` queries in this process, or ``None`` when timing is
         off."""
-        statement, kept = self._deadline(plan, table, sql, in_flight, self.stretch(analyst))
+        statement, kept = self._deadline(plan, table, compiled, in_flight, self.stretch(analyst))
         if statement is None:
             return None
-        return float(math.ceil(self._admission_ms(plan, table, sql) + statement + kept))
+        return float(math.ceil(self._admission_ms(plan, table, compiled) + statement + kept))
 
     def stretch(self, analyst: str | None) -> float:
         """How much ``analyst``'s own earlier misses stretch their statements' deadlines
@@ -333,7 +334,7 @@ class ReleaseTiming:
         self,
         plan: QueryPlan,
         table: TableConfig,
-        sql: str,
+        compiled: CompiledQuery,
         in_flight: int,
         stretch: float = 1.0,
     ) -> tuple[float | None, float]:
@@ -344,7 +345,7 @@ class ReleaseTiming:
             kept = (fixed or 0) * (1 - STATEMENT_SHARE)
             return (None if fixed is None else fixed - kept), kept
         ex = self.execution
-        estimate = None if self.model is None else self.model.statement_ms(plan, sql)
+        estimate = None if self.model is None else self.model.statement_ms(plan, compiled)
         if estimate is None or self.model is None:
             kept = FALLBACK_DEADLINE_MS * (1 - STATEMENT_SHARE)
             return FALLBACK_DEADLINE_MS - kept, kept
@@ -367,7 +368,7 @@ class ReleaseTiming:
         self,
         plan: QueryPlan,
         table: TableConfig,
-        sql: str,
+        compiled: CompiledQuery,
         statement_timeout_ms: int,
         *,
         arrival: Arrival | None = None,
@@ -400,18 +401,18 @@ class ReleaseTiming:
             in_flight = 1 + sum(1 for a, t in self._pending if a <= since < t)
             # the public schedule (slots, queries in flight) takes the unstretched
             # deadline: one analyst's misses move no other analyst's release moment
-            scheduled, kept = self._deadline(plan, table, sql, in_flight)
+            scheduled, kept = self._deadline(plan, table, compiled, in_flight)
             stretch = 1.0 if analyst is None else self._stretch.get(analyst, 1.0)
-            statement, _ = self._deadline(plan, table, sql, in_flight, stretch)
+            statement, _ = self._deadline(plan, table, compiled, in_flight, stretch)
             assert statement is not None and scheduled is not None
             # Only statements the cost model sizes take a slot: a fixed or fallback
             # deadline is a worst case chosen for any concurrency, and reserving a slot
             # for all of it would hold the others back for nothing.
-            scheduling = self._model_sized(plan, table, sql)
+            scheduling = self._model_sized(plan, table, compiled)
             # the others' Python work: this query's allowance, not its slot's reservation
             shared = self._interpreter_ms(since, in_flight) if scheduling else 0.0
             ahead = 0 if arrival is None else self._ahead_in_scope(arrival, since)
-            allowance = self._admission_ms(plan, table, sql, in_flight, ahead)
+            allowance = self._admission_ms(plan, table, compiled, in_flight, ahead)
             ready = admitted_by(since, allowance, now)
             slot = min(range(len(self._slot_free)), key=self._slot_free.__getitem__)
             starts_at = max(ready, self._slot_free[slot]) if scheduling else ready
@@ -447,7 +448,12 @@ class ReleaseTiming:
             self._prune_at = max(FORGET_BATCH, 2 * len(self._pending))
 
     def _admission_ms(
-        self, plan: QueryPlan, table: TableConfig, sql: str, in_flight: int = 1, ahead: int = 0
+        self,
+        plan: QueryPlan,
+        table: TableConfig,
+        compiled: CompiledQuery,
+        in_flight: int = 1,
+        ahead: int = 0,
     ) -> float:
         """The schedule's allowance for a query's admission with ``in_flight`` queries in
         this process and ``ahead`` of its own scope before it in the lane:
@@ -456,14 +462,14 @@ class ReleaseTiming:
         (their admissions and post-audits hold the lane first, one at a time), under
         the cost model; a fixed or fallback deadline, a worst case, counts from the
         arrival and includes it."""
-        if self.model is None or not self._model_sized(plan, table, sql):
+        if self.model is None or not self._model_sized(plan, table, compiled):
             return 0.0
         return self.execution.admission_ms * (
             self.model.load_factor(in_flight) + AHEAD_SHARE * ahead
         )
 
-    def _model_sized(self, plan: QueryPlan, table: TableConfig, sql: str) -> bool:
+    def _model_sized(self, plan: QueryPlan, table: TableConfig, compiled: CompiledQuery) -> bool:
         """Whether the cost model sets this statement's deadline (not a fixed one)."""
         if deadline_ms(self.execution, table) is not None or self.model is None:
             return False
-        return self.model.statement_ms(plan, sql) is not None
+        return self.model.statement_ms(plan, compiled) is not None

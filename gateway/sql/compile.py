@@ -53,6 +53,7 @@ from gateway.sql.compile_values import (
 from gateway.sql.engines.dialects import for_engine
 from gateway.sql.join_keys import JoinKeys
 from gateway.sql.portable import data_type, portable
+from gateway.sql.row_work import row_operations
 from mechanisms import quantile_sensitivity
 from mechanisms.histogram_quantile import MAX_LEVELS, window_ranks_at_cap
 
@@ -80,6 +81,9 @@ class CompiledQuery:
     #: bucket, count, values below the bucket, values in the cell): NULL on the aggregate
     #: rows, set on the rows of each quantile's fine histogram near its target rank.
     n_histograms: int = 0
+    #: The operations the statement evaluates per row it reads (``gateway/sql/row_work.py``):
+    #: the cost model's measure of its expressions.
+    row_ops: float = 0.0
 
 
 def compile_plan(
@@ -144,15 +148,19 @@ def compile_plan(
     statement = for_engine(statement, table, dialect, plan.join.tables if plan.join else None)
     # The tree is this call's own (no node of the plan is in it), so the generator may
     # work on it in place: copying it cost a third of compiling.
+    row_ops = row_operations(statement)
     sql = statement.sql(dialect=dialects.dialect(dialect), copy=False)
     if isinstance(domain, exp.Column) and domain.name == _DOMAIN_MARK:
-        sql = _with_domain_filter(sql, table, dialect, statement)
+        placed = _placed(statement)
+        sql = _with_domain_filter(sql, table, dialect, statement, placed)
+        row_ops += _domain_sql[(id(table), dialect)][3] * placed
     return CompiledQuery(
         sql=sql,
         n_keys=len(plan.group_keys),
         n_measures=len(plan.measures),
         has_unit_count=selection,
         n_histograms=len(histograms),
+        row_ops=row_ops,
     )
 
 
@@ -165,8 +173,8 @@ def compile_plan(
 _DOMAIN_MARK = "dp'domain_filter"
 # The dialects whose statements ``for_engine`` leaves as they are (gateway/sql/engines/).
 _PLACEHOLDER_DIALECTS = ("sqlite", "postgres", "duckdb")
-# (table id, dialect) → (table, the placeholder's SQL, the filter's SQL)
-_domain_sql: dict[tuple[int, str], tuple[TableConfig, str, str]] = {}
+# (table id, dialect) → (table, the placeholder's SQL, the filter's SQL, its row operations)
+_domain_sql: dict[tuple[int, str], tuple[TableConfig, str, str, float]] = {}
 
 
 def _domain_placeholder(table: TableConfig, dialect: str) -> exp.Expr | None:
@@ -181,21 +189,32 @@ def _domain_placeholder(table: TableConfig, dialect: str) -> exp.Expr | None:
             return None
         sqlglot_dialect = dialects.dialect(dialect)
         mark = exp.column(_DOMAIN_MARK, quoted=True).sql(dialect=sqlglot_dialect)
-        cached = (table, mark, exp.Paren(this=condition).sql(dialect=sqlglot_dialect))
+        cached = (
+            table,
+            mark,
+            exp.Paren(this=condition).sql(dialect=sqlglot_dialect),
+            row_operations(condition),
+        )
         _domain_sql[key] = cached
     return exp.column(_DOMAIN_MARK, quoted=True)
 
 
-def _with_domain_filter(sql: str, table: TableConfig, dialect: str, query: exp.Expr) -> str:
-    """``sql`` with the domain filter's SQL in place of its placeholders."""
-    _, mark, filter_sql = _domain_sql[(id(table), dialect)]
-    placed = sum(1 for c in query.find_all(exp.Column) if c.name == _DOMAIN_MARK)
+def _with_domain_filter(
+    sql: str, table: TableConfig, dialect: str, query: exp.Expr, placed: int
+) -> str:
+    """``sql`` with the domain filter's SQL in place of its ``placed`` placeholders."""
+    _, mark, filter_sql, _ = _domain_sql[(id(table), dialect)]
     if sql.count(mark) != placed:  # e.g. a comment quoting it: generate the filter in place
         for node in list(query.find_all(exp.Column)):
             if node.name == _DOMAIN_MARK:
                 node.replace(exp.Paren(this=row_filter(table)))
         return query.sql(dialect=dialects.dialect(dialect), copy=False)
     return sql.replace(mark, filter_sql)
+
+
+def _placed(query: exp.Expr) -> int:
+    """How many domain filter placeholders ``query`` holds."""
+    return sum(1 for c in query.find_all(exp.Column) if c.name == _DOMAIN_MARK)
 
 
 def _stored(table: TableConfig) -> exp.Table:
