@@ -380,11 +380,15 @@ class ColumnSchema:
     lower: float | None = None
     upper: float | None = None
     values: tuple[Any, ...] | None = None
+    #: the condition on the table's other columns under which this one is NULL (and
+    #: only then), as the admin declared it (``null_when``); None: not declared
+    null_when: str | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ColumnSchema:
         values = data.get("values")
         nullable = data.get("nullable")
+        null_when = data.get("null_when")
         return cls(
             name=str(data.get("name")),
             type=str(data.get("type") or "text"),
@@ -394,15 +398,19 @@ class ColumnSchema:
             values=tuple(values)
             if isinstance(values, Sequence) and not isinstance(values, str)
             else None,
+            null_when=null_when if isinstance(null_when, str) else None,
         )
 
     def describe(self) -> str | None:
-        """A one-line comment for BI tools: the declared bounds and value domain."""
+        """A one-line comment for BI tools: the declared bounds, value domain and when the
+        column is NULL."""
         parts = []
         if self.lower is not None or self.upper is not None:
             parts.append(f"clamped to [{self.lower}, {self.upper}]")
         if self.values is not None:
             parts.append("values: " + ", ".join(str(v) for v in self.values))
+        if self.null_when is not None:
+            parts.append(f"NULL exactly when {self.null_when}")
         return "; ".join(parts) or None
 
 

@@ -10,7 +10,7 @@ import socket
 import pytest
 
 import dpgate_client
-from dpgate_client import Client, errors
+from dpgate_client import Client, ColumnSchema, errors
 
 try:
     from test_client_fakes import FakeGateway, error, gateway, released
@@ -389,3 +389,22 @@ def test_public_api_is_pinned() -> None:
     }
     for name in dpgate_client.__all__:
         assert hasattr(dpgate_client, name)
+
+
+def test_a_declared_null_when_reaches_the_client_and_bi_comments() -> None:
+    """``/v1/schema`` publishes a column's ``null_when``; the client keeps it and the
+    SQLAlchemy dialect's column comment says it."""
+    column = ColumnSchema.from_json(
+        {
+            "name": "occupation",
+            "type": "text",
+            "nullable": True,
+            "values": ["Clerk", "Nurse"],
+            "null_when": "employment IS NULL OR employment <> 'Employed'",
+        }
+    )
+    assert column.null_when == "employment IS NULL OR employment <> 'Employed'"
+    assert column.describe() == (
+        "values: Clerk, Nurse; NULL exactly when employment IS NULL OR employment <> 'Employed'"
+    )
+    assert ColumnSchema.from_json({"name": "age", "type": "integer"}).null_when is None
