@@ -247,6 +247,48 @@ def test_requests_ahead_in_the_lane_count_whichever_fixed_its_schedule_first(
     assert in_order - alone == pytest.approx(AHEAD_SHARE * 0.050, abs=0.01)
 
 
+def test_a_request_released_before_an_arrival_is_not_present_beside_it(
+    make_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One client asking one question after another: the answers already released when
+    the next question arrives add nothing to its schedule (they counted as present for
+    ``ARRIVAL_WINDOW_S`` before, ~9 ms on a 50 ms answer); one still on its way does,
+    and so does one refused before its statement (it has no release moment: whether it
+    was refused yet is not public)."""
+    first = make_gateway(execution=DEADLINE)
+    planned = first.planner.plan(request("SELECT COUNT(*) FROM patients"))
+    plan = planned.plan  # type: ignore[union-attr]
+    table = first.config.tables["patients"]
+    compiled = first._compile(planned)  # type: ignore[arg-type]
+    clock = [1000.0]
+    monkeypatch.setattr(gateway.pipeline.timing.time, "monotonic", lambda: clock[0])
+
+    def deadline_after(earlier: str) -> float:
+        clock[0] = 1000.0
+        timing = make_gateway(execution=DEADLINE).timing
+        if earlier != "none":
+            a = timing.arrived("erin")
+            if earlier == "refused":
+                clock[0] += 0.005
+            else:
+                released = timing.start(plan, table, compiled, 10_000, arrival=a).release_at
+                assert released is not None
+                # the next question arrives just after the answer, or just before it
+                clock[0] = released + (0.001 if earlier == "released" else -0.001)
+        b = timing.arrived("erin")
+        clock_b = timing.start(plan, table, compiled, 10_000, arrival=b)
+        assert clock_b.release_at is not None
+        return clock_b.release_at - b.at
+
+    alone = deadline_after("none")
+    assert deadline_after("released") == pytest.approx(alone, abs=1e-9)
+    assert deadline_after("on its way") > alone
+    # a refused one: present beside it, and ahead of it in its analyst's lane
+    ex = make_gateway(execution=DEADLINE).config.execution
+    extra_ms = ex.interpreter_ms + AHEAD_SHARE * ex.admission_ms
+    assert deadline_after("refused") == pytest.approx(alone + extra_ms / 1000, abs=1e-9)
+
+
 def test_what_the_schedule_remembers_of_arrivals_is_bounded(
     make_gateway: Callable[..., Gateway], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -72,18 +72,18 @@ class EngineCosts:
 #: to the demo's queries on a 2-core machine under load and rounded up; the others are
 #: scaled from it, generously where the engine plans for long (Spark).
 ENGINE_COSTS: Mapping[str, EngineCosts] = {
-    "sqlite": EngineCosts(row_ns=64, op_ns=1, sort_ns=64, join_ns=512, base_ms=1, group_ns=256),
-    "duckdb": EngineCosts(row_ns=32, op_ns=0.5, sort_ns=32, join_ns=128, base_ms=3, group_ns=64),
-    "postgres": EngineCosts(row_ns=128, op_ns=1, sort_ns=64, join_ns=512, base_ms=3, group_ns=256),
+    "sqlite": EngineCosts(row_ns=64, op_ns=8, sort_ns=64, join_ns=512, base_ms=1, group_ns=512),
+    "duckdb": EngineCosts(row_ns=32, op_ns=4, sort_ns=32, join_ns=128, base_ms=3, group_ns=128),
+    "postgres": EngineCosts(row_ns=128, op_ns=8, sort_ns=64, join_ns=512, base_ms=3, group_ns=512),
     "clickhouse": EngineCosts(
-        row_ns=32, op_ns=0.5, sort_ns=32, join_ns=128, base_ms=10, group_ns=64
+        row_ns=32, op_ns=4, sort_ns=32, join_ns=128, base_ms=10, group_ns=128
     ),
     "spark": EngineCosts(
-        row_ns=256, op_ns=2, sort_ns=128, join_ns=1024, base_ms=3000, group_ns=512
+        row_ns=256, op_ns=16, sort_ns=128, join_ns=1024, base_ms=3000, group_ns=1024
     ),
 }
 GENERIC_COSTS = EngineCosts(
-    row_ns=512, op_ns=4, sort_ns=256, join_ns=2048, base_ms=20, group_ns=1024
+    row_ns=512, op_ns=32, sort_ns=256, join_ns=2048, base_ms=20, group_ns=2048
 )
 
 

@@ -147,6 +147,10 @@ def deadline_ms(execution: ExecutionConfig, table: TableConfig) -> int | None:
     return table.deadline_ms if table.deadline_ms is not None else execution.deadline_ms
 
 
+def _arrived_at(arrival: Arrival) -> float:
+    return arrival.at
+
+
 def admitted_by(since: float, allowance_ms: float, now: float) -> float:
     """When the schedule has a query's admission done: ``allowance_ms`` after ``since``,
     or, when the admission overran that (it was done only ``now``), the first moment
@@ -205,6 +209,8 @@ class Arrival:
     at: float
     scope: str | None = None
     ready: float | None = None
+    #: its release moment on the public schedule (``None``: not fixed yet, or never)
+    released: float | None = None
 
 
 class ReleaseTiming:
@@ -220,7 +226,7 @@ class ReleaseTiming:
         self._pending: list[tuple[float, float]] = []
         self._prune_at = FORGET_BATCH  # prune ``_pending`` when it grows past this
         self._stretch: dict[str, float] = {}  # analysts whose misses stretch deadlines
-        self._arrivals: list[float] = []  # when requests reached the pipeline (sorted)
+        self._arrivals: list[Arrival] = []  # requests that reached the pipeline (by time)
         self._by_scope: dict[str, deque[Arrival]] = {}  # the same, per audit scope
         cpus = model.cpus if model is not None else cpu_count()
         #: when each statement slot's public reservation ends (``time.monotonic()``)
@@ -234,14 +240,15 @@ class ReleaseTiming:
     def arrived(self, scope: str | None = None) -> Arrival:
         """Count a request of audit ``scope`` that reached the pipeline now (public: its
         arrival time); its schedule counts from it (``start``)."""
-        now = time.monotonic()
-        arrival = Arrival(now, scope)
         if not self.active:
-            return arrival
+            return Arrival(time.monotonic(), scope)
         with self._lock:
-            self._arrivals.append(now)
+            # read under the lock: the list stays in arrival order
+            now = time.monotonic()
+            arrival = Arrival(now, scope)
+            self._arrivals.append(arrival)
             forget = now - ARRIVAL_WINDOW_S - HORIZON_S
-            old = bisect.bisect_left(self._arrivals, forget)
+            old = bisect.bisect_left(self._arrivals, forget, key=_arrived_at)
             if old > FORGET_BATCH:
                 del self._arrivals[:old]
                 # and the scopes nobody of which arrived lately (one per analyst)
@@ -276,13 +283,18 @@ class ReleaseTiming:
 
     def _interpreter_ms(self, since: float, in_flight: int) -> float:
         """The allowance for the other requests present at ``since`` (call holding the
-        lock): those in flight, or arrived within ``ARRIVAL_WINDOW_S`` before it,
-        whichever are more, this one aside — a function of arrival times and earlier
-        release moments (arrivals after ``since`` do not count, whenever they came)."""
+        lock): those in flight, or arrived within ``ARRIVAL_WINDOW_S`` before it and not
+        released by ``since``, whichever are more, this one aside — a function of arrival
+        times and earlier release moments (arrivals after ``since`` do not count,
+        whenever they came). A release moment at or before ``since`` is always fixed by
+        the time this runs (a schedule is fixed, under the lock, before the release
+        moment it sets, and ``since`` is not after now), so which arrivals count does not
+        depend on when the others' schedules were fixed; one refused before its
+        statement has no release moment and counts until it leaves the window."""
         arrivals = self._arrivals
-        recent = bisect.bisect_right(arrivals, since) - bisect.bisect_left(
-            arrivals, since - ARRIVAL_WINDOW_S
-        )
+        first = bisect.bisect_left(arrivals, since - ARRIVAL_WINDOW_S, key=_arrived_at)
+        last = bisect.bisect_right(arrivals, since, key=_arrived_at)
+        recent = sum(1 for a in arrivals[first:last] if a.released is None or a.released > since)
         others = max(in_flight, recent) - 1
         return self.execution.interpreter_ms * max(0, others)
 
@@ -389,13 +401,15 @@ class ReleaseTiming:
         (``_admission_ms``); one that took longer moves it by whole steps
         (``admitted_by``).
         """
-        now = time.monotonic()
         if not self.active:
             return ReleaseClock(release_at=None, statement_timeout_ms=statement_timeout_ms)
-        if since is None:
-            since = now if arrival is None else arrival.at
-        since = min(since, now)
         with self._lock:
+            # read under the lock: every schedule fixed before this one set its release
+            # moment after the moment it read, so none of them is later than ``now``
+            now = time.monotonic()
+            if since is None:
+                since = now if arrival is None else arrival.at
+            since = min(since, now)
             self._forget_pending(now)
             # queries that arrived before this one and are released after its arrival
             in_flight = 1 + sum(1 for a, t in self._pending if a <= since < t)
@@ -430,6 +444,7 @@ class ReleaseTiming:
             self._pending.append((since, on_schedule))
             if arrival is not None:
                 arrival.ready = ready
+                arrival.released = on_schedule
         return ReleaseClock(
             release_at=release_at,
             statement_timeout_ms=max(1, min(statement_timeout_ms, int((until - now) * 1000))),
