@@ -69,8 +69,10 @@ class EngineCosts:
 
 #: Built-in figures (the admin sets an engine's own in ``execution:``; ``dpgate config
 #: check --measure`` prints what the demo-shaped queries cost on it). SQLite's were fitted
-#: to the demo's queries on a 2-core machine under load and rounded up; the others are
-#: scaled from it, generously where the engine plans for long (Spark).
+#: to the demo's queries on a 2-core machine and rounded up (``op_ns`` and ``group_ns``
+#: on a quiet one: they put a demo statement's estimate at 1.7–1.9 times its running
+#: time; ``deadline_margin`` is left for load); the others are scaled from it, generously
+#: where the engine plans for long (Spark).
 ENGINE_COSTS: Mapping[str, EngineCosts] = {
     "sqlite": EngineCosts(row_ns=64, op_ns=8, sort_ns=64, join_ns=512, base_ms=1, group_ns=512),
     "duckdb": EngineCosts(row_ns=32, op_ns=4, sort_ns=32, join_ns=128, base_ms=3, group_ns=128),
