@@ -8,6 +8,7 @@ ledger reports as spent is exactly the sum of its rows.
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing as mp
 import os
@@ -40,6 +41,11 @@ def _client_process(
     results: Any,
     refund_every: int = 0,
 ) -> None:
+    # A forked child must not finalise what it inherited from the test worker: a CI run
+    # lost a child to "terminate called without an active exception" (C++: a native
+    # object of an earlier test, collected here, whose threads exist only in the parent)
+    # and the race then timed out. Nothing inherited is collected once frozen.
+    gc.freeze()
     led = Ledger.from_url(url, **ledger_kw)
     led.migrate()  # every process starts like a gateway worker would
     outcome: dict[str, int] = {"answered": 0, "refunded": 0, "exhausted": 0, "error": 0}
