@@ -39,6 +39,7 @@ from gateway.core.errors import DatabaseUnavailable, UnsupportedQuery
 from gateway.sql.constraints import bounded_columns, enforced_columns
 from gateway.sql.engines import SQLGLOT_DIALECTS
 from gateway.sql.engines.catalogue import sqlite_keys_never_null
+from gateway.sql.interrupts import WATCHDOG, Armed
 
 log = logging.getLogger("dpgate.execute")
 
@@ -76,7 +77,10 @@ def check_parses(sql: str, dialect: str) -> None:
     thousands of levels, far past ``gateway.sql.analyze.limits.MAX_NESTING``."""
     if dialect != "sqlite":
         return
-    probe = sqlite3.connect(":memory:")
+    # one empty in-memory database per thread: opening one per query cost ~0.1 ms
+    probe = getattr(_probes, "connection", None)
+    if probe is None:
+        probe = _probes.connection = sqlite3.connect(":memory:")
     try:
         probe.execute(sql)
     except sqlite3.Error as e:
@@ -87,8 +91,10 @@ def check_parses(sql: str, dialect: str) -> None:
                 construct="limit sqlite_parser_depth",
                 limit="sqlite_parser_depth",
             ) from None
-    finally:
-        probe.close()
+
+
+#: Each thread's empty in-memory SQLite on which ``check_parses`` prepares statements.
+_probes = threading.local()
 
 
 def _is_clickhouse(engine: sa.Engine) -> bool:
@@ -368,27 +374,24 @@ def _set_statement_timeout(engine: sa.Engine, conn: sa.Connection, timeout_ms: i
         clickhouse.prepare_statement(conn, timeout_ms)
 
 
-def _arm_timeout(engine: sa.Engine, raw: Any, deadline: float) -> threading.Timer | None:
+def _arm_timeout(engine: sa.Engine, raw: Any, deadline: float) -> Armed | None:
     backend = engine.dialect.name
-    # SQLite: ``interrupt()`` from a timer thread, not a progress handler: a handler is
+    # SQLite: ``interrupt()`` from another thread, not a progress handler: a handler is
     # Python code that takes the GIL every few thousand steps, and with a dashboard's
     # statements in flight each of those waits for the others (20 concurrent COUNTs took
-    # 0.7 s that way, against 0.05 s for one).
+    # 0.7 s that way, against 0.05 s for one). One watchdog thread for all of them
+    # (gateway/sql/interrupts.py): a timer thread per statement cost ~0.2 ms a query.
     if backend == "postgresql" or _is_clickhouse(engine):
         return None  # statement_timeout / max_execution_time is set on the connection
     interrupt = getattr(raw, "interrupt", None) or getattr(raw, "cancel", None)
     if interrupt is None:
         return None
-    timer = threading.Timer(max(0.0, deadline - time.monotonic()), interrupt)
-    timer.daemon = True
-    timer.start()
-    return timer
+    return WATCHDOG.arm(deadline, interrupt)
 
 
-def _disarm(raw: Any, timer: threading.Timer | None) -> None:
-    if timer is not None:
-        timer.cancel()
-        timer.join(1.0)  # an interrupt under way lands before the connection is reused
+def _disarm(raw: Any, armed: Armed | None) -> None:
+    if armed is not None:
+        armed.cancel()  # an interrupt under way lands before the connection is reused
     if isinstance(raw, sqlite3.Connection):
         raw.set_progress_handler(None, 0)
 

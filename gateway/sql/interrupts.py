@@ -1,0 +1,77 @@
+"""One thread per process that interrupts statements at their deadlines.
+
+A SQLite statement is stopped at its deadline by ``Connection.interrupt()`` called from
+another thread (``gateway/sql/execute.py``). A ``threading.Timer`` per statement did that,
+and starting and joining a thread for every query cost about 0.2 ms of CPU a query on
+small tables (bench/README.md, issue 34's speed). Here one daemon thread keeps the armed
+deadlines in a heap and calls each interrupt when its moment passes.
+
+``Armed.cancel()`` returns only once the interrupt can no longer run: an interrupt under
+way holds the entry's lock, so it lands before the caller reuses the connection (as the
+join of the timer thread guaranteed).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable
+
+
+class Armed:
+    """One armed interrupt: ``cancel()`` it once the statement has ended."""
+
+    __slots__ = ("_interrupt", "_lock", "at")
+
+    def __init__(self, at: float, interrupt: Callable[[], object]) -> None:
+        self.at = at
+        self._interrupt: Callable[[], object] | None = interrupt
+        self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        with self._lock:  # waits for an interrupt under way
+            # the heap keeps the entry until its moment: not the connection
+            self._interrupt = None
+
+    def fire(self) -> None:
+        with self._lock:
+            interrupt, self._interrupt = self._interrupt, None
+            if interrupt is not None:
+                interrupt()
+
+
+class Watchdog:
+    """Calls armed interrupts at their moments (``time.monotonic()``), from one thread."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Armed]] = []
+        self._seq = itertools.count()
+        self._pid = -1  # the process whose thread runs (a forked child starts its own)
+
+    def arm(self, at: float, interrupt: Callable[[], object]) -> Armed:
+        armed = Armed(at, interrupt)
+        with self._cond:
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, name="dpgate-interrupts", daemon=True).start()
+            heapq.heappush(self._heap, (at, next(self._seq), armed))
+            if self._heap[0][2] is armed:
+                self._cond.notify()
+        return armed
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    wait = None if not self._heap else self._heap[0][0] - time.monotonic()
+                    self._cond.wait(wait)
+                _, _, armed = heapq.heappop(self._heap)
+            armed.fire()  # outside the condition: arming never waits for an interrupt
+
+
+#: The process's watchdog.
+WATCHDOG = Watchdog()
