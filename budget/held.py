@@ -109,6 +109,12 @@ class HeldConnections:
         held = _Held(self._own.connect())
         # When the thread ends, its thread-local holder goes, and the connection with it.
         closer = weakref.finalize(held, _close, held.conn)
+        # Not at interpreter exit: another thread (the write queue's lingering one) may be
+        # inside a transaction on it then, and closing a SQLite connection under a thread
+        # that is using it crashes the process (seen: SIGSEGV in ``begin``). Whatever it
+        # was writing is rolled back by SQLite when the process ends; nothing committed
+        # is lost.
+        closer.atexit = False
         with self._lock:
             self._closers = [c for c in self._closers if c.alive]
             self._closers.append(closer)

@@ -18,6 +18,8 @@ from gateway.core.errors import GatewayError, SqlSyntaxError
 from gateway.core.plan import ProbePlan, QueryPlan
 from gateway.demo.hospital import catalogued, config_yaml
 from gateway.sql.analyze import analyze
+from gateway.sql.analyze.parse import parse_select
+from gateway.sql.analyze.select import uncut_sql
 
 FIXTURES = yaml.safe_load((Path(__file__).parent / "fixtures" / "analyze.yaml").read_text())
 
@@ -60,6 +62,8 @@ def test_supported(case: dict[str, Any], demo_config: Config) -> None:
         assert plan.post_query is None
     if "inner_sql" in case:  # what is charged, audited and cached: the inner query alone
         assert plan.canonical_sql == case["inner_sql"]
+    if plan.post_query is None:  # the text a cut is cached under, however it was found
+        assert plan.uncut_sql == uncut_sql(parse_select(case["sql"]))
 
 
 @pytest.mark.parametrize(

@@ -36,7 +36,7 @@ from typing import Any, NoReturn
 import sqlalchemy as sa
 
 import budget
-from budget import BudgetStatus, Reservation
+from budget import BudgetStatus, CacheProbe, Lookup, Reservation
 from gateway.core.config import Config, with_enforced_domains, with_nullability
 from gateway.core.errors import DatabaseUnavailable, Forbidden, GatewayError, LedgerUnavailable
 from gateway.core.plan import ProbePlan, QueryPlan, QueryRequest
@@ -238,17 +238,22 @@ class Gateway:
     ) -> Release:
         """Answer one request of a known ``analyst`` (in-process callers, the wire front
         end; ``groups``: a token's), or raise the ``GatewayError`` that says why not.
-        The tables the analyst may not read do not exist for this request."""
-        readable = self.readable(Principal(analyst, is_admin=False, groups=groups))
-        check_request(request, self.config.privacy)
-        planned = self.planner_for(readable).plan(request)
-        if isinstance(planned, ProbePlan):
-            return self._probe(self.charges.status(analyst), planned)
-        if not request.dry_run:
-            cached = self.cache.lookup(analyst, planned)
-            if cached is not None:
-                return _post_process(planned, cached)
-        return _post_process(planned, self._answer(analyst, planned))
+        The tables the analyst may not read do not exist for this request. As ``answer``
+        does, the grants and a release to reuse come from one ledger read."""
+        seen_open = self._open_tables
+        planned, refusal = self._plan(self.planner_for(seen_open), request)
+        with ledger_errors():
+            found = self.ledger.lookup(
+                None,
+                self._probe_for(planned),
+                access=True,
+                groups=self.access.configured_restricts,
+                name=analyst,
+            )
+        principal = Principal(analyst, is_admin=False, groups=groups)
+        if found.analyst is None:  # not in the ledger: refused where it is charged
+            found = Lookup(None, access=self.ledger.access(analyst))
+        return self._respond(principal, found, request, seen_open, planned, refusal)
 
     def answer(
         self,
@@ -267,14 +272,11 @@ class Gateway:
         # apart (gateway.pipeline.access).
         seen_open = self._open_tables
         planned, refusal = self._plan(self.planner_for(seen_open), request)
-        probe = None
-        if isinstance(planned, PlannedQuery) and not request.dry_run:
-            probe = self.cache.probe(planned)
         principal, lookup = identify(
             self.ledger,
             key,
             self.config.admin_key,
-            probe,
+            self._probe_for(planned),
             access=True,
             groups=self.access.configured_restricts,
             tokens=self.tokens,
@@ -283,6 +285,26 @@ class Gateway:
             raise Forbidden("the admin key cannot run queries: use an analyst's key")
         admit(principal)
         assert lookup is not None
+        return principal, self._respond(principal, lookup, request, seen_open, planned, refusal)
+
+    def _probe_for(self, planned: PlannedQuery | ProbePlan | None) -> CacheProbe | None:
+        """What the caller's ledger read looks for: the release of an answerable request."""
+        if isinstance(planned, PlannedQuery) and not planned.request.dry_run:
+            return self.cache.probe(planned)
+        return None
+
+    def _respond(
+        self,
+        principal: Principal,
+        lookup: Lookup,
+        request: QueryRequest,
+        seen_open: frozenset[str],
+        planned: PlannedQuery | ProbePlan | None,
+        refusal: GatewayError | None,
+    ) -> Release:
+        """The answer to ``request``, planned against ``seen_open`` before its caller was
+        known, once one ledger read (``lookup``) has brought the caller's grants and the
+        release that plan may reuse."""
         self._open_tables = self.access.open_tables(lookup.access)
         readable = self.access.readable(lookup.access, principal.groups)
         if readable != seen_open:
@@ -291,24 +313,27 @@ class Gateway:
             # lookup's release stands; otherwise nothing was probed yet. (Refusals are not
             # kept by a planner: a closed table's name is parsed and refused afresh, as
             # an undeclared one is, whoever asked about it before.)
+            probed = self._probe_for(planned) is not None
             planned, refusal = self._plan(self.planner_for(readable), request)
-            if isinstance(planned, PlannedQuery) and probe is None and not request.dry_run:
+            probe = self._probe_for(planned)
+            if probe is not None and not probed:
+                assert isinstance(planned, PlannedQuery)
                 with ledger_errors():  # the release and the budget, in one more read
-                    found = self.ledger.lookup(None, self.cache.probe(planned), name=principal.name)
+                    found = self.ledger.lookup(None, probe, name=principal.name)
                 if self.cache.usable(found.release) and found.budget is not None:
                     assert found.release is not None
                     hit = self.cache.hit(planned, found.release, found.budget)
-                    return principal, _post_process(planned, hit)
+                    return _post_process(planned, hit)
         if refusal is not None:
             raise refusal
         assert planned is not None
         if isinstance(planned, ProbePlan):
-            return principal, self._probe(self.charges.status(principal.name), planned)
+            return self._probe(self.charges.status(principal.name), planned)
         if self.cache.usable(lookup.release) and lookup.budget is not None:
             assert lookup.release is not None
             hit = self.cache.hit(planned, lookup.release, lookup.budget)
-            return principal, _post_process(planned, hit)
-        return principal, _post_process(planned, self._answer(principal.name, planned))
+            return _post_process(planned, hit)
+        return _post_process(planned, self._answer(principal.name, planned))
 
     def _plan(
         self, planner: Planner, request: QueryRequest

@@ -69,4 +69,6 @@ def analyze(sql: str, tables: Mapping[str, TableConfig]) -> QueryPlan | ProbePla
     plan = build_plan(inner, tables, outer=outer)
     if outer is not None:
         plan = replace(plan, canonical_sql=canonical_sql(select))
+    elif select.args.get("limit") is None and select.args.get("offset") is None:
+        return replace(plan, uncut_sql=plan.canonical_sql)  # nothing to cut: the same text
     return replace(plan, uncut_sql=uncut_sql(select))
