@@ -336,3 +336,89 @@ def _trials_answered(gateway: Gateway, queries: list[str]) -> int:
             continue
         answered += 1
     return answered
+
+
+# -- rows are not people (a unit with several rows) ----------------------------------------
+#
+# A count of ``visits`` counts visits, up to five a patient (``max_rows_per_unit``). Two
+# patients' ten visits are a region of ten rows: at a large ε its size is shown, with
+# confidence, to be above k = 5 — yet it is two people. The auditor asks a region for
+# (k − 1)·m + 1 rows (``Auditor.min_rows``), which are k people whatever they are.
+
+PLANTED = (999_990, 999_991)  # two patients, five visits each, alone in their cell
+
+
+def test_a_group_of_many_rows_and_few_people_is_refused(
+    demo_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten planted visits of two patients, the only visits of their department and year
+    with the longest stay, differenced at ε = 20 (each count's noise: discrete Laplace of
+    scale 5/20). Ten rows clear k = 5 by far, so before rows were told from people the
+    pair was answered in every trial; now the group must show 21 rows, so it is refused
+    unless the two noises differ by more than 11 − q ≈ 8, i.e. 32 scales: probability
+    below e^(−32) ≈ 1.3e-14 per trial — every trial refused. The honest twin, the same
+    pair over a group of 21 patients' visits, stays answered."""
+    monkeypatch.setenv("DPGATE_ADMIN_KEY", ADMIN_KEY)
+    db = tmp_path / "hospital.db"
+    shutil.copy(demo_db, db)
+    with sqlite3.connect(db) as conn:
+        (zip_code,) = conn.execute("SELECT zip FROM zip_regions ORDER BY zip LIMIT 1").fetchone()
+        (department, year) = conn.execute(
+            "SELECT department, year FROM visits GROUP BY department, year "
+            "HAVING SUM(length_of_stay = 30) = 0 ORDER BY department, year LIMIT 1"
+        ).fetchone()
+        for pid in PLANTED:
+            conn.execute(
+                "INSERT INTO patients VALUES (?, 'Planted', 'F', 50, 'Budapest', ?, 1, "
+                "6.0, 50000, 'Crohn')",
+                (pid, zip_code),
+            )
+            for _ in range(5):
+                conn.execute(
+                    "INSERT INTO visits (patient_id, year, department, length_of_stay, cost) "
+                    "VALUES (?, ?, ?, 30, 1000.0)",
+                    (pid, year, department),
+                )
+    raw = demo_config_dict(db, tmp_path / "ledger.db")
+    raw["ledger"]["url"] += "?synchronous=normal"
+    raw["privacy"]["max_epsilon_per_query"] = 20.0
+    gateway = Gateway(parse_config(raw))
+    assert gateway.auditor is not None and gateway.auditor.min_rows("visits") == 21
+    cell = f"FROM visits WHERE department = '{department}' AND year = {year}"
+    attack = [f"SELECT COUNT(*) {cell}", f"SELECT COUNT(*) {cell} AND length_of_stay < 30"]
+    answered = 0
+    for trial in range(20):
+        analyst = f"attacker{trial}"
+        gateway.ledger.create_analyst(analyst, 1000.0, 1e-6)
+        try:
+            for sql in attack:
+                gateway.query(analyst, QueryRequest(sql, 20.0, 0.0, "laplace"))
+        except AuditRefused as refused:
+            assert "length_of_stay" in str(refused)  # the group is named
+            continue
+        answered += 1
+    assert answered == 0, f"{answered} of 20 trials answered"
+    # The honest twin: the same pair over a group of 25 patients or more is
+    # answered (its determined group holds k people whoever they are).
+    with sqlite3.connect(db) as conn:
+        (department2, year2) = conn.execute(
+            "SELECT department, year FROM visits GROUP BY department, year "
+            "ORDER BY COUNT(DISTINCT patient_id) DESC LIMIT 1"
+        ).fetchone()
+        longest = max(
+            t
+            for t in range(31)
+            if conn.execute(
+                "SELECT COUNT(DISTINCT patient_id) FROM visits WHERE department = ? "
+                "AND year = ? AND length_of_stay >= ?",
+                (department2, year2, t),
+            ).fetchone()[0]
+            >= 25
+        )
+    honest = f"FROM visits WHERE department = '{department2}' AND year = {year2}"
+    gateway.ledger.create_analyst("honest", 1000.0, 1e-6)
+    for sql in [
+        f"SELECT COUNT(*) {honest}",
+        f"SELECT COUNT(*) {honest} AND length_of_stay < {longest}",
+    ]:
+        gateway.query("honest", QueryRequest(sql, 20.0, 0.0, "laplace"))

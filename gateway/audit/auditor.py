@@ -144,6 +144,16 @@ class Auditor:
 
     # -- public interface -------------------------------------------------------------
 
+    def min_rows(self, table: str) -> int:
+        """The fewest rows of ``table`` a region must be shown to hold: enough that they
+        are at least ``min_group_size`` people. The released counts count rows, and one
+        person has up to ``max_rows_per_unit`` of them (the statement bounds each unit to
+        that many), so k − 1 people hold at most (k − 1)·m rows, and (k − 1)·m + 1 rows
+        are k people or more. A table without a privacy unit has a person per row."""
+        t = self.tables[table]
+        per_person = t.max_rows_per_unit if t.privacy_unit is not None else 1
+        return (self.min_group_size - 1) * max(1, per_person) + 1
+
     def pre_audit(
         self,
         scope: str,
@@ -503,7 +513,7 @@ class Auditor:
                 findings = _findings(
                     new,
                     candidates,
-                    self.min_group_size,
+                    self.min_rows(table),
                     self.alpha,
                     pre=pre,
                     observe=self.observe,
