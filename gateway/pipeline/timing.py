@@ -310,10 +310,11 @@ class ReleaseTiming:
         """The deadline of the plan's statement ``compiled`` (plus what follows it) for
         ``analyst`` with ``in_flight`` queries in this process, or ``None`` when timing is
         off."""
-        statement, kept = self._deadline(plan, table, compiled, in_flight, self.stretch(analyst))
+        estimate = self._estimate(plan, table, compiled)
+        statement, kept = self._deadline(table, estimate, in_flight, self.stretch(analyst))
         if statement is None:
             return None
-        return float(math.ceil(self._admission_ms(plan, table, compiled) + statement + kept))
+        return float(math.ceil(self._admission_ms(estimate) + statement + kept))
 
     def stretch(self, analyst: str | None) -> float:
         """How much ``analyst``'s own earlier misses stretch their statements' deadlines
@@ -342,22 +343,31 @@ class ReleaseTiming:
             else:
                 self._stretch.pop(analyst, None)
 
+    def _estimate(
+        self, plan: QueryPlan, table: TableConfig, compiled: CompiledQuery
+    ) -> float | None:
+        """The cost model's estimate of the statement (ms), when the model sets its
+        deadline: ``None`` under a fixed deadline, without a model, or for a table it
+        cannot size."""
+        if self.model is None or deadline_ms(self.execution, table) is not None:
+            return None
+        return self.model.statement_ms(plan, compiled)
+
     def _deadline(
         self,
-        plan: QueryPlan,
         table: TableConfig,
-        compiled: CompiledQuery,
+        estimate: float | None,
         in_flight: int,
         stretch: float = 1.0,
     ) -> tuple[float | None, float]:
         """(ms the statement may run from its slot's start, ms kept after it for noising,
-        post-audit and commit); ``(None, 0)`` when timing is off."""
+        post-audit and commit), from its ``estimate`` (``_estimate``); ``(None, 0)`` when
+        timing is off."""
         fixed = deadline_ms(self.execution, table)
         if fixed is not None or not self.active:
             kept = (fixed or 0) * (1 - STATEMENT_SHARE)
             return (None if fixed is None else fixed - kept), kept
         ex = self.execution
-        estimate = None if self.model is None else self.model.statement_ms(plan, compiled)
         if estimate is None or self.model is None:
             kept = FALLBACK_DEADLINE_MS * (1 - STATEMENT_SHARE)
             return FALLBACK_DEADLINE_MS - kept, kept
@@ -403,6 +413,7 @@ class ReleaseTiming:
         """
         if not self.active:
             return ReleaseClock(release_at=None, statement_timeout_ms=statement_timeout_ms)
+        estimate = self._estimate(plan, table, compiled)  # a pure function: outside the lock
         with self._lock:
             # read under the lock: every schedule fixed before this one set its release
             # moment after the moment it read, so none of them is later than ``now``
@@ -415,18 +426,18 @@ class ReleaseTiming:
             in_flight = 1 + sum(1 for a, t in self._pending if a <= since < t)
             # the public schedule (slots, queries in flight) takes the unstretched
             # deadline: one analyst's misses move no other analyst's release moment
-            scheduled, kept = self._deadline(plan, table, compiled, in_flight)
+            scheduled, kept = self._deadline(table, estimate, in_flight)
             stretch = 1.0 if analyst is None else self._stretch.get(analyst, 1.0)
-            statement, _ = self._deadline(plan, table, compiled, in_flight, stretch)
+            statement, _ = self._deadline(table, estimate, in_flight, stretch)
             assert statement is not None and scheduled is not None
             # Only statements the cost model sizes take a slot: a fixed or fallback
             # deadline is a worst case chosen for any concurrency, and reserving a slot
             # for all of it would hold the others back for nothing.
-            scheduling = self._model_sized(plan, table, compiled)
+            scheduling = estimate is not None
             # the others' Python work: this query's allowance, not its slot's reservation
             shared = self._interpreter_ms(since, in_flight) if scheduling else 0.0
             ahead = 0 if arrival is None else self._ahead_in_scope(arrival, since)
-            allowance = self._admission_ms(plan, table, compiled, in_flight, ahead)
+            allowance = self._admission_ms(estimate, in_flight, ahead)
             ready = admitted_by(since, allowance, now)
             slot = min(range(len(self._slot_free)), key=self._slot_free.__getitem__)
             starts_at = max(ready, self._slot_free[slot]) if scheduling else ready
@@ -462,14 +473,7 @@ class ReleaseTiming:
             self._pending = [(a, t) for a, t in self._pending if t > horizon]
             self._prune_at = max(FORGET_BATCH, 2 * len(self._pending))
 
-    def _admission_ms(
-        self,
-        plan: QueryPlan,
-        table: TableConfig,
-        compiled: CompiledQuery,
-        in_flight: int = 1,
-        ahead: int = 0,
-    ) -> float:
+    def _admission_ms(self, estimate: float | None, in_flight: int = 1, ahead: int = 0) -> float:
         """The schedule's allowance for a query's admission with ``in_flight`` queries in
         this process and ``ahead`` of its own scope before it in the lane:
         ``admission_ms`` times the load factor of those in flight (its Python work
@@ -477,14 +481,8 @@ class ReleaseTiming:
         (their admissions and post-audits hold the lane first, one at a time), under
         the cost model; a fixed or fallback deadline, a worst case, counts from the
         arrival and includes it."""
-        if self.model is None or not self._model_sized(plan, table, compiled):
+        if self.model is None or estimate is None:
             return 0.0
         return self.execution.admission_ms * (
             self.model.load_factor(in_flight) + AHEAD_SHARE * ahead
         )
-
-    def _model_sized(self, plan: QueryPlan, table: TableConfig, compiled: CompiledQuery) -> bool:
-        """Whether the cost model sets this statement's deadline (not a fixed one)."""
-        if deadline_ms(self.execution, table) is not None or self.model is None:
-            return False
-        return self.model.statement_ms(plan, compiled) is not None

@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import NamedTuple
 
 from sqlglot import exp
 
@@ -153,7 +154,7 @@ def compile_plan(
     if isinstance(domain, exp.Column) and domain.name == _DOMAIN_MARK:
         placed = _placed(statement)
         sql = _with_domain_filter(sql, table, dialect, statement, placed)
-        row_ops += _domain_sql[(id(table), dialect)][3] * placed
+        row_ops += _domain_sql[(id(table), dialect)].row_ops * placed
     return CompiledQuery(
         sql=sql,
         n_keys=len(plan.group_keys),
@@ -173,8 +174,19 @@ def compile_plan(
 _DOMAIN_MARK = "dp'domain_filter"
 # The dialects whose statements ``for_engine`` leaves as they are (gateway/sql/engines/).
 _PLACEHOLDER_DIALECTS = ("sqlite", "postgres", "duckdb")
-# (table id, dialect) → (table, the placeholder's SQL, the filter's SQL, its row operations)
-_domain_sql: dict[tuple[int, str], tuple[TableConfig, str, str, float]] = {}
+
+
+class _DomainFilter(NamedTuple):
+    """A table's domain filter in one dialect, generated once."""
+
+    table: TableConfig  # the config it was made for (a key's id may be reused)
+    mark: str  # the placeholder's SQL
+    sql: str  # the filter's SQL
+    row_ops: float  # the operations it evaluates per row (``gateway/sql/row_work.py``)
+
+
+# (table id, dialect) → its domain filter
+_domain_sql: dict[tuple[int, str], _DomainFilter] = {}
 
 
 def _domain_placeholder(table: TableConfig, dialect: str) -> exp.Expr | None:
@@ -183,13 +195,13 @@ def _domain_placeholder(table: TableConfig, dialect: str) -> exp.Expr | None:
         return row_filter(table)
     key = (id(table), dialect)
     cached = _domain_sql.get(key)
-    if cached is None or cached[0] is not table:
+    if cached is None or cached.table is not table:
         condition = row_filter(table)
         if condition is None:
             return None
         sqlglot_dialect = dialects.dialect(dialect)
         mark = exp.column(_DOMAIN_MARK, quoted=True).sql(dialect=sqlglot_dialect)
-        cached = (
+        cached = _DomainFilter(
             table,
             mark,
             exp.Paren(this=condition).sql(dialect=sqlglot_dialect),
@@ -203,7 +215,8 @@ def _with_domain_filter(
     sql: str, table: TableConfig, dialect: str, query: exp.Expr, placed: int
 ) -> str:
     """``sql`` with the domain filter's SQL in place of its ``placed`` placeholders."""
-    _, mark, filter_sql, _ = _domain_sql[(id(table), dialect)]
+    cached = _domain_sql[(id(table), dialect)]
+    mark, filter_sql = cached.mark, cached.sql
     if sql.count(mark) != placed:  # e.g. a comment quoting it: generate the filter in place
         for node in list(query.find_all(exp.Column)):
             if node.name == _DOMAIN_MARK:

@@ -24,10 +24,9 @@ from collections.abc import Callable
 class Armed:
     """One armed interrupt: ``cancel()`` it once the statement has ended."""
 
-    __slots__ = ("_interrupt", "_lock", "at")
+    __slots__ = ("_interrupt", "_lock")
 
-    def __init__(self, at: float, interrupt: Callable[[], object]) -> None:
-        self.at = at
+    def __init__(self, interrupt: Callable[[], object]) -> None:
         self._interrupt: Callable[[], object] | None = interrupt
         self._lock = threading.Lock()
 
@@ -53,7 +52,7 @@ class Watchdog:
         self._pid = -1  # the process whose thread runs (a forked child starts its own)
 
     def arm(self, at: float, interrupt: Callable[[], object]) -> Armed:
-        armed = Armed(at, interrupt)
+        armed = Armed(interrupt)
         with self._cond:
             if self._pid != os.getpid():
                 self._pid = os.getpid()
