@@ -413,3 +413,26 @@ def test_an_avg_counts_the_rows_where_its_column_is_not_null(alice: Session) -> 
     region the auditor must see (here, in one zip, a group of one)."""
     assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE zip = '1051'", 9.0))
     assert refused(alice.ask("SELECT AVG(glucose) FROM patients WHERE zip = '1051'", 8.0))
+
+
+def test_a_plans_where_region_is_built_once_for_its_pre_and_post_audit(
+    alice: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    builder = alice.auditor._builders["patients"]
+    built: list[object] = []
+    build = builder.build
+
+    def counting(node: object) -> object:
+        built.append(node)
+        return build(node)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builder, "build", counting)
+    pre, post = alice.ask("SELECT COUNT(*) FROM patients WHERE age >= 40", 7000)
+    assert pre.allowed and post is not None and post.allowed
+    assert len(built) == 1  # the pre-audit built it; the post-audit found it
+    # a plan of the same text is another object: its region is built afresh, and equal
+    again = alice.plan("SELECT COUNT(*) FROM patients WHERE age >= 40")
+    assert alice.auditor._where(again) == alice.auditor._where(
+        alice.plan("SELECT COUNT(*) FROM patients WHERE age >= 40")
+    )
+    assert len(built) == 3

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -88,6 +89,9 @@ class AuditPrediction:
 
 ALLOWED = AuditDecision(True, (), "no small group is determined")
 
+#: Plans whose WHERE region the auditor keeps built (``Auditor._where``): more than the
+#: queries of one scope between a pre-audit and its post-audit.
+_WHERE_CACHE = 64
 # (base, the regions tried, base with them, their candidates, the components changed)
 _Tried = tuple[
     "TableKnowledge", tuple[Formula, ...], "TableKnowledge", list["Candidate"], tuple[int, ...]
@@ -140,6 +144,8 @@ class Auditor:
         # and the knowledge (and saturation) before it — what a pre-audit sees until then.
         self._unreleased: dict[tuple[str, str], list[tuple[float, TableKnowledge, bool]]] = {}
         self._lock = threading.Lock()
+        self._wheres: OrderedDict[int, tuple[QueryPlan, Formula]] = OrderedDict()
+        self._wheres_lock = threading.Lock()
         retain_freed_memory()  # the span's arrays: reused, not page-faulted afresh
 
     # -- public interface -------------------------------------------------------------
@@ -417,6 +423,22 @@ class Auditor:
     def _formulas(self, plan: QueryPlan, cells: list[tuple[Any, ...]]) -> list[Formula]:
         """The region of each cell; the WHERE formula object is shared by all of them."""
         builder = self._builders[plan.table]
+        where = self._where(plan)
+        keys = tuple(g.expression for g in plan.group_keys)
+        return [
+            conj(where, *(builder.group_condition(k, v) for k, v in zip(keys, values, strict=True)))
+            for values in cells
+        ]
+
+    def _where(self, plan: QueryPlan) -> Formula:
+        """The region every cell of ``plan`` lies in (its WHERE, the rows its join keeps,
+        the rows its count counts). Built once per plan object: the pre-audit and the
+        post-audit of one query ask for it alike (``_WHERE_CACHE`` recent plans)."""
+        with self._wheres_lock:
+            hit = self._wheres.get(id(plan))
+        if hit is not None and hit[0] is plan:
+            return hit[1]
+        builder = self._builders[plan.table]
         where = builder.build(plan.where)
         if plan.join is not None and plan.join.matched is not None:
             # the anchor's rows an inner join keeps: those whose lookups matched
@@ -426,11 +448,11 @@ class Auditor:
             # COUNT(x) and AVG(x) count the rows where x is not NULL: that is the region
             # their count describes
             where = conj(where, builder.counted(counted))
-        keys = tuple(g.expression for g in plan.group_keys)
-        return [
-            conj(where, *(builder.group_condition(k, v) for k, v in zip(keys, values, strict=True)))
-            for values in cells
-        ]
+        with self._wheres_lock:  # the plan is kept with it: its id is not reused meanwhile
+            self._wheres[id(plan)] = (plan, where)
+            while len(self._wheres) > _WHERE_CACHE:
+                self._wheres.popitem(last=False)
+        return where
 
     def _rows(self, answer: AnsweredQuery) -> list[tuple[RowInfo, Formula]]:
         formulas = self._formulas(answer.plan, [c.group_values for c in answer.cells])
