@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -63,3 +64,23 @@ def test_a_running_sqlite_statement_is_interrupted_at_its_deadline() -> None:
     assert 0.04 <= time.monotonic() - start < 2.0
     # the next statement on the connection is not interrupted by a stale arm
     assert conn.execute("SELECT 1").fetchall() == [(1,)]
+
+
+def test_a_forked_child_starts_afresh_and_never_fires_the_parents_interrupts() -> None:
+    dog = Watchdog()
+    parents: list[int] = []
+    held = dog.arm(time.monotonic() + 0.2, lambda: parents.append(1))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its own thread, only its own interrupts
+        fired: list[int] = []
+        dog.arm(time.monotonic() + 0.02, lambda: fired.append(2))
+        time.sleep(0.4)
+        os.write(write, bytes([len(parents), len(fired)]))
+        os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    got = os.read(read, 2)
+    os.close(read)
+    held.cancel()
+    assert status == 0 and got == bytes([0, 1])

@@ -46,16 +46,23 @@ class Watchdog:
     """Calls armed interrupts at their moments (``time.monotonic()``), from one thread."""
 
     def __init__(self) -> None:
+        self._reset()
+        # A forked child has none of the parent's threads, and its copies of the parent's
+        # connections are not its to interrupt: it starts afresh (a lock held by a parent
+        # thread at the fork would otherwise stay held in the child for ever).
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Armed]] = []
         self._seq = itertools.count()
-        self._pid = -1  # the process whose thread runs (a forked child starts its own)
+        self._running = False
 
     def arm(self, at: float, interrupt: Callable[[], object]) -> Armed:
         armed = Armed(interrupt)
         with self._cond:
-            if self._pid != os.getpid():
-                self._pid = os.getpid()
+            if not self._running:
+                self._running = True
                 threading.Thread(target=self._run, name="dpgate-interrupts", daemon=True).start()
             heapq.heappush(self._heap, (at, next(self._seq), armed))
             if self._heap[0][2] is armed:
