@@ -9,7 +9,8 @@ histories of overlapping boxes (age × income, with GROUP BY sex and conditions 
 disease, on the demo schema) are audited twice: by the auditor as it is, and by the same
 auditor with the straightforward computations put back (the loop over noise terms, every
 margin computed in full, the basis update through an outer product, the regions tested
-one by one). Every pre-audit and post-audit must agree: allowed or not, the reason, the
+one by one, the cell space refined and split even when it already is). Every pre-audit
+and post-audit must agree: allowed or not, the reason, the
 queries combined and the groups named.
 """
 
@@ -28,6 +29,7 @@ import yaml
 from gateway.audit import AnsweredCell, AnsweredQuery, Auditor, CountNoise
 from gateway.audit import findings as auditor_module
 from gateway.audit import span as span_module
+from gateway.audit.space import CellSpace
 from gateway.audit.confidence import _GRID, noise_quantile, quantile_upper_bound
 from gateway.core.config import TableConfig, with_nullability
 from gateway.core.config_load import parse_config
@@ -158,7 +160,20 @@ def test_fast_path_decides_as_the_straightforward_computation(
     seed: int, tables: dict[str, TableConfig], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     queries = history(seed, 70)
+    aligned = CellSpace.aligned
+    shortcuts: list[bool] = []
+
+    def counted(self: CellSpace, label: np.ndarray) -> np.ndarray | None:
+        out = aligned(self, label)
+        shortcuts.append(out is not None)
+        return out
+
+    monkeypatch.setattr(CellSpace, "aligned", counted)
     fast = decisions(tables, queries)
+    assert any(shortcuts) and not all(shortcuts)  # both ways are taken
+    # no shortcut: the space refined and split for every query, as if it never were
+    monkeypatch.setattr(CellSpace, "needs", lambda self, formulas: True)
+    monkeypatch.setattr(CellSpace, "aligned", lambda self, label: None)
     monkeypatch.setattr(auditor_module, "noise_quantile", reference_noise_quantile)
     # no shortcut: every margin computed in full
     monkeypatch.setattr(auditor_module, "quantile_upper_bound", lambda *args: math.inf)

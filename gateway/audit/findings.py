@@ -65,9 +65,12 @@ def _extend(
             disjoint = False  # e.g. opaque group keys: split by one region at a time
         label[m] = j + 1
     if disjoint:
-        kn = kn.split(label, len(formulas))
-        atom_label = np.zeros(kn.space.n_atoms, dtype=np.int32)
-        atom_label[kn.space.atom_of.ravel()] = label.ravel()
+        # already split by the cells (their regions are unions of atoms): nothing to do
+        atom_label = kn.space.aligned(label)
+        if atom_label is None:
+            kn = kn.split(label, len(formulas))
+            atom_label = np.zeros(kn.space.n_atoms, dtype=np.int32)
+            atom_label[kn.space.atom_of.ravel()] = label.ravel()
         masks_of_rows = [atom_label == j + 1 for j in range(len(formulas))]
     else:
         for f in formulas:

@@ -151,7 +151,11 @@ class Knowledge:
     query_ids: frozenset[str] = frozenset()
 
     def refined(self, formulas: list[Formula]) -> Knowledge:
-        """The same knowledge over a space refined for ``formulas`` (atoms not split)."""
+        """The same knowledge over a space refined for ``formulas`` (atoms not split);
+        itself when the space already is (the common case once a session's conditions
+        have been seen: nothing is copied)."""
+        if not self.space.needs(formulas):
+            return self
         space = self.space.copy()
         space.ensure(formulas)
         return replace(self, space=space)

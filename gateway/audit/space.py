@@ -400,6 +400,23 @@ class CellSpace:
     def n_cells(self) -> int:
         return int(self.atom_of.size)
 
+    def needs(self, formulas: Iterable[Formula]) -> bool:
+        """Whether ``ensure(formulas)`` would refine anything: a condition on a dimension
+        the space does not have, or one its dimension was not refined for."""
+        for f in formulas:
+            for c in f.conditions():
+                axis = self.index.get(c.dimension)
+                if axis is None or c not in self.dims[axis].conditions:
+                    return True
+        return False
+
+    def aligned(self, label: np.ndarray) -> np.ndarray | None:
+        """Per atom, the label of its cells when ``label`` is constant on every atom
+        (``split`` would change nothing), else ``None``."""
+        of_atom = np.zeros(self.n_atoms, dtype=label.dtype)
+        of_atom[self.atom_of.ravel()] = label.ravel()
+        return of_atom if np.array_equal(of_atom[self.atom_of], label) else None
+
     def ensure(self, formulas: Iterable[Formula]) -> None:
         """Refine the space so that every condition of ``formulas`` is constant on cells."""
         wanted: dict[DimensionKey, list[Condition]] = {}
