@@ -436,3 +436,25 @@ def test_a_plans_where_region_is_built_once_for_its_pre_and_post_audit(
         alice.plan("SELECT COUNT(*) FROM patients WHERE age >= 40")
     )
     assert len(built) == 3
+
+
+def test_a_plans_cell_regions_are_built_once_for_its_pre_and_post_audit(
+    alice: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The post-audit asks for the pre-audit's cells again: it gets the same region
+    objects (and so finds the pre-audit's extension of the span by identity)."""
+    builder = alice.auditor._builders["patients"]
+    conditions: list[object] = []
+    group_condition = builder.group_condition
+
+    def counting(key: object, value: object) -> object:
+        conditions.append(value)
+        return group_condition(key, value)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builder, "group_condition", counting)
+    pre, post = alice.ask(
+        "SELECT sex, COUNT(*) FROM patients WHERE age >= 40 GROUP BY sex",
+        [(("F",), 3500), (("M",), 3400)],
+    )
+    assert pre.allowed and post is not None and post.allowed
+    assert sorted(conditions) == ["F", "M"]  # the pre-audit built them; the post-audit found them

@@ -89,9 +89,21 @@ class AuditPrediction:
 
 ALLOWED = AuditDecision(True, (), "no small group is determined")
 
-#: Plans whose WHERE region the auditor keeps built (``Auditor._where``): more than the
+#: Plans whose regions the auditor keeps built (``Auditor._plan_cache``): more than the
 #: queries of one scope between a pre-audit and its post-audit.
 _WHERE_CACHE = 64
+
+
+@dataclass(frozen=True)
+class _PlanRegions:
+    """One plan object's regions: its WHERE (with the rows its join keeps and its count
+    counts) and, per list of cells asked for, each cell's region."""
+
+    plan: QueryPlan
+    where: Formula
+    formulas: dict[tuple[Any, ...], list[Formula]]
+
+
 # (base, the regions tried, base with them, their candidates, the components changed)
 _Tried = tuple[
     "TableKnowledge", tuple[Formula, ...], "TableKnowledge", list["Candidate"], tuple[int, ...]
@@ -144,7 +156,7 @@ class Auditor:
         # and the knowledge (and saturation) before it — what a pre-audit sees until then.
         self._unreleased: dict[tuple[str, str], list[tuple[float, TableKnowledge, bool]]] = {}
         self._lock = threading.Lock()
-        self._wheres: OrderedDict[int, tuple[QueryPlan, Formula]] = OrderedDict()
+        self._wheres: OrderedDict[int, _PlanRegions] = OrderedDict()
         self._wheres_lock = threading.Lock()
         retain_freed_memory()  # the span's arrays: reused, not page-faulted afresh
 
@@ -421,23 +433,40 @@ class Auditor:
         return kn
 
     def _formulas(self, plan: QueryPlan, cells: list[tuple[Any, ...]]) -> list[Formula]:
-        """The region of each cell; the WHERE formula object is shared by all of them."""
+        """The region of each cell; the WHERE formula object is shared by all of them.
+        Built once per plan object and cells: the post-audit asks for the pre-audit's
+        cells again (and then finds the pre-audit's work by identity, ``_extended``)."""
+        plan_cache = self._plan_cache(plan)
+        key = tuple(cells)
+        try:
+            hit, hashable = plan_cache.formulas.get(key), True
+        except TypeError:  # an unhashable group value: built each time
+            hit, hashable = None, False
+        if hit is not None:
+            return hit
         builder = self._builders[plan.table]
-        where = self._where(plan)
+        where = plan_cache.where
         keys = tuple(g.expression for g in plan.group_keys)
-        return [
+        out = [
             conj(where, *(builder.group_condition(k, v) for k, v in zip(keys, values, strict=True)))
             for values in cells
         ]
+        if hashable:
+            plan_cache.formulas[key] = out
+        return out
 
     def _where(self, plan: QueryPlan) -> Formula:
         """The region every cell of ``plan`` lies in (its WHERE, the rows its join keeps,
-        the rows its count counts). Built once per plan object: the pre-audit and the
-        post-audit of one query ask for it alike (``_WHERE_CACHE`` recent plans)."""
+        the rows its count counts)."""
+        return self._plan_cache(plan).where
+
+    def _plan_cache(self, plan: QueryPlan) -> _PlanRegions:
+        """``plan``'s regions, built once per plan object: the pre-audit and the
+        post-audit of one query ask for them alike (``_WHERE_CACHE`` recent plans)."""
         with self._wheres_lock:
             hit = self._wheres.get(id(plan))
-        if hit is not None and hit[0] is plan:
-            return hit[1]
+        if hit is not None and hit.plan is plan:
+            return hit
         builder = self._builders[plan.table]
         where = builder.build(plan.where)
         if plan.join is not None and plan.join.matched is not None:
@@ -448,11 +477,12 @@ class Auditor:
             # COUNT(x) and AVG(x) count the rows where x is not NULL: that is the region
             # their count describes
             where = conj(where, builder.counted(counted))
+        made = _PlanRegions(plan, where, {})
         with self._wheres_lock:  # the plan is kept with it: its id is not reused meanwhile
-            self._wheres[id(plan)] = (plan, where)
+            self._wheres[id(plan)] = made
             while len(self._wheres) > _WHERE_CACHE:
                 self._wheres.popitem(last=False)
-        return where
+        return made
 
     def _rows(self, answer: AnsweredQuery) -> list[tuple[RowInfo, Formula]]:
         formulas = self._formulas(answer.plan, [c.group_values for c in answer.cells])
