@@ -58,6 +58,7 @@ class ScopeLocks:
         self._local: dict[str, threading.Lock] = {}
         self._turns: dict[str, int] = {}  # an in-memory ledger's turns (one process)
         self._dir: Path | None = None
+        self._paths: dict[str, str] = {}  # each scope's lock file (``_path``)
         # an in-memory SQLite ledger: no other process can hold its locks
         self._private = engine.dialect.name == "sqlite" and (engine.url.database or "") in (
             "",
@@ -110,12 +111,24 @@ class ScopeLocks:
                 # the connection died (and the lock with it): nothing left to release
                 conn.invalidate()
 
+    def _path(self, scope: str) -> str:
+        """The lock file of ``scope`` (its name hashed once per scope and process)."""
+        path = self._paths.get(scope)
+        if path is None:
+            assert self._dir is not None
+            name = hashlib.sha256(scope.encode()).hexdigest()[:32] + ".lock"
+            path = self._paths[scope] = os.path.join(self._dir, name)
+        return path
+
     @contextmanager
     def _file(self, scope: str) -> Iterator[int]:
         assert self._dir is not None
-        self._dir.mkdir(exist_ok=True)
-        name = hashlib.sha256(scope.encode()).hexdigest()[:32] + ".lock"
-        fd = os.open(self._dir / name, os.O_CREAT | os.O_RDWR, 0o600)
+        path = self._path(scope)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+        except FileNotFoundError:  # no lock directory (yet, or any more): made first
+            self._dir.mkdir(exist_ok=True)
+            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:

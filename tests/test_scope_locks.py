@@ -158,3 +158,20 @@ def test_a_lock_file_made_again_counts_afresh(tmp_path: Path) -> None:
     assert a is not None and b is not None and b != a + 1
     ledger.close()
     other.close()
+
+
+def test_a_lock_directory_removed_while_serving_is_made_again(tmp_path: Path) -> None:
+    """Each scope's lock file path is kept once made; if the directory goes (an admin's
+    clean-up), the next holder makes it again, and its turn counts afresh."""
+    import shutil
+
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    ledger = Ledger.from_url(url)
+    ledger.migrate()
+    with ledger.scope_lock("alice") as a:
+        pass
+    shutil.rmtree(tmp_path / "ledger.db.locks")
+    with ledger.scope_lock("alice") as b:
+        assert any((tmp_path / "ledger.db.locks").iterdir())
+    assert a is not None and b is not None and b != a + 1
+    ledger.close()
