@@ -1,15 +1,18 @@
 """The audit's CPU per answered query, in process (issue 32's price without HTTP).
 
-    python -m bench.audit_cpu [--mark 300] [--probes 100] [--profile refuse]
+    python -m bench.audit_cpu [--mark 300] [--probes 100] [--profile]
 
-Builds the demo (12,000 patients) once, then for ``audit.mode`` ``off`` and ``refuse``
-(release timing off) a ``Gateway`` whose analyst sends the ``rollups`` workload of
-``bench.bench_audit_http`` (the same seed for both) until ``--mark`` queries are
-answered; the next ``--probes`` answered queries are timed with ``time.process_time()``
-around ``Gateway.query``. Prints each mode's median CPU ms per answered query and their
-difference; ``--profile refuse`` also prints the 25 costliest functions (cumulative) of
-the probes under cProfile. Pin it to one CPU (``taskset -c 1``) and run it more than
-once: this machine's speed drifts by tens of percent between runs.
+Builds the demo (12,000 patients) once and two ``Gateway``s on it (release timing off),
+one with ``audit.mode: off`` and one with ``refuse``, each with a fresh ledger and the
+analyst ``bench``. The ``rollups`` workload of ``bench.bench_audit_http`` goes to both,
+query by query (which goes first alternates), until the auditing one has answered
+``--mark``; then the next ``--probes`` answered queries are timed with
+``time.process_time()`` around ``Gateway.query`` on both, and each query's audit-off
+CPU is subtracted from its audit-on CPU: the median of those differences is what the
+audit adds, with the statement's own time (the same query, the same rows) taken out
+within each pair. ``--profile`` prints the 40 costliest functions (cumulative) of the
+auditing side's probes under cProfile. Pin it to one CPU (``taskset -c 1``) and run it
+more than once: this machine's speed drifts by tens of percent between runs.
 """
 
 from __future__ import annotations
@@ -27,25 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_audit_http import rollup_queries
+from bench.bench_latency import demo_config
 
 
 def _gateway(root: Path, audit: str) -> tuple[Any, str]:
-    import budget
     from gateway.core.config_load import load_config
-    from gateway.demo.hospital import build, config_yaml
     from gateway.pipeline.gateway import Gateway
 
-    db = root / "hospital.db"
-    if not db.exists():
-        build(db)
-    ledger = root / f"ledger-{audit}.db"
-    config = root / f"dpgate-{audit}.yaml"
-    text = config_yaml(str(db), str(ledger)).replace("mode: refuse", f'mode: "{audit}"')
-    config.write_text(text.replace("timing: deadline", 'timing: "off"'))
-    led = budget.Ledger.from_url(f"sqlite:///{ledger}")
-    led.migrate()
-    led.create_analyst("bench", 1e6, 1e-3)
-    led.close()
+    config, _ = demo_config(root, audit)
     return Gateway(load_config(config)), "bench"
 
 
@@ -101,8 +93,7 @@ def run(root: Path, mark: int, probes: int, profile: bool) -> dict[str, Any]:
     if profiler is not None:
         text = io.StringIO()
         stats = pstats.Stats(profiler, stream=text).sort_stats("cumulative")
-        stats.print_stats(70)
-        stats.print_callees("_pre_audit|components.py:80|findings.py:52|audit_policy.py:108|_extended")
+        stats.print_stats(40)
         print(text.getvalue())
     for gateway, _ in gateways.values():
         gateway.engine.dispose()

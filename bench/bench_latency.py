@@ -46,9 +46,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(
-    root: Path, audit: str, timing: str = "off"
-) -> tuple[subprocess.Popen[bytes], int, str]:
+def demo_config(root: Path, audit: str, timing: str = "off") -> tuple[Path, str]:
+    """The demo under ``root`` (built once) with ``audit.mode`` ``audit`` and
+    ``execution.timing`` ``timing``: its config file and the key of its analyst
+    ``bench``, created in a fresh ledger."""
+    import budget
     from gateway.demo.hospital import build, config_yaml
 
     db = root / "hospital.db"
@@ -59,12 +61,17 @@ def start_server(
     text = config_yaml(str(db), str(ledger)).replace("mode: refuse", f'mode: "{audit}"')
     text = text.replace("timing: deadline", f'timing: "{timing}"')
     config.write_text(text)
-    import budget
-
     led = budget.Ledger.from_url(f"sqlite:///{ledger}")
     led.migrate()
     key = led.create_analyst("bench", 1e6, 1e-3)
     led.close()
+    return config, key
+
+
+def start_server(
+    root: Path, audit: str, timing: str = "off"
+) -> tuple[subprocess.Popen[bytes], int, str]:
+    config, key = demo_config(root, audit, timing)
     port = free_port()
     env = {**os.environ, "DPGATE_ADMIN_KEY": "bench-admin"}
     proc = subprocess.Popen(
