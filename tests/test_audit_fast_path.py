@@ -29,8 +29,8 @@ import yaml
 from gateway.audit import AnsweredCell, AnsweredQuery, Auditor, CountNoise
 from gateway.audit import findings as auditor_module
 from gateway.audit import span as span_module
-from gateway.audit.space import CellSpace
 from gateway.audit.confidence import _GRID, noise_quantile, quantile_upper_bound
+from gateway.audit.space import CellSpace
 from gateway.core.config import TableConfig, with_nullability
 from gateway.core.config_load import parse_config
 from gateway.core.plan import QueryPlan
