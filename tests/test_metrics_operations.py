@@ -134,3 +134,52 @@ def test_an_unreachable_database_is_still_a_backend_error(
     assert metric(after, "dpgate_backend_errors_total", backend="database") - metric(
         before, "dpgate_backend_errors_total", backend="database"
     ) == pytest.approx(1)
+
+
+def test_a_late_answer_says_where_the_work_after_its_statement_went(
+    demo_db: Path,
+    tmp_path: Path,
+    ledger_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An answer ready only after its release moment (a `release` miss: it leaves late)
+    is logged with how late it was and the phases after its statement — noise, the turn,
+    the post-audit, the record — each also in ``dpgate_statement_phase_seconds``, so that
+    an operator sees which of them outran the time kept for them."""
+    from gateway.http.app import create_app
+    from gateway.pipeline.audit_policy import AuditPolicy
+
+    monkeypatch.setenv("DPGATE_ADMIN_KEY", ADMIN_KEY)
+    raw = demo_config_dict(demo_db, tmp_path / "unused.db", execution={"timing": "deadline"})
+    raw["ledger"] = {"url": ledger_url}
+    gateway = Gateway(parse_config(raw))
+    key = gateway.ledger.create_analyst("alice", 10.0, 1e-6)
+    client = create_app(gateway.config, gateway=gateway).test_client()
+    auth = {"Authorization": f"Bearer {key}"}
+    before = _scrape(client)
+    after_audit = AuditPolicy.after
+
+    def slow_post_audit(self: AuditPolicy, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(HOLD_S)  # far past the time kept after a COUNT's statement
+        return after_audit(self, *args, **kwargs)
+
+    monkeypatch.setattr(AuditPolicy, "after", slow_post_audit)
+    with caplog.at_level("WARNING", logger="dpgate"):
+        late = client.post("/v1/query", json={"sql": SQL, "epsilon": 0.1}, headers=auth)
+    assert late.status_code == 200  # late, not failed: nothing about it depends on the rows
+    said = [r.getMessage() for r in caplog.records if "after its release moment" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
+    assert "kept after its statement" in said[0]
+    post_audit = float(said[0].split("post audit ")[1].split(" ms")[0])
+    assert post_audit >= HOLD_S * 1000 * 0.9
+    assert "noise " in said[0] and "turn " in said[0] and "record " in said[0]
+    after = _scrape(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert delta("dpgate_deadline_misses_total", stage="release", table="patients") == 1
+    for phase in ("noise", "turn", "post_audit", "record"):
+        assert delta("dpgate_statement_phase_seconds_count", phase=phase) == 1
+    assert delta("dpgate_statement_phase_seconds_sum", phase="post_audit") >= HOLD_S * 0.9

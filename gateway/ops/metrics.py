@@ -106,7 +106,10 @@ STATEMENT_PHASES = Histogram(
     "reservation — before the clock, so not padded), then, for a statement the cost model "
     "sizes, queue (from its release moment being fixed to its thread running: the interpreter "
     "shared with other requests' own work), slot (waiting for its statement slot), run "
-    "(the statement itself, to its rows; an abandoned one counts its run to its deadline).",
+    "(the statement itself, to its rows; an abandoned one counts its run to its deadline); "
+    "after an answered statement: noise, turn (waiting for the post-audits of its scope's "
+    "earlier tickets), post_audit (the post-audit and the answer remembered), record (the "
+    "answer post-processed and its outcome committed to the ledger).",
     ["phase"],
     buckets=_LATENCY_BUCKETS,
 )

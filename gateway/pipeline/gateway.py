@@ -29,7 +29,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, NoReturn
 
@@ -381,9 +381,10 @@ class Gateway:
                 self.charges.hold(reservation, clock.release_at)
             answered = False
             missed = _Missed()
+            trace = _Trace()
             try:
                 release = self._release(
-                    lane, ticket, planned, compiled, reservation, clock, flags, missed
+                    lane, ticket, planned, compiled, reservation, clock, flags, missed, trace
                 )
                 answered = True
                 return release
@@ -395,6 +396,7 @@ class Gateway:
                 lane.done(ticket)
                 # Whatever happened — answer, failure, withheld — it leaves at the release
                 # moment fixed before execution (invariant: observables are public or DP).
+                ready = time.monotonic()
                 held = clock.wait()
                 if clock.release_at is not None:
                     metrics.record_release_wait(held)
@@ -405,13 +407,18 @@ class Gateway:
                     stretched = self._stretched(analyst)
                     if stretched is not None and (answered or missed.stage is not None):
                         self.timing.observe(stretched, missed.stage is not None or late)
+                    after = trace.report_after(clock) if answered else ""
                     if late:
                         metrics.record_deadline_miss("release", plan.table)
+                        kept = clock.release_at - (clock.statement_until or clock.release_at)
                         log.warning(
-                            "deadline miss: query %s was ready only after its release moment "
-                            "(deadline %.0f ms)",
+                            "deadline miss: query %s was ready %.1f ms after its release "
+                            "moment (deadline %.0f ms, %.1f ms kept after its statement): %s",
                             reservation.id,
+                            (ready - clock.release_at) * 1000,
                             clock.deadline_ms or 0,
+                            kept * 1000,
+                            after,
                         )
 
     def _stretched(self, analyst: str) -> str | None:
@@ -485,17 +492,19 @@ class Gateway:
         clock: ReleaseClock,
         flags: list[str],
         missed: _Missed,
+        trace: _Trace,
     ) -> Release:
         """Execute a reserved query, noise it, post-audit it in its ticket's turn
         (``gateway.pipeline.lanes``), post-process it and record it."""
         plan, calibration = planned.plan, planned.calibration
         slots = self.timing.slots if clock.starts_at is not None else None
-        trace = _Trace()
 
         def run_in_slot(engine: sa.Engine, sql: str, *, timeout_ms: int) -> Any:
             # in its slot of the public schedule (gateway.pipeline.timing.StatementSlots)
             if slots is None:
-                return run_aggregate(engine, sql, timeout_ms=timeout_ms)
+                rows = run_aggregate(engine, sql, timeout_ms=timeout_ms)
+                trace.ended = time.monotonic()
+                return rows
             trace.running = time.monotonic()
             with slots.enter(clock.starts_at):
                 trace.entered = time.monotonic()
@@ -538,8 +547,10 @@ class Gateway:
             log.error("noising failed after execution; the query stays charged", exc_info=True)
             self._charged_failure(reservation, "noising")
         cells_json = noisy.cells_json()
+        trace.mark("noise")
         try:
             with lane.turn(ticket, clock.release_at):
+                trace.mark("turn")
                 # a pre-audit sees this answer (or refusal) from its release moment only
                 flags += self.audit.after(
                     lane.scope, planned, reservation, noisy.cells, cells_json, clock.release_at
@@ -551,6 +562,7 @@ class Gateway:
             metrics.record_deadline_miss("turn", plan.table)
             self._charged_failure(reservation, "turn")
         lane.done(ticket)
+        trace.mark("post_audit")
         uncut = finish(plan, calibration, noisy)
         release = Release(
             query_id=reservation.id,
@@ -573,6 +585,7 @@ class Gateway:
         # leaves, so with the audit on it is committed before this query leaves the lane;
         # otherwise it rides on the writer's next batch.
         self.charges.answered(reservation, record, wait=self.audit.active)
+        trace.mark("record")
         return release
 
     def _charged_failure(self, reservation: Reservation, cause: str) -> NoReturn:
@@ -617,6 +630,28 @@ class _Trace:
     running: float | None = None
     entered: float | None = None
     ended: float | None = None
+    # after the statement: noised, its post-audit's turn begun, audited (post-audit and
+    # remember done), its outcome recorded
+    after: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, phase: str) -> None:
+        self.after[phase] = time.monotonic()
+
+    def report_after(self, clock: ReleaseClock) -> str:
+        """Record the phases after the statement (``dpgate_statement_phase_seconds``:
+        noise, turn, post_audit, record) and say them for the operator's log."""
+        if clock.statement_until is None or not self.after:
+            return ""
+        start = self.ended if self.ended is not None else clock.statement_until
+        said = []
+        for phase in POST_PHASES:
+            at = self.after.get(phase)
+            if at is None:
+                break
+            metrics.record_statement_phase(phase, at - start)
+            said.append(f"{phase.replace('_', ' ')} {(at - start) * 1000:.1f} ms")
+            start = at
+        return ", ".join(said)
 
     def report(self, clock: ReleaseClock, missed: str | None) -> None:
         """Record the phases (``dpgate_statement_phase_seconds``); for a miss
@@ -645,6 +680,10 @@ class _Trace:
                 phases["run"] * 1000,
                 "" if self.ended is not None else " and on",
             )
+
+
+#: The phases of the work after a statement, in order (``_Trace.report_after``).
+POST_PHASES = ("noise", "turn", "post_audit", "record")
 
 
 def _count_past_deadline(table: str, clock: ReleaseClock) -> None:
