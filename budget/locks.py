@@ -22,7 +22,8 @@ moment it takes the lock (in the lock file's first 8 bytes on SQLite; in memory 
 in-memory ledger), so a holder whose turn is its previous turn + 1 knows that nobody took
 the lock in between — nobody else can have recorded anything under it (the auditor then
 skips re-reading the scope's history: ``gateway.pipeline.audit_policy``). It is advanced on
-taking, not on leaving, so a holder that died with the lock still counts. ``None``: not
+taking, not on leaving, so a holder that died with the lock still counts; a new lock file
+starts a new random epoch, so its turns never follow an old file's. ``None``: not
 known (PostgreSQL, or a file ledger without ``flock``) — the caller must assume others held it.
 """
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import struct
 import threading
 from collections.abc import Iterator
@@ -142,10 +144,19 @@ class ScopeLocks:
 def _advance_turn(fd: int) -> int:
     """The lock file's turn plus one, written back (under the lock: no other writer).
     No fsync: the number only has to be seen by the processes of this host, through the
-    page cache; after a reboot every process starts afresh and re-reads everything. The
-    file's inode number is in the high bits: a lock file removed and made again counts
-    afresh, and its turns never follow one of the old file's."""
-    raw = os.pread(fd, 8, 0)
-    turn = (struct.unpack("<Q", raw)[0] if len(raw) == 8 else 0) + 1
-    os.pwrite(fd, struct.pack("<Q", turn), 0)
-    return (os.fstat(fd).st_ino << 64) | turn
+    page cache; after a reboot every process starts afresh and re-reads everything.
+
+    The file's *epoch*, a random number its first holder writes beside the turn, is in
+    the high bits: a lock file removed and made again counts afresh, and its turns never
+    follow one of the old file's. (It was the file's inode number, which the file system
+    hands out again: a worker whose last turn on the old file was t could take t + 1 on
+    the new one after another worker's turns there, and skip re-reading what that worker
+    recorded.)"""
+    raw = os.pread(fd, 16, 0)
+    turn = struct.unpack("<Q", raw[:8])[0] if len(raw) >= 8 else 0
+    epoch = struct.unpack("<Q", raw[8:16])[0] if len(raw) == 16 else 0
+    if epoch == 0:  # a new file (or one written before epochs): its epoch starts now
+        epoch = secrets.randbits(63) + 1
+    turn += 1
+    os.pwrite(fd, struct.pack("<QQ", turn, epoch), 0)
+    return (epoch << 64) | turn

@@ -175,3 +175,27 @@ def test_a_lock_directory_removed_while_serving_is_made_again(tmp_path: Path) ->
         assert any((tmp_path / "ledger.db.locks").iterdir())
     assert a is not None and b is not None and b != a + 1
     ledger.close()
+
+
+def test_a_lock_file_removed_and_made_again_never_continues_its_turns(tmp_path: Path) -> None:
+    """A lock file removed (not renamed: its inode number is free again) and made again
+    by another worker: the first worker's next turn must not look like its last + 1, or
+    it would skip re-reading what the other recorded meanwhile. The file system hands the
+    new file the old inode number (seen here), so the turn's high bits are a random
+    epoch written in the file, not the inode."""
+    url = f"sqlite:///{tmp_path}/ledger.db"
+    ledger, other = Ledger.from_url(url), Ledger.from_url(url)
+    ledger.migrate()
+    for _ in range(3):
+        with ledger.scope_lock("alice") as a:
+            pass
+        for lock in (tmp_path / "ledger.db.locks").iterdir():
+            if lock.name != "write.lock":
+                lock.unlink()
+        with other.scope_lock("alice"):  # the new file's first turn
+            pass
+        with ledger.scope_lock("alice") as b:
+            pass
+        assert a is not None and b is not None and b != a + 1
+    ledger.close()
+    other.close()
