@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from budget import Ledger
@@ -146,18 +147,30 @@ def test_a_lock_file_made_again_counts_afresh(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/ledger.db"
     ledger, other = Ledger.from_url(url), Ledger.from_url(url)
     ledger.migrate()
+    # renamed: keeps the inode, not reused
+    a, b = _turns_around_a_new_lock_file(
+        ledger, other, tmp_path, lambda lock: lock.rename(lock.with_suffix(".old"))
+    )
+    assert a is not None and b is not None and b != a + 1
+    ledger.close()
+    other.close()
+
+
+def _turns_around_a_new_lock_file(
+    ledger: Ledger, other: Ledger, tmp_path: Path, remove: Callable[[Path], object]
+) -> tuple[int | None, int | None]:
+    """``ledger``'s turn, then its next turn after the scope's lock file was taken away
+    by ``remove`` and ``other`` took the new file's first turn."""
     with ledger.scope_lock("alice") as a:
         pass
     for lock in (tmp_path / "ledger.db.locks").iterdir():
         if lock.name != "write.lock":
-            lock.rename(lock.with_suffix(".old"))  # keeps the inode: not reused
-    with other.scope_lock("alice"):  # the new file's first turn, as the old file's was
+            remove(lock)
+    with other.scope_lock("alice"):  # the new file's first turn
         pass
     with ledger.scope_lock("alice") as b:
         pass
-    assert a is not None and b is not None and b != a + 1
-    ledger.close()
-    other.close()
+    return a, b
 
 
 def test_a_lock_directory_removed_while_serving_is_made_again(tmp_path: Path) -> None:
@@ -187,15 +200,7 @@ def test_a_lock_file_removed_and_made_again_never_continues_its_turns(tmp_path: 
     ledger, other = Ledger.from_url(url), Ledger.from_url(url)
     ledger.migrate()
     for _ in range(3):
-        with ledger.scope_lock("alice") as a:
-            pass
-        for lock in (tmp_path / "ledger.db.locks").iterdir():
-            if lock.name != "write.lock":
-                lock.unlink()
-        with other.scope_lock("alice"):  # the new file's first turn
-            pass
-        with ledger.scope_lock("alice") as b:
-            pass
+        a, b = _turns_around_a_new_lock_file(ledger, other, tmp_path, Path.unlink)
         assert a is not None and b is not None and b != a + 1
     ledger.close()
     other.close()
