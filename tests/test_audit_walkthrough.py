@@ -75,3 +75,24 @@ def test_the_walkthrough_loses_only_a_sum_over_part_of_an_answered_group(
 ) -> None:
     refused = exact_replay(make_gateway(full_demo, tmp_path, 0), list(WALKTHROUGH))
     assert refused == [(SUM_OVER_PART, True)]
+
+
+def test_a_refused_average_leaves_the_count_over_its_cells_answered(
+    full_demo: Path, tmp_path: Path
+) -> None:
+    """A shuffled walkthrough (seed 3) asked the year counts and the SUM over 2024, then
+    ``department, AVG(cost)`` — refused, rightly: each department's cost outside 2024,
+    no count sizing it — and then ``department, COUNT(*)``, which determines nothing new
+    of any statistic. It was refused too: the auditor kept the AVG's work on the same
+    cells and reused it for the COUNT, SUM regions included (the attack that reuse let
+    through is in tests/test_audit_attacks.py, "a trial stands in for no other
+    statistic")."""
+    average = "SELECT department, AVG(cost) AS mean_cost FROM visits GROUP BY department"
+    questions = [
+        "SELECT year, COUNT(*) AS n FROM visits GROUP BY year",
+        SUM_OVER_PART,
+        average,
+        "SELECT department, COUNT(*) AS n FROM visits GROUP BY department",
+    ]
+    refused = exact_replay(make_gateway(full_demo, tmp_path, 0), questions)
+    assert refused == [(average, True)]

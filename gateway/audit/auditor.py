@@ -143,7 +143,7 @@ class Auditor:
             tuple[str, str],
             tuple[
                 TableKnowledge,
-                tuple[Formula, ...],
+                tuple[tuple[Formula, ...], tuple[frozenset[str] | None, ...]],
                 TableKnowledge,
                 list[Candidate],
                 tuple[int, ...],
@@ -510,8 +510,12 @@ class Auditor:
         """``_extend`` and its candidate regions, reusing the pre-audit's work when the
         post-audit adds the same regions to the same knowledge (only the counts differ)."""
         formulas = tuple(f for _, f in rows)
+        # The candidates depend on the regions and on what each row releases: a COUNT
+        # and an AVG over the same cells are searched in different spans (a SUM's row
+        # combines with SUMs only), so a COUNT's dry run must not stand in for an AVG.
+        shape = (formulas, tuple(r.stats for r, _ in rows))
         tried = self._tried.get(key)
-        if tried is not None and tried[0] is base and tried[1] == formulas:
+        if tried is not None and tried[0] is base and tried[1] == shape:
             shaped, candidates, changed = tried[2], tried[3], tried[4]
             fresh = tuple(r.with_formula(f) for r, f in rows)
             parts = list(shaped.parts)
@@ -532,7 +536,7 @@ class Auditor:
         if new.universe_added:  # the derived row's count depends on the answer: redo
             self._tried.pop(key, None)
         else:
-            self._tried[key] = (base, formulas, new, candidates, tuple(c.part for c in changes))
+            self._tried[key] = (base, shape, new, candidates, tuple(c.part for c in changes))
         return new, candidates
 
     def _decide(
