@@ -1,5 +1,6 @@
 """The demo walkthrough one new analyst makes: how many of its questions the auditor
-refuses (free) or withholds (after charging).
+refuses (free), withholds (after charging), or answers with rows left out (charged; the
+rows whose groups it cannot show to hold k, ``audit_left_out``).
 
     python -m bench.walkthrough                 # the walkthrough in its written order
     python -m bench.walkthrough --seeds 5       # and shuffled, five seeds
@@ -106,8 +107,9 @@ EPSILON = 0.1  # the demo config's default ε
 
 @dataclass(frozen=True)
 class Outcome:
-    """One question's fate: ``answered``, ``refused`` (free) or ``withheld`` (charged),
-    or ``error`` (not an audit decision: an unsupported query, say)."""
+    """One question's fate: ``answered``, ``partial`` (answered with rows left out),
+    ``refused`` (free) or ``withheld`` (charged), or ``error`` (not an audit decision:
+    an unsupported query, say)."""
 
     sql: str
     outcome: str
@@ -129,14 +131,18 @@ def replay(gateway: Gateway, questions: Sequence[str]) -> list[Outcome]:
     out = []
     for sql in questions:
         try:
-            gateway.query("demo", QueryRequest(sql, EPSILON, 0.0, "laplace"))
+            release = gateway.query("demo", QueryRequest(sql, EPSILON, 0.0, "laplace"))
         except AuditRefused as e:
             kind = "withheld" if e.detail.get("charged") else "refused"
             out.append(Outcome(sql, kind, e.message))
         except GatewayError as e:
             out.append(Outcome(sql, "error", f"{e.code}: {e.message}"))
         else:
-            out.append(Outcome(sql, "answered"))
+            left_out = release.extra.get("audit_left_out")
+            if left_out is None:
+                out.append(Outcome(sql, "answered"))
+            else:
+                out.append(Outcome(sql, "partial", f"{left_out['groups']}: {left_out['reason']}"))
     return out
 
 
@@ -160,11 +166,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             orders.append((f"seed {seed}", shuffled))
         for n, (name, questions) in enumerate(orders):
             outcomes = replay(make_gateway(db, workdir, n), questions)
-            counts = {k: sum(o.outcome == k for o in outcomes) for k in ("refused", "withheld")}
+            kinds = ("refused", "withheld", "partial")
+            counts = {k: sum(o.outcome == k for o in outcomes) for k in kinds}
             errors = sum(o.outcome == "error" for o in outcomes)
             print(
                 f"{name}: {len(outcomes)} questions, {counts['refused']} refused, "
-                f"{counts['withheld']} withheld, {errors} errors"
+                f"{counts['withheld']} withheld, {counts['partial']} answered with rows left "
+                f"out, {errors} errors"
             )
             for o in outcomes:
                 if o.outcome != "answered" and (args.verbose or o.outcome == "error"):

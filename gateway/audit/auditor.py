@@ -40,6 +40,9 @@ from gateway.core.plan import QueryPlan
 from gateway.ops.heap import retain_freed_memory
 
 MAX_PRE_AUDIT_CELLS = 10_000
+#: How many times a post-audit leaves cells out and audits the rest again before it
+#: withholds the whole answer (``Auditor.post_audit_cells``).
+SUPPRESSION_ROUNDS = 4
 DEFAULT_CONFIDENCE = 0.999
 """The level of the lower confidence bound a determined group's size must reach k at
 (``audit.confidence``; docs/privacy.md, "Sizes from noisy answers")."""
@@ -73,6 +76,9 @@ class AuditDecision:
     combined_with: tuple[str, ...]
     reason: str
     groups: tuple[str, ...] = ()  # the groups it would determine, as WHERE clauses
+    # a post-audit's refusal: for each group found, the audited answer's cells (their
+    # positions in it) its estimate needs — leaving one out breaks it (``post_audit_cells``)
+    cells: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -255,8 +261,9 @@ class Auditor:
                 + (f" (and {len(groups) - 3} more)" if len(groups) > 3 else "")
                 + " with earlier answers; whether the noisy answers show that group to hold "
                 "the minimum group size is known only once this query's own answer is "
-                "computed (and charged). Asking that group directly first, at the ε you "
-                "use, makes the answer certain.",
+                "computed (and charged); if it does not, the rows that group needs are "
+                "left out (or, when no row can stay, the whole answer is withheld). Asking "
+                "that group directly first, at the ε you use, makes the answer certain.",
                 groups,
             )
         return AuditPrediction("answered", decision.reason)
@@ -268,6 +275,40 @@ class Auditor:
         except Undecidable as e:
             return AuditDecision(False, (), f"{e}: the auditor cannot decide on it.")
         return self._decide(scope, answer.plan.table, rows, pre=False, query_id=answer.query_id)
+
+    def post_audit_cells(
+        self, scope: str, answer: AnsweredQuery
+    ) -> tuple[AuditDecision, tuple[int, ...], tuple[str, ...]]:
+        """The post-audit, leaving cells out rather than withholding the whole answer.
+
+        When the answer, with earlier ones, determines groups it cannot show to hold k,
+        the cells of it that those groups' estimates combine are left out and the rest
+        is audited again, as it would be released — cell suppression, as statistical
+        offices practise it (primary cells, then the secondary ones a re-audit finds),
+        up to ``SUPPRESSION_ROUNDS`` times. Returns the decision on the cells kept, their
+        positions in ``answer.cells`` (all of them when nothing was left out; none when
+        the answer is withheld), and the groups that made cells go (public: WHERE
+        clauses from query texts). Which cells go depends on the noisy answer, as the
+        withholding does: post-processing of the charged release. What is released is
+        exactly what the last audit passed, so a differencing pair through the kept
+        cells is refused as through any answer."""
+        kept = tuple(range(len(answer.cells)))
+        decision = self.post_audit(scope, answer)
+        groups: tuple[str, ...] = ()
+        for _ in range(SUPPRESSION_ROUNDS):
+            if decision.allowed or not decision.cells or not all(decision.cells):
+                break  # (a group found without a cell of this answer: nothing to leave out)
+            needs = [[kept[i] for i in need] for need in decision.cells]
+            gone = _hitting_cells(needs, answer.cells)
+            if len(gone) >= len(kept):
+                break
+            groups = tuple(dict.fromkeys(groups + decision.groups))
+            kept = tuple(i for i in kept if i not in gone)
+            part = replace(answer, cells=tuple(answer.cells[i] for i in kept))
+            decision = self.post_audit(scope, part)
+        if not decision.allowed:
+            return decision, (), groups
+        return decision, kept, groups
 
     def remember(
         self, scope: str, answer: AnsweredQuery, *, visible_at: float | None = None
@@ -590,7 +631,28 @@ class Auditor:
             return ALLOWED
         combined = tuple(sorted({q for f in findings for q in f.combined_with if q != query_id}))
         groups = tuple(dict.fromkeys(f.group for f in findings if f.group))
-        return AuditDecision(False, combined, refusal_reason(combined, groups), groups)
+        cells = (
+            () if pre else tuple(tuple(c for q, c in f.cells if q == query_id) for f in findings)
+        )
+        return AuditDecision(False, combined, refusal_reason(combined, groups), groups, cells)
+
+
+def _hitting_cells(needs: list[list[int]], cells: tuple[AnsweredCell, ...]) -> set[int]:
+    """Few cells that leave every group's estimate without one of the cells it needs:
+    greedily, the cell most estimates need, and among those the one with the largest
+    noisy count — the group a later estimate then takes it into (this group with that
+    cell's) is the likeliest to be large, as secondary suppression chooses its cells."""
+    gone: set[int] = set()
+    open_needs = [set(n) for n in needs]
+    while open_needs:
+        uses: dict[int, int] = {}
+        for need in open_needs:
+            for i in need:
+                uses[i] = uses.get(i, 0) + 1
+        best = max(uses, key=lambda i: (uses[i], cells[i].count or 0.0, -i))
+        gone.add(best)
+        open_needs = [n for n in open_needs if best not in n]
+    return gone
 
 
 def refusal_reason(combined: tuple[str, ...], groups: tuple[str, ...]) -> str:

@@ -47,6 +47,9 @@ class Finding:
 
     combined_with: tuple[str, ...]
     group: str = ""
+    # the answered cells its estimate needs, as (query id, cell): a post-audit names
+    # those of the query it audits (``AuditDecision.cells``)
+    cells: tuple[tuple[str, int], ...] = ()
 
 
 def _extend(
@@ -384,7 +387,16 @@ def _findings(
             )
             names = {q for r in rows for q in new.info[r].query_id.split(",") if q}
             group = describe_region(new.space, block.cols[local], lookups)
-            out.append(Finding(tuple(sorted(names)), group))
+            # the answered cells its structural combination uses (one per basis row, so
+            # no more than the group needs; the least-noise one may spread over all)
+            basis = (new.blocks[cand.block] if cand.counts is None else cand.counts).members
+            cells = sorted(
+                {
+                    (new.info[basis[i]].query_id, new.info[basis[i]].cell)
+                    for i in np.nonzero(np.abs(cand.coefs) > COEF_TOL)[0]
+                }
+            )
+            out.append(Finding(tuple(sorted(names)), group, tuple(cells)))
             if len(out) >= MAX_FINDINGS:
                 break  # enough to refuse and to name the queries involved
     return out

@@ -92,6 +92,11 @@ STATEMENT_FAILURES = Counter(
     "by cause: error, timeout (the deadline was too short for it), noising.",
     ["cause"],
 )
+AUDIT_CELLS_LEFT_OUT = Counter(
+    "dpgate_audit_cells_left_out",
+    "Cells of answered queries the post-audit left out (with earlier answers they would "
+    "determine a group it cannot show to hold audit.min_group_size; the rest was released).",
+)
 _WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 AUDIT_LOCK_WAIT = Histogram(
     "dpgate_audit_lock_wait_seconds",
@@ -257,6 +262,10 @@ def record_audit_lock_wait(seconds: float) -> None:
 
 def record_statement_phase(phase: str, seconds: float) -> None:
     STATEMENT_PHASES.labels(phase).observe(max(0.0, seconds))
+
+
+def record_cells_left_out(n: int) -> None:
+    AUDIT_CELLS_LEFT_OUT.inc(n)
 
 
 def record_deadline_miss(stage: str, table: str) -> None:

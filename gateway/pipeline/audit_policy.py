@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import budget
 from budget import Reservation
@@ -55,6 +55,18 @@ GLOBAL_SCOPE = "*"
 #: (issue 36: ~320 bytes each, without end before).
 REFUSED_MEMO_MAX = 2048
 log = logging.getLogger("dpgate.audit")
+AUDITOR_FAILED = "The auditor could not decide on this query, so it is refused."
+
+
+@dataclass(frozen=True)
+class PostAudit:
+    """What a post-audit lets out: every cell (``kept`` None), or the cells at ``kept``
+    with ``note`` saying which were left out and why; and, in ``flag`` mode, the
+    objections to record."""
+
+    flags: list[str] = field(default_factory=list)
+    kept: tuple[int, ...] | None = None
+    note: dict[str, object] | None = None
 
 
 class AuditPolicy:
@@ -196,19 +208,27 @@ class AuditPolicy:
         cells: tuple[AnsweredCell, ...],
         cells_json: list[dict[str, object]],
         visible_at: float | None = None,
-    ) -> list[str]:
-        """Post-audit the noisy answer; on refusal record it withheld (charged) and
-        raise — a repeat is refused free only from ``visible_at``, the query's release
-        moment (``time.monotonic()``). Returns the flags to record when ``mode`` is
-        ``flag``."""
+    ) -> PostAudit:
+        """Post-audit the noisy answer. A cell whose release would, with earlier answers,
+        determine a small group is left out (``Auditor.post_audit_cells``) and the rest
+        released; when no cell can stay, the answer is recorded withheld (charged) and
+        this raises — a repeat is refused free only from ``visible_at``, the query's
+        release moment (``time.monotonic()``). In ``flag`` mode nothing is left out: the
+        objection is returned, to record."""
         if not self.active:
-            return []
+            return PostAudit()
         answered = AnsweredQuery(query_id=reservation.id, plan=planned.plan, cells=cells)
-        decision = _decide(lambda: self.auditor.post_audit(scope, answered))
-        if decision.allowed:
-            return []
         if self.mode != "refuse":
-            return [decision.reason]
+            decision = _decide(lambda: self.auditor.post_audit(scope, answered))
+            return PostAudit(flags=[] if decision.allowed else [decision.reason])
+        decision, kept, groups = _decide_cells(
+            lambda: self.auditor.post_audit_cells(scope, answered)
+        )
+        if decision.allowed:
+            if len(kept) == len(cells):
+                return PostAudit()
+            metrics.record_cells_left_out(len(cells) - len(kept))
+            return PostAudit(kept=kept, note=left_out_note(planned.plan, cells, kept, groups))
         self.charges.withheld(
             reservation,
             {"withheld": True, "audit_cells": cells_json},
@@ -392,14 +412,47 @@ def _predict(predict: Callable[[], AuditPrediction]) -> AuditPrediction:
         return AuditPrediction("refused", "The auditor could not decide on this query.")
 
 
+def _decide_cells(
+    decide: Callable[[], tuple[AuditDecision, tuple[int, ...], tuple[str, ...]]],
+) -> tuple[AuditDecision, tuple[int, ...], tuple[str, ...]]:
+    """``_decide`` for a post-audit that may leave cells out: failing, it keeps no cell."""
+    try:
+        return decide()
+    except Exception as e:
+        log.error("the auditor failed (%s); withholding", type(e).__name__, exc_info=True)
+        return AuditDecision(allowed=False, combined_with=(), reason=AUDITOR_FAILED), (), ()
+
+
+def left_out_note(
+    plan: QueryPlan, cells: tuple[AnsweredCell, ...], kept: tuple[int, ...], groups: tuple[str, ...]
+) -> dict[str, object]:
+    """What a response says of the cells the audit left out: their group keys (declared
+    values, or keys partition selection released) and the groups they would determine,
+    as WHERE clauses (public: query texts). Never a count or a value."""
+    names = [g.name for g in plan.group_keys]
+    staying = set(kept)
+    left = [
+        dict(zip(names, c.group_values, strict=True))
+        for i, c in enumerate(cells)
+        if i not in staying
+    ]
+    said = "; ".join(f"WHERE {g}" for g in groups[:3]) + (
+        f" (and {len(groups) - 3} more)" if len(groups) > 3 else ""
+    )
+    return {
+        "groups": left,
+        "reason": "the audit left these rows out: with earlier answers they would determine "
+        f"{said or 'a group'}, which the noisy answers cannot show to hold the minimum group "
+        "size. The other rows are released as usual; the query's charge is the whole "
+        "query's. Ask that group directly first (a COUNT with that WHERE clause), or use "
+        "coarser groups, to have every row.",
+    }
+
+
 def _decide(decide: Callable[[], AuditDecision]) -> AuditDecision:
     """Run one audit decision; an auditor that cannot decide refuses (fails closed)."""
     try:
         return decide()
     except Exception as e:
         log.error("the auditor failed (%s); refusing", type(e).__name__, exc_info=True)
-        return AuditDecision(
-            allowed=False,
-            combined_with=(),
-            reason="The auditor could not decide on this query, so it is refused.",
-        )
+        return AuditDecision(allowed=False, combined_with=(), reason=AUDITOR_FAILED)

@@ -552,9 +552,13 @@ class Gateway:
             with lane.turn(ticket, clock.release_at):
                 trace.mark("turn")
                 # a pre-audit sees this answer (or refusal) from its release moment only
-                flags += self.audit.after(
+                post = self.audit.after(
                     lane.scope, planned, reservation, noisy.cells, cells_json, clock.release_at
                 )
+                flags += post.flags
+                if post.kept is not None:  # cells left out: the rest is what is released
+                    noisy = noisy.only(post.kept)
+                    cells_json = noisy.cells_json()
                 self.audit.remember(lane.scope, reservation.id, plan, noisy.cells, clock.release_at)
         except TurnMissed:
             lane.done(ticket)
@@ -572,6 +576,7 @@ class Gateway:
             accuracy=uncut.accuracy,
             privacy=privacy_spent(planned),
             budget=reservation.budget,
+            extra={} if post.note is None else {"audit_left_out": post.note},
             charge=reservation.charge,
         )
         release = shown(planned, release, uncut)

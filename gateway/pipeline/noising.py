@@ -43,6 +43,10 @@ class NoisyCells:
     rows: tuple[Row, ...]
     cells: tuple[AnsweredCell, ...]
 
+    def only(self, kept: Sequence[int]) -> NoisyCells:
+        """The cells at ``kept`` (positions, in order), as rows and as cells."""
+        return NoisyCells(tuple(self.rows[i] for i in kept), tuple(self.cells[i] for i in kept))
+
     def cells_json(self) -> list[dict[str, Any]]:
         return [
             {
