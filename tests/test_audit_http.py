@@ -209,3 +209,28 @@ def test_a_breakdown_loses_only_the_rows_that_would_single_out_a_group(
     history = client.get("/v1/queries", headers=auth).get_json()
     (entry,) = [q for q in history["queries"] if q["sql"] == sql]
     assert entry["outcome"] == "answered"
+
+
+def test_rows_known_too_fine_before_the_query_runs_are_left_out_and_a_dry_run_says_so(
+    ask: Ask, client: FlaskClient, auth: Any
+) -> None:
+    """The count by disease, then by disease in Eger: each disease's patients outside
+    Eger are determined, and for the Crohn and Meningitis patients (28 and 18 outside
+    Eger, k = 40) no answer can show it: fewer than 40 have either disease at all. So
+    their rows go before the query runs, a
+    decision from earlier answers only; a dry run names them. The other rows are
+    released (their groups' sizes are left to the post-audit: the large ones pass)."""
+    assert (
+        ask("SELECT disease, COUNT(*) AS n FROM patients GROUP BY disease", epsilon=1.0)[0] == 200
+    )
+    sql = "SELECT disease, COUNT(*) AS n FROM patients WHERE city = 'Eger' GROUP BY disease"
+    status, dry = ask(sql, epsilon=1.0, dry_run=True)
+    assert status == 200 and dry["audit"]["verdict"] == "answered_in_part", dry["audit"]
+    predicted = {g["disease"] for g in dry["audit"]["left_out"]}
+    assert {"Crohn", "Meningitis"} <= predicted
+    status, body = ask(sql, epsilon=1.0)
+    assert status == 200, body
+    left = {g["disease"] for g in body["audit_left_out"]["groups"]}
+    assert predicted <= left
+    assert not {row[0] for row in body["rows"]} & left
+    assert "None" not in left  # 1,618 patients outside Eger

@@ -127,3 +127,56 @@ def test_a_breakdown_whose_every_row_is_needed_is_withheld_whole(
     )
     decision, kept, groups = auditor.post_audit_cells("exact", second)
     assert not decision.allowed and kept == () and groups == ()
+
+
+OVER_40_TOTAL = "SELECT sex, COUNT(*) AS n FROM patients WHERE age >= 40 GROUP BY sex"
+OVER_40 = "SELECT disease, COUNT(*) AS n FROM patients WHERE age >= 40 GROUP BY disease"
+
+
+def _age_region(diseases: list[str], young: tuple[bool, ...]) -> np.ndarray:
+    """A region of the grid disease × (under 40, 40 and over)."""
+    v = np.zeros(2 * len(DISEASES))
+    for d in diseases:
+        for y in young:
+            v[2 * DISEASES.index(d) + (0 if y else 1)] = 1
+    return v
+
+
+def test_rows_the_earlier_answers_already_show_too_fine_are_left_out_before_it_runs(
+    full_demo: Path, tmp_path: Path
+) -> None:
+    """The count by disease and the over-40s by sex, then the over-40s by disease: the
+    25 Meningitis patients under 40 (the total minus the over-40s) cannot be shown to
+    hold 5 at ε = 0.1 whatever the new answer — refused whole, free, before. Now the
+    Meningitis row is left out before it runs, decided from earlier answers only (a dry
+    run says so); the over-40s' total would give it back through the other rows, a
+    group whose size the new answer decides, so the post-audit leaves out more."""
+    gateway = _gateway(full_demo, tmp_path)
+    auditor = gateway.auditor
+    for i, sql in enumerate((BY_DISEASE, OVER_40_TOTAL)):
+        answer = _exact_answer(gateway, f"q{i}", sql, EPSILON)
+        assert auditor.post_audit("exact", answer).allowed
+        auditor.remember("exact", answer)
+    answer = _exact_answer(gateway, "q2", OVER_40, EPSILON)
+    assert not auditor.pre_audit("exact", answer.plan).allowed  # whole, refused free
+    decision, pre_kept, groups = auditor.pre_audit_cells("exact", answer.plan)
+    assert decision.allowed and pre_kept is not None
+    diseases = [str(c.group_values[0]) for c in answer.cells]
+    assert [d for i, d in enumerate(diseases) if i not in pre_kept] == ["Meningitis"]
+    assert groups == ("disease = 'Meningitis' AND age < 40",), groups
+    prediction = auditor.predict("exact", answer.plan)
+    assert prediction.verdict == "answered_in_part"
+    assert prediction.left_out == (("Meningitis",),)
+    assert "may be left out once its answer is known" in prediction.reason
+    offered = replace(answer, cells=tuple(answer.cells[i] for i in pre_kept))
+    decision, post_kept, _ = auditor.post_audit_cells("exact", offered)
+    assert decision.allowed
+    kept = [pre_kept[i] for i in post_kept]
+    left = [d for i, d in enumerate(diseases) if i not in kept]
+    # (the 35 Crohn patients under 40 go too: the exact answer cannot show them to hold 5)
+    assert "Meningitis" in left and 2 <= len(left) < len(diseases) - 2, left
+    released = [_age_region([d], (True, False)) for d in DISEASES]
+    released.append(_age_region(list(DISEASES), (False,)))
+    released += [_age_region([diseases[i]], (False,)) for i in kept]
+    for d in left:
+        assert not _in_span(released, _age_region([d], (True,))), d

@@ -9,7 +9,8 @@
     confidence  lower confidence bounds on sizes, from the public noise scales
     describe    a region as a WHERE clause over declared columns (refusals name it)
     resident    which scopes' knowledge stays in memory (a byte budget; the rest on disk)
-    auditor     Auditor.pre_audit / predict / post_audit / remember
+    auditor     Auditor.pre_audit / predict / post_audit / remember (and the
+                *_cells variants, which leave rows out rather than refuse)
     findings    what answered regions determine, sized: the groups too small
 
 Everything here is a function of query texts, the public schema and noisy answers
@@ -23,6 +24,7 @@ from gateway.audit.auditor import (
     AuditDecision,
     Auditor,
     AuditPrediction,
+    left_out_reason,
 )
 from gateway.audit.confidence import CountNoise
 
@@ -33,4 +35,5 @@ __all__ = [
     "AuditPrediction",
     "Auditor",
     "CountNoise",
+    "left_out_reason",
 ]

@@ -84,13 +84,17 @@ class AuditDecision:
 @dataclass(frozen=True)
 class AuditPrediction:
     """What the audit will do with a query, decided before anything is spent (a dry
-    run): ``refused`` now (free), ``may_be_withheld`` after execution (it determines
-    ``groups`` whose size only its own noisy answer can show), or ``answered``."""
+    run): ``refused`` now (free), ``answered_in_part`` (the rows at ``left_out`` left
+    out: with earlier answers they determine ``groups``, too small), ``may_be_withheld``
+    after execution (it determines ``groups`` whose size only its own noisy answer can
+    show), or ``answered``."""
 
     verdict: str
     reason: str
     groups: tuple[str, ...] = ()
     combined_with: tuple[str, ...] = ()
+    # ``answered_in_part``: the group keys of the rows that will be left out
+    left_out: tuple[tuple[Any, ...], ...] = ()
 
 
 ALLOWED = AuditDecision(True, (), "no small group is determined")
@@ -203,7 +207,9 @@ class Auditor:
         open_groups: list[str] | None,
         noise: CountNoise | None = None,
         at: float | None = None,
+        only: frozenset[int] | None = None,
     ) -> AuditDecision:
+        """The pre-audit; ``only``: of the query's cells, those at these positions."""
         try:
             cells = _declared_cells(plan)
             if cells is None:  # partition selection: the keys' dimensions, at least
@@ -219,6 +225,7 @@ class Auditor:
             rows = [
                 (RowInfo("", j, None, pending=True, stats=stats), f)
                 for j, f in enumerate(self._formulas(plan, cells))
+                if only is None or j in only
             ]
         except Undecidable as e:
             return AuditDecision(False, (), f"{e}: the auditor cannot decide on it.")
@@ -234,6 +241,44 @@ class Auditor:
             at=at,
         )
 
+    def pre_audit_cells(
+        self,
+        scope: str,
+        plan: QueryPlan,
+        noise: CountNoise | None = None,
+        *,
+        at: float | None = None,
+        open_groups: list[str] | None = None,
+    ) -> tuple[AuditDecision, tuple[int, ...] | None, tuple[str, ...]]:
+        """The pre-audit, leaving cells out rather than refusing the whole query: the
+        cells that a group the earlier answers already show to be too small needs are
+        left out, and the rest pre-audited again (``post_audit_cells``, before the
+        answer: every choice here is a function of query texts, the public schema and
+        answers already released, so which cells go is public, and free). Returns the
+        decision on the cells kept, their positions among the query's declared cells
+        (None: all of them, or a query whose cells are known only after its answer), and
+        the groups that made cells go."""
+        decision = self._pre_audit(scope, plan, open_groups, noise, at)
+        cells = _declared_cells(plan)
+        if decision.allowed or cells is None:
+            return decision, None, ()
+        kept = tuple(range(len(cells)))
+        groups: tuple[str, ...] = ()
+        for _ in range(SUPPRESSION_ROUNDS):
+            if decision.allowed or not decision.cells or not all(decision.cells):
+                break  # (a group found without a cell of this query: nothing to leave out)
+            gone = _hitting_cells([list(need) for need in decision.cells], lambda i: 0.0)
+            if len(gone) >= len(kept):
+                break
+            groups = tuple(dict.fromkeys(groups + decision.groups))
+            kept = tuple(i for i in kept if i not in gone)
+            if open_groups is not None:
+                del open_groups[:]
+            decision = self._pre_audit(scope, plan, open_groups, noise, at, frozenset(kept))
+        if not decision.allowed:
+            return decision, (), groups
+        return decision, kept, groups
+
     def predict(
         self,
         scope: str,
@@ -247,10 +292,23 @@ class Auditor:
         noisy answer. Changes nothing (a dry run); public information only (``at``: as
         for ``pre_audit``)."""
         open_groups: list[str] = []
-        decision = self._pre_audit(scope, plan, open_groups, noise, at)
+        decision, kept, left_groups = self.pre_audit_cells(
+            scope, plan, noise, at=at, open_groups=open_groups
+        )
         if not decision.allowed:
             return AuditPrediction(
                 "refused", decision.reason, decision.groups, decision.combined_with
+            )
+        if kept is not None:
+            cells = _declared_cells(plan) or []
+            staying = set(kept)
+            left = tuple(c for i, c in enumerate(cells) if i not in staying)
+            return AuditPrediction(
+                "answered_in_part",
+                left_out_reason(left_groups)
+                + (" Other rows may be left out once its answer is known." if open_groups else ""),
+                left_groups,
+                left_out=left,
             )
         if open_groups:
             groups = tuple(dict.fromkeys(open_groups))
@@ -299,7 +357,7 @@ class Auditor:
             if decision.allowed or not decision.cells or not all(decision.cells):
                 break  # (a group found without a cell of this answer: nothing to leave out)
             needs = [[kept[i] for i in need] for need in decision.cells]
-            gone = _hitting_cells(needs, answer.cells)
+            gone = _hitting_cells(needs, lambda i: answer.cells[i].count or 0.0)
             if len(gone) >= len(kept):
                 break
             groups = tuple(dict.fromkeys(groups + decision.groups))
@@ -631,13 +689,12 @@ class Auditor:
             return ALLOWED
         combined = tuple(sorted({q for f in findings for q in f.combined_with if q != query_id}))
         groups = tuple(dict.fromkeys(f.group for f in findings if f.group))
-        cells = (
-            () if pre else tuple(tuple(c for q, c in f.cells if q == query_id) for f in findings)
-        )
+        mine = "" if pre else query_id  # a pre-audit's rows are the query's, unnamed yet
+        cells = tuple(tuple(c for q, c in f.cells if q == mine) for f in findings)
         return AuditDecision(False, combined, refusal_reason(combined, groups), groups, cells)
 
 
-def _hitting_cells(needs: list[list[int]], cells: tuple[AnsweredCell, ...]) -> set[int]:
+def _hitting_cells(needs: list[list[int]], count: Callable[[int], float]) -> set[int]:
     """Few cells that leave every group's estimate without one of the cells it needs:
     greedily, the cell most estimates need, and among those the one with the largest
     noisy count — the group a later estimate then takes it into (this group with that
@@ -649,10 +706,24 @@ def _hitting_cells(needs: list[list[int]], cells: tuple[AnsweredCell, ...]) -> s
         for need in open_needs:
             for i in need:
                 uses[i] = uses.get(i, 0) + 1
-        best = max(uses, key=lambda i: (uses[i], cells[i].count or 0.0, -i))
+        best = max(uses, key=lambda i: (uses[i], count(i), -i))
         gone.add(best)
         open_needs = [n for n in open_needs if best not in n]
     return gone
+
+
+def left_out_reason(groups: tuple[str, ...]) -> str:
+    """Why rows of an answer are left out, in the analyst's terms (never a size)."""
+    said = "; ".join(f"WHERE {g}" for g in groups[:3]) + (
+        f" (and {len(groups) - 3} more)" if len(groups) > 3 else ""
+    )
+    return (
+        "the audit leaves these rows out: with earlier answers they would determine "
+        f"{said or 'a group'}, which the noisy answers cannot show to hold the minimum group "
+        "size. The other rows are released as usual; the query's charge is the whole "
+        "query's. Ask that group directly first (a COUNT with that WHERE clause), or use "
+        "coarser groups, to have every row."
+    )
 
 
 def refusal_reason(combined: tuple[str, ...], groups: tuple[str, ...]) -> str:

@@ -36,6 +36,7 @@ from gateway.audit import (
     Auditor,
     AuditPrediction,
     CountNoise,
+    left_out_reason,
 )
 from gateway.core.config import AuditConfig, TableConfig
 from gateway.core.errors import AuditRefused, GatewayError
@@ -56,6 +57,20 @@ GLOBAL_SCOPE = "*"
 REFUSED_MEMO_MAX = 2048
 log = logging.getLogger("dpgate.audit")
 AUDITOR_FAILED = "The auditor could not decide on this query, so it is refused."
+
+
+Kept = tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class PreAudit:
+    """What a pre-audit lets through: every cell (``kept`` None), or the cells at
+    ``kept`` (the others left out because of ``groups``); in ``flag`` mode, the
+    objections to record."""
+
+    flags: list[str] = field(default_factory=list)
+    kept: tuple[int, ...] | None = None
+    groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -148,18 +163,27 @@ class AuditPolicy:
         with self.lane(analyst) as lane, lane.deciding():
             yield lane.scope
 
-    def before(self, scope: str, analyst: str, planned: PlannedQuery) -> list[str]:
+    def before(self, scope: str, analyst: str, planned: PlannedQuery) -> PreAudit:
         """Refuse (free) a request the auditor refused before, or that the pre-audit
-        refuses now; returns the flags to record when ``mode`` is ``flag``."""
+        refuses now — unless leaving some of its rows out lets the rest through
+        (``Auditor.pre_audit_cells``: a public decision); returns those rows, and in
+        ``flag`` mode the objections to record."""
         if not self.active:
-            return []
+            return PreAudit()
         if self.mode == "refuse":
             self._refused_before(analyst, planned.key)
         noise = count_noise(planned)
         now = time.monotonic()
-        decision = _decide(lambda: self.auditor.pre_audit(scope, planned.plan, noise, at=now))
-        if decision.allowed:
-            return []
+        if self.mode == "refuse":
+            decision, kept, groups = _decide_cells(
+                lambda: self.auditor.pre_audit_cells(scope, planned.plan, noise, at=now)
+            )
+            if decision.allowed:
+                return PreAudit(kept=kept, groups=groups)
+        else:
+            decision = _decide(lambda: self.auditor.pre_audit(scope, planned.plan, noise, at=now))
+            if decision.allowed:
+                return PreAudit()
         if self.mode == "refuse":
             self._record_refusal(analyst, planned, decision, None)
             raise AuditRefused(
@@ -168,7 +192,7 @@ class AuditPolicy:
                 combined_with=list(decision.combined_with),
                 groups=list(decision.groups),
             )
-        return [decision.reason]
+        return PreAudit(flags=[decision.reason])
 
     def predict(self, analyst: str, planned: PlannedQuery) -> AuditPrediction:
         """What the audit would do with ``planned`` now, for a dry run (changes nothing,
@@ -197,6 +221,7 @@ class AuditPolicy:
                 prediction,
                 verdict="answered",
                 reason=f"{prediction.reason} (audit.mode is flag: answered and flagged)",
+                left_out=(),
             )
         return prediction
 
@@ -208,25 +233,33 @@ class AuditPolicy:
         cells: tuple[AnsweredCell, ...],
         cells_json: list[dict[str, object]],
         visible_at: float | None = None,
+        pre: PreAudit | None = None,
     ) -> PostAudit:
-        """Post-audit the noisy answer. A cell whose release would, with earlier answers,
-        determine a small group is left out (``Auditor.post_audit_cells``) and the rest
-        released; when no cell can stay, the answer is recorded withheld (charged) and
-        this raises — a repeat is refused free only from ``visible_at``, the query's
-        release moment (``time.monotonic()``). In ``flag`` mode nothing is left out: the
-        objection is returned, to record."""
+        """Post-audit the noisy answer — of its cells, those the pre-audit kept (``pre``).
+        A cell whose release would, with earlier answers, determine a small group is
+        left out (``Auditor.post_audit_cells``) and the rest released; when no cell can
+        stay, the answer is recorded withheld (charged) and this raises — a repeat is
+        refused free only from ``visible_at``, the query's release moment
+        (``time.monotonic()``). In ``flag`` mode nothing is left out: the objection is
+        returned, to record."""
         if not self.active:
             return PostAudit()
-        answered = AnsweredQuery(query_id=reservation.id, plan=planned.plan, cells=cells)
         if self.mode != "refuse":
+            answered = AnsweredQuery(query_id=reservation.id, plan=planned.plan, cells=cells)
             decision = _decide(lambda: self.auditor.post_audit(scope, answered))
             return PostAudit(flags=[] if decision.allowed else [decision.reason])
-        decision, kept, groups = _decide_cells(
+        offered = tuple(range(len(cells))) if pre is None or pre.kept is None else pre.kept
+        answered = AnsweredQuery(
+            query_id=reservation.id, plan=planned.plan, cells=tuple(cells[i] for i in offered)
+        )
+        decision, kept_here, groups = _decide_cells(
             lambda: self.auditor.post_audit_cells(scope, answered)
         )
         if decision.allowed:
+            kept = offered if kept_here is None else tuple(offered[i] for i in kept_here)
             if len(kept) == len(cells):
                 return PostAudit()
+            groups = tuple(dict.fromkeys((pre.groups if pre is not None else ()) + groups))
             metrics.record_cells_left_out(len(cells) - len(kept))
             return PostAudit(kept=kept, note=left_out_note(planned.plan, cells, kept, groups))
         self.charges.withheld(
@@ -413,8 +446,8 @@ def _predict(predict: Callable[[], AuditPrediction]) -> AuditPrediction:
 
 
 def _decide_cells(
-    decide: Callable[[], tuple[AuditDecision, tuple[int, ...], tuple[str, ...]]],
-) -> tuple[AuditDecision, tuple[int, ...], tuple[str, ...]]:
+    decide: Callable[[], tuple[AuditDecision, Kept, tuple[str, ...]]],
+) -> tuple[AuditDecision, Kept, tuple[str, ...]]:
     """``_decide`` for a post-audit that may leave cells out: failing, it keeps no cell."""
     try:
         return decide()
@@ -436,17 +469,7 @@ def left_out_note(
         for i, c in enumerate(cells)
         if i not in staying
     ]
-    said = "; ".join(f"WHERE {g}" for g in groups[:3]) + (
-        f" (and {len(groups) - 3} more)" if len(groups) > 3 else ""
-    )
-    return {
-        "groups": left,
-        "reason": "the audit left these rows out: with earlier answers they would determine "
-        f"{said or 'a group'}, which the noisy answers cannot show to hold the minimum group "
-        "size. The other rows are released as usual; the query's charge is the whole "
-        "query's. Ask that group directly first (a COUNT with that WHERE clause), or use "
-        "coarser groups, to have every row.",
-    }
+    return {"groups": left, "reason": left_out_reason(groups)}
 
 
 def _decide(decide: Callable[[], AuditDecision]) -> AuditDecision:

@@ -11,6 +11,7 @@ from typing import Any
 
 from gateway.audit import AuditPrediction
 from gateway.core.config import ExecutionConfig, TableConfig
+from gateway.core.plan import QueryPlan
 from gateway.pipeline.charges import Charges
 from gateway.pipeline.noising import expected_accuracy, selection_note
 from gateway.pipeline.planning import PlannedQuery
@@ -27,8 +28,8 @@ def dry_run(
     audit: AuditPrediction | None = None,
 ) -> Release:
     """The dry run's release; ``audit`` is the auditor's prediction
-    (``AuditPolicy.predict``): refused now, may be withheld after execution, or
-    answered."""
+    (``AuditPolicy.predict``): refused now, answered with rows left out, may be
+    withheld after execution, or answered."""
     plan, calibration = planned.plan, planned.calibration
     quote = charges.quote(analyst, calibration.cost, planned.request.mechanism)
     return Release(
@@ -42,7 +43,7 @@ def dry_run(
         extra={
             "dry_run": True,
             "would_fit": quote.would_fit,
-            **({"audit": audit_json(audit)} if audit is not None else {}),
+            **({"audit": audit_json(audit, plan)} if audit is not None else {}),
             # what it would cost, in the analyst's budget units, and how many such fit
             "charge": quote.charge.to_json(),
             "queries_remaining": quote.queries_remaining,
@@ -58,9 +59,13 @@ def dry_run(
     )
 
 
-def audit_json(prediction: AuditPrediction) -> dict[str, Any]:
-    """The auditor's prediction as the dry run shows it."""
+def audit_json(prediction: AuditPrediction, plan: QueryPlan) -> dict[str, Any]:
+    """The auditor's prediction as the dry run shows it (the rows it would leave out by
+    their group keys, as an answer's ``audit_left_out`` names them)."""
     out: dict[str, Any] = {"verdict": prediction.verdict, "reason": prediction.reason}
+    if prediction.left_out:
+        names = [g.name for g in plan.group_keys]
+        out["left_out"] = [dict(zip(names, key, strict=True)) for key in prediction.left_out]
     if prediction.groups:
         out["groups"] = list(prediction.groups)
     if prediction.combined_with:

@@ -43,7 +43,7 @@ from gateway.core.plan import ProbePlan, QueryPlan, QueryRequest
 from gateway.ops import metrics
 from gateway.pipeline.access import Access
 from gateway.pipeline.answer_cache import AnswerCache
-from gateway.pipeline.audit_policy import AuditPolicy
+from gateway.pipeline.audit_policy import AuditPolicy, PreAudit
 from gateway.pipeline.catalog import public_schema
 from gateway.pipeline.charges import (
     Charges,
@@ -360,7 +360,7 @@ class Gateway:
         # The scope lock's own failure is the ledger's, before anything is charged.
         with uncharged_ledger_failures(), self.audit.lane(analyst) as lane:
             with lane.deciding():
-                flags = self.audit.before(lane.scope, analyst, planned)
+                pre = self.audit.before(lane.scope, analyst, planned)
                 reservation = self.charges.reserve(
                     analyst, planned.request, calibration.cost, planned.key
                 )
@@ -384,7 +384,7 @@ class Gateway:
             trace = _Trace()
             try:
                 release = self._release(
-                    lane, ticket, planned, compiled, reservation, clock, flags, missed, trace
+                    lane, ticket, planned, compiled, reservation, clock, pre, missed, trace
                 )
                 answered = True
                 return release
@@ -490,7 +490,7 @@ class Gateway:
         compiled: CompiledQuery,
         reservation: Reservation,
         clock: ReleaseClock,
-        flags: list[str],
+        pre: PreAudit,
         missed: _Missed,
         trace: _Trace,
     ) -> Release:
@@ -553,9 +553,15 @@ class Gateway:
                 trace.mark("turn")
                 # a pre-audit sees this answer (or refusal) from its release moment only
                 post = self.audit.after(
-                    lane.scope, planned, reservation, noisy.cells, cells_json, clock.release_at
+                    lane.scope,
+                    planned,
+                    reservation,
+                    noisy.cells,
+                    cells_json,
+                    clock.release_at,
+                    pre,
                 )
-                flags += post.flags
+                flags = pre.flags + post.flags
                 if post.kept is not None:  # cells left out: the rest is what is released
                     noisy = noisy.only(post.kept)
                     cells_json = noisy.cells_json()
