@@ -448,12 +448,28 @@ def test_an_auditor_that_cannot_decide_refuses_for_free(
     def broken(*_: Any, **__: Any) -> Any:
         raise KeyError("auditor bug")
 
-    monkeypatch.setattr(gateway.auditor, "pre_audit", broken)
+    monkeypatch.setattr(gateway.auditor, "pre_audit_cells", broken)
     status, body = ask("SELECT COUNT(*) FROM patients WHERE age > 50")
     assert status == 403 and body["error"]["code"] == "audit_refused"
     assert body["error"]["detail"]["charged"] is False
     status, budget = 0, gateway.budget("alice")
     assert budget["rho_spent"] == 0.0
+
+
+def test_an_auditor_that_cannot_decide_after_execution_withholds_everything(
+    ask: Ask, gateway: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A post-audit that fails leaves no row in: the answer is withheld (charged: its
+    statement ran), never released unaudited nor in part."""
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise KeyError("auditor bug")
+
+    monkeypatch.setattr(gateway.auditor, "post_audit_cells", broken)
+    status, body = ask("SELECT disease, COUNT(*) FROM patients GROUP BY disease")
+    assert status == 403 and body["error"]["code"] == "audit_refused"
+    assert body["error"]["detail"]["charged"] is True
+    assert "rows" not in body
 
 
 def test_a_ledger_failure_releases_nothing(

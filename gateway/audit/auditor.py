@@ -259,8 +259,10 @@ class Auditor:
         (None: all of them, or a query whose cells are known only after its answer), and
         the groups that made cells go."""
         decision = self._pre_audit(scope, plan, open_groups, noise, at)
+        if decision.allowed:
+            return decision, None, ()
         cells = _declared_cells(plan)
-        if decision.allowed or cells is None:
+        if cells is None:
             return decision, None, ()
         kept = tuple(range(len(cells)))
         groups: tuple[str, ...] = ()
