@@ -49,13 +49,14 @@ def full_demo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def exact_replay(gateway: Gateway, questions: list[str]) -> list[tuple[str, bool]]:
+def exact_replay(gateway: Gateway, questions: list[str], ids: str = "q") -> list[tuple[str, bool]]:
     """Ask ``questions`` in order with their exact counts; the refused ones, each with
-    whether the pre-audit refused it (before execution: free)."""
+    whether the pre-audit refused it (before execution: free). ``ids``: the prefix of
+    their query ids (distinct from an earlier replay's into the same auditor)."""
     auditor = gateway.auditor
     refused = []
     for i, sql in enumerate(questions):
-        answer = _exact_answer(gateway, f"q{i}", sql, EPSILON)
+        answer = _exact_answer(gateway, f"{ids}{i}", sql, EPSILON)
         pre = auditor.pre_audit("exact", answer.plan)
         post = auditor.post_audit("exact", answer) if pre.allowed else pre
         if pre.allowed and post.allowed:
@@ -96,3 +97,22 @@ def test_a_refused_average_leaves_the_count_over_its_cells_answered(
     ]
     refused = exact_replay(make_gateway(full_demo, tmp_path, 0), questions)
     assert refused == [(average, True)]
+
+
+def test_the_sum_over_part_of_a_group_says_to_add_a_count_and_is_answered_with_one(
+    full_demo: Path, tmp_path: Path
+) -> None:
+    """The one question the written order loses names what to do: no count sizes each
+    department's other years, and COUNT(*) in the same query would (the department
+    totals minus its 2024 counts). Asked so, it is answered — and so is the whole
+    walkthrough."""
+    gateway = make_gateway(full_demo, tmp_path, 0)
+    auditor = gateway.auditor
+    at = WALKTHROUGH.index(SUM_OVER_PART)
+    assert exact_replay(gateway, list(WALKTHROUGH[:at])) == []
+    answer = _exact_answer(gateway, "sum", SUM_OVER_PART, EPSILON)
+    decision = auditor.pre_audit("exact", answer.plan)
+    assert not decision.allowed and "add COUNT(*) to this query" in decision.reason
+    with_count = SUM_OVER_PART.replace("AS total", "AS total, COUNT(*) AS n")
+    rest = [with_count, *WALKTHROUGH[at + 1 :]]
+    assert exact_replay(gateway, rest, ids="rest") == []

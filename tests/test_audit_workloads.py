@@ -24,9 +24,9 @@ catalogue decides them). Three checks per session:
    scales of the real releases, refuses nothing; every region it sizes clears k by a
    margin the noise exceeds with probability at most α = 1e-6 / (regions sized).
 3. **Answered through the pipeline**, with noise, a fresh analyst per session: 0
-   refusals. False-alarm rate: the regions sized are the same (they depend on the query
-   texts only); by 2., each is refused with probability ≤ α, so a refusal anywhere has
-   probability ≤ 1e-6.
+   refusals, and no row left out of any answer. False-alarm rate: the regions sized are
+   the same (they depend on the query texts only); by 2., each is refused (or its rows
+   left out) with probability ≤ α, so a refusal anywhere has probability ≤ 1e-6.
 
 A session the product refuses or withholds today although the reference calls it honest
 says why in its ``known_gap:``; its checks 2. and 3. are strict expected failures (they
@@ -517,3 +517,5 @@ def test_sessions_are_answered_through_the_pipeline(name: str, gateway: Gateway)
     for sql, epsilon in SESSIONS[name].queries:
         release = gateway.query("honest", QueryRequest(sql, epsilon, 0.0, "laplace"))
         assert release.rows is not None, sql
+        # every row: an honest session loses none to the audit either
+        assert "audit_left_out" not in release.extra, (sql, release.extra.get("audit_left_out"))

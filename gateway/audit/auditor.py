@@ -693,7 +693,9 @@ class Auditor:
         groups = tuple(dict.fromkeys(f.group for f in findings if f.group))
         mine = "" if pre else query_id  # a pre-audit's rows are the query's, unnamed yet
         cells = tuple(tuple(c for q, c in f.cells if q == mine) for f in findings)
-        return AuditDecision(False, combined, refusal_reason(combined, groups), groups, cells)
+        uncounted = any(f.uncounted for f in findings)
+        reason = refusal_reason(combined, groups, uncounted=uncounted)
+        return AuditDecision(False, combined, reason, groups, cells)
 
 
 def _hitting_cells(needs: list[list[int]], count: Callable[[int], float]) -> set[int]:
@@ -728,10 +730,13 @@ def left_out_reason(groups: tuple[str, ...]) -> str:
     )
 
 
-def refusal_reason(combined: tuple[str, ...], groups: tuple[str, ...]) -> str:
+def refusal_reason(
+    combined: tuple[str, ...], groups: tuple[str, ...], *, uncounted: bool = False
+) -> str:
     """Why a query is refused, in the analyst's terms: the group it would determine (a
     WHERE clause over declared columns, from query texts only), the earlier answers it
-    combines with, and what to ask instead. Never a size or a value."""
+    combines with, and what to ask instead. Never a size or a value. ``uncounted``: a
+    group only SUMs or quantiles describe, which a count must size."""
     names = ", ".join(combined) if combined else "earlier answers"
     if not groups:
         said = "a group"
@@ -740,6 +745,14 @@ def refusal_reason(combined: tuple[str, ...], groups: tuple[str, ...]) -> str:
     else:
         said = "the groups " + "; ".join(f"WHERE {g}" for g in groups[:3])
         said += f" (and {len(groups) - 3} more)" if len(groups) > 3 else ""
+    if uncounted:
+        return (
+            f"this query would, with {names}, determine the sum or quantile of {said}, and "
+            "no count answered shows that group to hold the minimum group size "
+            "(differencing). To go on, add COUNT(*) to this query — its counts, with the "
+            "earlier ones, can then show the group's size — or ask that group's COUNT "
+            "first (a COUNT with that WHERE clause), or use coarser groups."
+        )
     return (
         f"this query would, with {names}, determine {said}, which the noisy answers "
         "cannot show to hold the minimum group size (differencing). To go on, ask for "

@@ -50,6 +50,9 @@ class Finding:
     # the answered cells its estimate needs, as (query id, cell): a post-audit names
     # those of the query it audits (``AuditDecision.cells``)
     cells: tuple[tuple[str, int], ...] = ()
+    # no count can size the group (SUMs or quantiles describe it): only a count of it,
+    # or one this query brings, can show it large (``refusal_reason`` says so)
+    uncounted: bool = False
 
 
 def _extend(
@@ -265,6 +268,7 @@ def _findings(
             least[at] = (every, everyone, _LeastNoise.of(new, block, pending_noise))
         bc = cache[at]
         local = cand.local
+        uncounted = False
         coefs = cand.coefs
         every, everyone, solver = least[at]
         better = solver.coefficients(local) if solver is not None else None
@@ -321,6 +325,7 @@ def _findings(
             ]
             shown = bool(lows) and max(lows) >= k
             small = not shown and not (pending_counts and bool(np.any(inside & bc.pending)))
+            uncounted = True
         elif pre:
             # a region inside an answered region is no larger than its noisy count
             supersets = ~np.any(local[None, :] & ~asked, axis=1) & bc.counted
@@ -358,6 +363,7 @@ def _findings(
                 for j in np.nonzero(subsets)[0]
             ]
             small = not lows or max(lows) < k
+            uncounted = True
         elif (
             margin is None
             and observe is None
@@ -396,7 +402,7 @@ def _findings(
                     for i in np.nonzero(np.abs(cand.coefs) > COEF_TOL)[0]
                 }
             )
-            out.append(Finding(tuple(sorted(names)), group, tuple(cells)))
+            out.append(Finding(tuple(sorted(names)), group, tuple(cells), uncounted))
             if len(out) >= MAX_FINDINGS:
                 break  # enough to refuse and to name the queries involved
     return out
