@@ -191,6 +191,18 @@ register_schema(
                     "note": {"type": "string"},
                 },
             },
+            "audit_left_out": {
+                "type": "object",
+                "description": "present when the auditor left rows out: with earlier answers "
+                "they would determine a group it cannot show to hold the minimum group size; "
+                "`groups` lists them by their group keys, `reason` names the groups (as WHERE "
+                "clauses) and what to ask instead. The charge is the whole query's",
+                "required": ["groups", "reason"],
+                "properties": {
+                    "groups": {"type": "array", "items": {"type": "object"}},
+                    "reason": {"type": "string"},
+                },
+            },
             "partition_selection": {
                 "type": "object",
                 "description": "present when GROUP BY keys are not declared public: groups "

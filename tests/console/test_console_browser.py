@@ -462,3 +462,34 @@ def test_a_table_not_granted_to_the_analyst_is_not_in_the_console(
     page.locator("#schema-tree").get_by_text("visits", exact=True).wait_for(timeout=5000)
     sign_out(watched)
     watched.assert_clean(key, admin)
+
+
+def test_rows_the_audit_left_out_are_named_under_the_answer(
+    served: Served, watched: Watched
+) -> None:
+    """An answer with rows left out says which under its table, and why (the API's
+    ``audit_left_out``). Its own analyst, so that the others' sessions stay as they are:
+    the mean glucose by disease, then the count by disease — the 4 Meningitis patients
+    without a reading (k = 5, ε = 1) cannot be shown to hold 5, so that row goes."""
+    page, admin = watched.page, served.admin_key
+    status, made = served.call(
+        "POST", "/v1/admin/analysts", {"name": "carol", "epsilon": 10.0, "delta": 1e-6}, key=admin
+    )
+    assert status == 201, made
+    key = made["api_key"]
+    readings = "SELECT disease, AVG(glucose) AS g FROM patients GROUP BY disease"
+    assert served.call("POST", "/v1/query", {"sql": readings, "epsilon": 1.0}, key)[0] == 200
+    sign_in(watched, served, key)
+    page.get_by_label("SQL").fill(GROUP_BY)
+    page.get_by_label("ε for this query").fill("1")
+    page.get_by_role("button", name="Run", exact=True).click()
+    note = page.locator("#result-note")
+    note.wait_for()
+    text = note.inner_text()
+    assert "Left out by the audit: " in text and "disease = Meningitis" in text
+    assert "glucose IS NULL" in text
+    shown = page.locator("#result-table tbody tr").all_inner_texts()
+    assert len(shown) < DISEASES and not any(t.startswith("Meningitis") for t in shown)
+    watched.shot("15-rows-left-out")
+    sign_out(watched)
+    watched.assert_clean(key, admin)

@@ -479,7 +479,12 @@ async function renderAnswer(data) {
     ? "Answered from the cache: the same answer as before, free."
     : `Charged ε ${fmt(data.privacy.epsilon)} (${data.privacy.mechanism}).`;
   $("result-meta").dataset.cached = String(fromCache);
-  const notes = [data.partition_selection && data.partition_selection.note, data.clamped && data.clamped.note];
+  const leftOut = data.audit_left_out
+    ? `Left out by the audit: ${data.audit_left_out.groups
+        .map((g) => Object.entries(g).map(([k, v]) => `${k} = ${v}`).join(", "))
+        .join("; ")} (${data.audit_left_out.reason})`
+    : null;
+  const notes = [leftOut, data.partition_selection && data.partition_selection.note, data.clamped && data.clamped.note];
   const note = notes.filter(Boolean).join(" ");
   $("result-note").textContent = note || "";
   show($("result-note"), Boolean(note));
