@@ -256,7 +256,9 @@ class QueryResult:
     the half-width asked for and the ε chosen. ``partition_selection`` is set
     when the groups were released through DP partition selection (GROUP BY keys whose
     values are not declared public): ``threshold`` is the noisy number of people a group
-    needed to be released, and ``note`` says so in words.
+    needed to be released, and ``note`` says so in words. ``audit_left_out`` is set when
+    the auditor left rows out of the answer: ``groups`` names them by their group keys,
+    ``reason`` says why (the groups they would single out) and what to ask instead.
     """
 
     columns: tuple[ResultColumn, ...]
@@ -273,6 +275,7 @@ class QueryResult:
     charge: Mapping[str, Any] | None = None
     queries_remaining: int | None = None
     accuracy_target: Mapping[str, Any] | None = None
+    audit_left_out: Mapping[str, Any] | None = None
     raw: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}), compare=False)
 
     @classmethod
@@ -304,6 +307,7 @@ class QueryResult:
         charge = data.get("charge")
         remaining = data.get("queries_remaining")
         target = data.get("accuracy_target")
+        left_out = data.get("audit_left_out")
         return cls(
             columns=columns,
             rows=tuple(rows),
@@ -321,6 +325,7 @@ class QueryResult:
             if isinstance(remaining, int) and not isinstance(remaining, bool)
             else None,
             accuracy_target=_frozen(target) if isinstance(target, Mapping) else None,
+            audit_left_out=_frozen(left_out) if isinstance(left_out, Mapping) else None,
             raw=_frozen({k: v for k, v in data.items() if k != "ok"}),
         )
 

@@ -133,6 +133,17 @@ def test_partition_selection_is_reported(gateway: FakeGateway) -> None:
     assert answer.rows == () and answer.partition_selection == selection
 
 
+def test_rows_left_out_by_the_audit_are_reported(gateway: FakeGateway) -> None:
+    left_out = {"groups": [{"disease": "Meningitis"}], "reason": "the audit leaves …"}
+    gateway.routes[("POST", "/v1/query")] = released(
+        [("disease", "text"), ("n", "integer")], [["Crohn", 12]], audit_left_out=left_out
+    )
+    answer = Client(gateway.url, "k").query("SELECT disease, COUNT(*) AS n …")
+    assert answer.audit_left_out is not None
+    assert answer.audit_left_out["reason"] == left_out["reason"]
+    assert [dict(g) for g in answer.audit_left_out["groups"]] == left_out["groups"]
+
+
 def test_history_is_read_from_the_queries_list(gateway: FakeGateway) -> None:
     entry = {"query_id": "q-1", "sql": "SELECT COUNT(*) FROM patients", "outcome": "answered"}
     gateway.routes[("GET", "/v1/queries")] = (200, {"ok": True, "queries": [entry]})

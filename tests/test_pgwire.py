@@ -619,3 +619,23 @@ def test_shutdown_ends_serve_forever_and_lets_go_of_the_catalogue(
     assert not hasattr(server.catalog, "_db")
     with pytest.raises(CatalogError):
         server.catalog.run("SELECT 1")
+
+
+def test_rows_left_out_by_the_audit_are_named_in_a_notice(
+    wire: tuple[WireServer, int, str],
+) -> None:
+    """A BI tool over the wire gets fewer rows when the audit leaves some out; a notice
+    names them and says why (the 4 Meningitis patients without a glucose reading, k = 5,
+    ε = 1: the mean glucose by disease, then the count by disease)."""
+    _, port, key = wire
+    notices: list[str] = []
+    with connect(port, key) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        conn.execute("SET dpgate.epsilon = 1")
+        conn.execute("SELECT disease, AVG(glucose) AS g FROM patients GROUP BY disease")
+        rows = conn.execute(
+            "SELECT disease, COUNT(*) AS n FROM patients GROUP BY disease"
+        ).fetchall()
+    (left,) = [n for n in notices if "left out by the audit" in n]
+    assert "disease = Meningitis" in left and "glucose IS NULL" in left
+    assert "Meningitis" not in {r[0] for r in rows}

@@ -611,9 +611,14 @@ class Session(SessionCommands):
     def answer(self, release: Release) -> Outcome:
         """A released answer as wire rows, with its cost and accuracy as a notice."""
         columns = [(c.name, value_type_oid(c.type)[0]) for c in release.columns]
-        return Outcome(
-            columns, list(release.rows), f"SELECT {len(release.rows)}", [_notice(release)]
-        )
+        notices = [_notice(release)]
+        left_out = release.extra.get("audit_left_out")
+        if isinstance(left_out, dict):  # rows the audit left out: a client must be told
+            rows = "; ".join(
+                ", ".join(f"{k} = {v}" for k, v in group.items()) for group in left_out["groups"]
+            )
+            notices.append(f"dpgate: rows left out by the audit: {rows} ({left_out['reason']})")
+        return Outcome(columns, list(release.rows), f"SELECT {len(release.rows)}", notices)
 
     # -- cancellation ----------------------------------------------------------------------
 
