@@ -473,7 +473,7 @@ def test_rows_the_audit_left_out_are_named_under_the_answer(
     without a reading (k = 5, ε = 1) cannot be shown to hold 5, so that row goes."""
     page, admin = watched.page, served.admin_key
     status, made = served.call(
-        "POST", "/v1/admin/analysts", {"name": "carol", "epsilon": 10.0, "delta": 1e-6}, key=admin
+        "POST", "/v1/admin/analysts", {"name": "frida", "epsilon": 10.0, "delta": 1e-6}, key=admin
     )
     assert status == 201, made
     key = made["api_key"]
