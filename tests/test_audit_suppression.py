@@ -48,18 +48,29 @@ def _gateway(full_demo: Path, tmp_path: Path) -> Gateway:
     return make_gateway(db, tmp_path, 0)
 
 
+def _answered(full_demo: Path, tmp_path: Path, questions: tuple[str, ...]) -> Gateway:
+    """A gateway whose auditor has answered ``questions`` with their exact counts."""
+    gateway = _gateway(full_demo, tmp_path)
+    for i, sql in enumerate(questions):
+        answer = _exact_answer(gateway, f"q{i}", sql, EPSILON)
+        assert gateway.auditor.post_audit("exact", answer).allowed
+        gateway.auditor.remember("exact", answer)
+    return gateway
+
+
 def _in_span(regions: list[np.ndarray], target: np.ndarray) -> bool:
     a = np.array(regions, dtype=float).T
     coefs, *_ = np.linalg.lstsq(a, target.astype(float), rcond=None)
     return bool(np.allclose(a @ coefs, target, atol=1e-9))
 
 
-def _region(diseases: list[str], readings: tuple[bool, ...]) -> np.ndarray:
-    """A region of the grid disease × (glucose read, not read)."""
+def _region(diseases: list[str], halves: tuple[bool, ...]) -> np.ndarray:
+    """A region of a grid disease × two halves — (glucose read, not read), or (under 40,
+    40 and over) — ``True`` the first half, ``False`` the second."""
     v = np.zeros(2 * len(DISEASES))
     for d in diseases:
-        for read in readings:
-            v[2 * DISEASES.index(d) + (0 if read else 1)] = 1
+        for first in halves:
+            v[2 * DISEASES.index(d) + (0 if first else 1)] = 1
     return v
 
 
@@ -71,12 +82,8 @@ def test_a_breakdown_keeps_its_other_rows_and_leaves_out_enough_to_hide_the_grou
     determined — none among the diabetics (all tested), 16 with Meningitis, hundreds
     with influenza. Whole, the breakdown is withheld; now the rows whose group cannot be
     shown to hold 5 are left out, and, the total being known, one more."""
-    gateway = _gateway(full_demo, tmp_path)
+    gateway = _answered(full_demo, tmp_path, (TOTAL, READINGS))
     auditor = gateway.auditor
-    for i, sql in enumerate((TOTAL, READINGS)):
-        answer = _exact_answer(gateway, f"q{i}", sql, EPSILON)
-        assert auditor.post_audit("exact", answer).allowed
-        auditor.remember("exact", answer)
     answer = _exact_answer(gateway, "q2", BY_DISEASE, EPSILON)
     assert auditor.pre_audit("exact", answer.plan).allowed  # its sizes need the answer
     whole = auditor.post_audit("exact", answer)
@@ -133,15 +140,6 @@ OVER_40_TOTAL = "SELECT sex, COUNT(*) AS n FROM patients WHERE age >= 40 GROUP B
 OVER_40 = "SELECT disease, COUNT(*) AS n FROM patients WHERE age >= 40 GROUP BY disease"
 
 
-def _age_region(diseases: list[str], young: tuple[bool, ...]) -> np.ndarray:
-    """A region of the grid disease × (under 40, 40 and over)."""
-    v = np.zeros(2 * len(DISEASES))
-    for d in diseases:
-        for y in young:
-            v[2 * DISEASES.index(d) + (0 if y else 1)] = 1
-    return v
-
-
 def test_rows_the_earlier_answers_already_show_too_fine_are_left_out_before_it_runs(
     full_demo: Path, tmp_path: Path
 ) -> None:
@@ -151,12 +149,8 @@ def test_rows_the_earlier_answers_already_show_too_fine_are_left_out_before_it_r
     Meningitis row is left out before it runs, decided from earlier answers only (a dry
     run says so); the over-40s' total would give it back through the other rows, a
     group whose size the new answer decides, so the post-audit leaves out more."""
-    gateway = _gateway(full_demo, tmp_path)
+    gateway = _answered(full_demo, tmp_path, (BY_DISEASE, OVER_40_TOTAL))
     auditor = gateway.auditor
-    for i, sql in enumerate((BY_DISEASE, OVER_40_TOTAL)):
-        answer = _exact_answer(gateway, f"q{i}", sql, EPSILON)
-        assert auditor.post_audit("exact", answer).allowed
-        auditor.remember("exact", answer)
     answer = _exact_answer(gateway, "q2", OVER_40, EPSILON)
     assert not auditor.pre_audit("exact", answer.plan).allowed  # whole, refused free
     decision, pre_kept, groups = auditor.pre_audit_cells("exact", answer.plan)
@@ -175,8 +169,8 @@ def test_rows_the_earlier_answers_already_show_too_fine_are_left_out_before_it_r
     left = [d for i, d in enumerate(diseases) if i not in kept]
     # (the 35 Crohn patients under 40 go too: the exact answer cannot show them to hold 5)
     assert "Meningitis" in left and 2 <= len(left) < len(diseases) - 2, left
-    released = [_age_region([d], (True, False)) for d in DISEASES]
-    released.append(_age_region(list(DISEASES), (False,)))
-    released += [_age_region([diseases[i]], (False,)) for i in kept]
+    released = [_region([d], (True, False)) for d in DISEASES]
+    released.append(_region(list(DISEASES), (False,)))
+    released += [_region([diseases[i]], (False,)) for i in kept]
     for d in left:
-        assert not _in_span(released, _age_region([d], (True,))), d
+        assert not _in_span(released, _region([d], (True,))), d

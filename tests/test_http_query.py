@@ -442,13 +442,14 @@ def test_every_request_is_in_the_audit_log(client: FlaskClient, auth: dict[str, 
     assert (None, 401, "unauthenticated") in outcomes
 
 
+def _broken_auditor(*_: Any, **__: Any) -> Any:
+    raise KeyError("auditor bug")
+
+
 def test_an_auditor_that_cannot_decide_refuses_for_free(
     ask: Ask, gateway: Gateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(*_: Any, **__: Any) -> Any:
-        raise KeyError("auditor bug")
-
-    monkeypatch.setattr(gateway.auditor, "pre_audit_cells", broken)
+    monkeypatch.setattr(gateway.auditor, "pre_audit_cells", _broken_auditor)
     status, body = ask("SELECT COUNT(*) FROM patients WHERE age > 50")
     assert status == 403 and body["error"]["code"] == "audit_refused"
     assert body["error"]["detail"]["charged"] is False
@@ -461,11 +462,7 @@ def test_an_auditor_that_cannot_decide_after_execution_withholds_everything(
 ) -> None:
     """A post-audit that fails leaves no row in: the answer is withheld (charged: its
     statement ran), never released unaudited nor in part."""
-
-    def broken(*_: Any, **__: Any) -> Any:
-        raise KeyError("auditor bug")
-
-    monkeypatch.setattr(gateway.auditor, "post_audit_cells", broken)
+    monkeypatch.setattr(gateway.auditor, "post_audit_cells", _broken_auditor)
     status, body = ask("SELECT disease, COUNT(*) FROM patients GROUP BY disease")
     assert status == 403 and body["error"]["code"] == "audit_refused"
     assert body["error"]["detail"]["charged"] is True

@@ -258,28 +258,19 @@ class Auditor:
         decision on the cells kept, their positions among the query's declared cells
         (None: all of them, or a query whose cells are known only after its answer), and
         the groups that made cells go."""
-        decision = self._pre_audit(scope, plan, open_groups, noise, at)
-        if decision.allowed:
-            return decision, None, ()
-        cells = _declared_cells(plan)
-        if cells is None:
-            return decision, None, ()
-        kept = tuple(range(len(cells)))
-        groups: tuple[str, ...] = ()
-        for _ in range(SUPPRESSION_ROUNDS):
-            if decision.allowed or not decision.cells or not all(decision.cells):
-                break  # (a group found without a cell of this query: nothing to leave out)
-            gone = _hitting_cells([list(need) for need in decision.cells], lambda i: 0.0)
-            if len(gone) >= len(kept):
-                break
-            groups = tuple(dict.fromkeys(groups + decision.groups))
-            kept = tuple(i for i in kept if i not in gone)
+
+        def audit(kept: tuple[int, ...] | None) -> AuditDecision:
             if open_groups is not None:
-                del open_groups[:]
-            decision = self._pre_audit(scope, plan, open_groups, noise, at, frozenset(kept))
-        if not decision.allowed:
-            return decision, (), groups
-        return decision, kept, groups
+                del open_groups[:]  # what the last audit, of the cells kept, leaves open
+            only = None if kept is None else frozenset(kept)
+            return self._pre_audit(scope, plan, open_groups, noise, at, only)
+
+        def cells() -> int | None:  # (none to leave out when known only after the answer)
+            declared = _declared_cells(plan)
+            return None if declared is None else len(declared)
+
+        # a pre-audit's rows keep their positions among the declared cells
+        return _leaving_out(cells, audit, lambda i: 0.0, relative=False)
 
     def predict(
         self,
@@ -352,23 +343,19 @@ class Auditor:
         withholding does: post-processing of the charged release. What is released is
         exactly what the last audit passed, so a differencing pair through the kept
         cells is refused as through any answer."""
-        kept = tuple(range(len(answer.cells)))
-        decision = self.post_audit(scope, answer)
-        groups: tuple[str, ...] = ()
-        for _ in range(SUPPRESSION_ROUNDS):
-            if decision.allowed or not decision.cells or not all(decision.cells):
-                break  # (a group found without a cell of this answer: nothing to leave out)
-            needs = [[kept[i] for i in need] for need in decision.cells]
-            gone = _hitting_cells(needs, lambda i: answer.cells[i].count or 0.0)
-            if len(gone) >= len(kept):
-                break
-            groups = tuple(dict.fromkeys(groups + decision.groups))
-            kept = tuple(i for i in kept if i not in gone)
-            part = replace(answer, cells=tuple(answer.cells[i] for i in kept))
-            decision = self.post_audit(scope, part)
-        if not decision.allowed:
-            return decision, (), groups
-        return decision, kept, groups
+
+        def audit(kept: tuple[int, ...] | None) -> AuditDecision:
+            if kept is None:
+                return self.post_audit(scope, answer)
+            return self.post_audit(
+                scope, replace(answer, cells=tuple(answer.cells[i] for i in kept))
+            )
+
+        # a post-audit's rows are numbered within the cells it was given
+        decision, kept, groups = _leaving_out(
+            lambda: len(answer.cells), audit, lambda i: answer.cells[i].count or 0.0, relative=True
+        )
+        return decision, tuple(range(len(answer.cells))) if kept is None else kept, groups
 
     def remember(
         self, scope: str, answer: AnsweredQuery, *, visible_at: float | None = None
@@ -696,6 +683,40 @@ class Auditor:
         uncounted = any(f.uncounted for f in findings)
         reason = refusal_reason(combined, groups, uncounted=uncounted)
         return AuditDecision(False, combined, reason, groups, cells)
+
+
+def _leaving_out(
+    cells: Callable[[], int | None],
+    audit: Callable[[tuple[int, ...] | None], AuditDecision],
+    count: Callable[[int], float],
+    *,
+    relative: bool,
+) -> tuple[AuditDecision, tuple[int, ...] | None, tuple[str, ...]]:
+    """Audit a query's cells (``audit(None)``), and while it refuses, leave out the cells
+    its groups need (``_hitting_cells``) and audit the rest (``audit(kept)``), up to
+    ``SUPPRESSION_ROUNDS`` times. ``cells()``: how many (None: unknown, none can go),
+    asked only on a refusal. ``relative``: a refusal numbers the cells within those
+    audited, not among all. Returns the last decision, the cells kept (None: all, nothing
+    left out; empty: refused) and the groups that made cells go."""
+    decision = audit(None)
+    n = None if decision.allowed else cells()
+    if n is None:
+        return decision, (None if decision.allowed else ()), ()
+    kept = tuple(range(n))
+    groups: tuple[str, ...] = ()
+    for _ in range(SUPPRESSION_ROUNDS):
+        if decision.allowed or not decision.cells or not all(decision.cells):
+            break  # (a group found without a cell of this query: nothing to leave out)
+        needs = [[kept[i] if relative else i for i in need] for need in decision.cells]
+        gone = _hitting_cells(needs, count)
+        if len(gone) >= len(kept):
+            break
+        groups = tuple(dict.fromkeys(groups + decision.groups))
+        kept = tuple(i for i in kept if i not in gone)
+        decision = audit(kept)
+    if not decision.allowed:
+        return decision, (), groups
+    return decision, (kept if groups else None), groups
 
 
 def _hitting_cells(needs: list[list[int]], count: Callable[[int], float]) -> set[int]:
