@@ -234,3 +234,25 @@ def test_rows_known_too_fine_before_the_query_runs_are_left_out_and_a_dry_run_sa
     assert predicted <= left
     assert not {row[0] for row in body["rows"]} & left
     assert "None" not in left  # 1,618 patients outside Eger
+
+
+def test_rows_left_out_of_a_two_key_breakdown_are_the_ones_named(ask: Ask) -> None:
+    """With two group keys the rows left out before the query runs are named by both,
+    and exactly those are missing from the answer (the pre-audit's positions are the
+    declared cells', in the order the answer's rows follow)."""
+    assert (
+        ask("SELECT disease, COUNT(*) AS n FROM patients GROUP BY disease", epsilon=1.0)[0] == 200
+    )
+    sql = (
+        "SELECT disease, sex, COUNT(*) AS n FROM patients WHERE city = 'Eger' GROUP BY disease, sex"
+    )
+    status, dry = ask(sql, epsilon=1.0, dry_run=True)
+    assert status == 200 and dry["audit"]["verdict"] == "answered_in_part", dry["audit"]
+    predicted = {(g["disease"], g["sex"]) for g in dry["audit"]["left_out"]}
+    status, body = ask(sql, epsilon=1.0)
+    assert status == 200, body
+    left = {(g["disease"], g["sex"]) for g in body["audit_left_out"]["groups"]}
+    shown = {(r[0], r[1]) for r in body["rows"]}
+    assert predicted <= left and not shown & left
+    assert len(shown) + len(left) == 7 * 2  # every declared cell: shown or named
+    assert {d for d, _ in predicted} >= {"Crohn", "Meningitis"}

@@ -249,12 +249,15 @@ class AuditPolicy:
             decision = _decide(lambda: self.auditor.post_audit(scope, answered))
             return PostAudit(flags=[] if decision.allowed else [decision.reason])
         offered = tuple(range(len(cells))) if pre is None or pre.kept is None else pre.kept
-        answered = AnsweredQuery(
-            query_id=reservation.id, plan=planned.plan, cells=tuple(cells[i] for i in offered)
-        )
-        decision, kept_here, groups = _decide_cells(
-            lambda: self.auditor.post_audit_cells(scope, answered)
-        )
+
+        def audit() -> tuple[AuditDecision, Kept, tuple[str, ...]]:
+            # (the pre-audit's positions are the declared cells', which the answer's
+            # follow: a mismatch fails, and fails closed)
+            mine = tuple(cells[i] for i in offered)
+            answered = AnsweredQuery(query_id=reservation.id, plan=planned.plan, cells=mine)
+            return self.auditor.post_audit_cells(scope, answered)
+
+        decision, kept_here, groups = _decide_cells(audit)
         if decision.allowed:
             kept = offered if kept_here is None else tuple(offered[i] for i in kept_here)
             if len(kept) == len(cells):
