@@ -256,6 +256,10 @@ class QueryPlan:
             return self.post_query.columns
         return tuple((o.name, o.type) for o in self.visible_outputs)
 
+    def named_cell(self, values: tuple[Any, ...]) -> dict[str, Any]:
+        """A cell's group-key values by the keys' names (how responses name a row)."""
+        return dict(zip((g.name for g in self.group_keys), values, strict=True))
+
 
 # -- nested aggregation ----------------------------------------------------------------
 

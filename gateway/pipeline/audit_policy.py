@@ -69,7 +69,7 @@ class PreAudit:
     objections to record."""
 
     flags: list[str] = field(default_factory=list)
-    kept: tuple[int, ...] | None = None
+    kept: Kept = None
     groups: tuple[str, ...] = ()
 
 
@@ -80,7 +80,7 @@ class PostAudit:
     objections to record."""
 
     flags: list[str] = field(default_factory=list)
-    kept: tuple[int, ...] | None = None
+    kept: Kept = None
     note: dict[str, object] | None = None
 
 
@@ -174,25 +174,21 @@ class AuditPolicy:
             self._refused_before(analyst, planned.key)
         noise = count_noise(planned)
         now = time.monotonic()
-        if self.mode == "refuse":
-            decision, kept, groups = _decide_cells(
-                lambda: self.auditor.pre_audit_cells(scope, planned.plan, noise, at=now)
-            )
-            if decision.allowed:
-                return PreAudit(kept=kept, groups=groups)
-        else:
+        if self.mode != "refuse":  # flag: the whole query, its objection recorded
             decision = _decide(lambda: self.auditor.pre_audit(scope, planned.plan, noise, at=now))
-            if decision.allowed:
-                return PreAudit()
-        if self.mode == "refuse":
-            self._record_refusal(analyst, planned, decision, None)
-            raise AuditRefused(
-                f"{decision.reason} Nothing was charged.",
-                charged=False,
-                combined_with=list(decision.combined_with),
-                groups=list(decision.groups),
-            )
-        return PreAudit(flags=[decision.reason])
+            return PreAudit(flags=[] if decision.allowed else [decision.reason])
+        decision, kept, groups = _decide_cells(
+            lambda: self.auditor.pre_audit_cells(scope, planned.plan, noise, at=now)
+        )
+        if decision.allowed:
+            return PreAudit(kept=kept, groups=groups)
+        self._record_refusal(analyst, planned, decision, None)
+        raise AuditRefused(
+            f"{decision.reason} Nothing was charged.",
+            charged=False,
+            combined_with=list(decision.combined_with),
+            groups=list(decision.groups),
+        )
 
     def predict(self, analyst: str, planned: PlannedQuery) -> AuditPrediction:
         """What the audit would do with ``planned`` now, for a dry run (changes nothing,
@@ -465,13 +461,8 @@ def left_out_note(
     """What a response says of the cells the audit left out: their group keys (declared
     values, or keys partition selection released) and the groups they would determine,
     as WHERE clauses (public: query texts). Never a count or a value."""
-    names = [g.name for g in plan.group_keys]
     staying = set(kept)
-    left = [
-        dict(zip(names, c.group_values, strict=True))
-        for i, c in enumerate(cells)
-        if i not in staying
-    ]
+    left = [plan.named_cell(c.group_values) for i, c in enumerate(cells) if i not in staying]
     return {"groups": left, "reason": left_out_reason(groups)}
 
 

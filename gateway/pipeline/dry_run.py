@@ -64,8 +64,7 @@ def audit_json(prediction: AuditPrediction, plan: QueryPlan) -> dict[str, Any]:
     their group keys, as an answer's ``audit_left_out`` names them)."""
     out: dict[str, Any] = {"verdict": prediction.verdict, "reason": prediction.reason}
     if prediction.left_out:
-        names = [g.name for g in plan.group_keys]
-        out["left_out"] = [dict(zip(names, key, strict=True)) for key in prediction.left_out]
+        out["left_out"] = [plan.named_cell(key) for key in prediction.left_out]
     if prediction.groups:
         out["groups"] = list(prediction.groups)
     if prediction.combined_with:
