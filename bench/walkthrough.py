@@ -9,18 +9,22 @@ rows whose groups it cannot show to hold k, ``audit_left_out``).
 The questions are the README's, docs/connect.md's and the console's example queries,
 then ordinary questions a new analyst asks of the demo (counts and averages by disease,
 sex, year and department, joins to ``zip_regions``, quantiles, MIN/MAX, STDDEV, bands
-then the total, a filtered GROUP BY after the unfiltered one). Each run is one analyst of
-a fresh gateway on the demo data at its real size (``dpgate demo``), audit mode
-``refuse``. The answers are noisy, so the counts vary from run to run. What is still
-refused or withheld, and why, is in docs/privacy.md ("What the auditor refuses"): in the
-written order, one SUM over part of an answered group (each department's cost outside
-2024, which no answered count sizes); in shuffled orders also breakdowns of the rare
-diseases (a few dozen Meningitis patients under 40, say) that ε = 0.1 cannot show to hold
-5. The groups of no one that plain references left possible (visits without a patient
-row, patients whose zip is not listed) are gone: the demo declares its references
-``every_row_matches``. ``tests/test_audit_walkthrough.py`` pins the written order's
-decisions (with exact counts); ``tests/test_audit_docs_examples.py`` the docs' examples
-in shuffled orders.
+then the total, a filtered GROUP BY after the unfiltered one). Each run is one analyst
+of a fresh gateway on the demo data at its real size (``dpgate demo``), audit mode
+``refuse``. After a refusal the analyst follows its advice (``ask_instead``): the same
+query with COUNT(*) when that is suggested, else the counts suggested (a breakdown, the
+named groups' own) and then the refused query again; the report counts the refusals
+answered that way. The answers are noisy, so the counts vary from run to run. What is
+still refused or withheld, and why, is in docs/privacy.md ("What the auditor refuses"):
+in the written order, one SUM over part of an answered group (each department's cost
+outside 2024, which no answered count sizes; its first suggestion, the same query with
+COUNT(*), is answered); in shuffled orders also the average cost by department after
+that SUM (the same groups), and rows of the rare diseases (a few dozen Meningitis
+patients under 40, say) that ε = 0.1 cannot show to hold 5, left out. The groups of no
+one that plain references left possible (visits without a patient row, patients whose
+zip is not listed) are gone: the demo declares its references ``every_row_matches``.
+``tests/test_audit_walkthrough.py`` pins the written order's decisions (with exact
+counts); ``tests/test_audit_docs_examples.py`` the docs' examples in shuffled orders.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from gateway.core.config_load import parse_config
 from gateway.core.errors import AuditRefused, GatewayError
 from gateway.core.plan import QueryRequest
 from gateway.demo.hospital import PATIENTS, build, config_yaml
+from gateway.pipeline.audit_advice import with_count
 from gateway.pipeline.gateway import Gateway
 
 #: The docs' own examples: README.md, docs/connect.md, the console's default query.
@@ -114,6 +119,8 @@ class Outcome:
     sql: str
     outcome: str
     reason: str = ""
+    # the refusal's advice (``ask_instead``), followed at once, got the answer whole
+    answered_instead: bool = False
 
 
 def make_gateway(db: Path, workdir: Path, n: int) -> Gateway:
@@ -127,14 +134,15 @@ def make_gateway(db: Path, workdir: Path, n: int) -> Gateway:
 
 
 def replay(gateway: Gateway, questions: Sequence[str]) -> list[Outcome]:
-    """Ask ``questions`` in order as the demo analyst; each question's outcome."""
+    """Ask ``questions`` in order as the demo analyst; each question's outcome. After a
+    refusal the analyst sends its first suggestion (``detail.ask_instead``) at once."""
     out = []
     for sql in questions:
         try:
             release = gateway.query("demo", QueryRequest(sql, EPSILON, 0.0, "laplace"))
         except AuditRefused as e:
             kind = "withheld" if e.detail.get("charged") else "refused"
-            out.append(Outcome(sql, kind, e.message))
+            out.append(Outcome(sql, kind, e.message, _follows(gateway, sql, e)))
         except GatewayError as e:
             out.append(Outcome(sql, "error", f"{e.code}: {e.message}"))
         else:
@@ -144,6 +152,22 @@ def replay(gateway: Gateway, questions: Sequence[str]) -> list[Outcome]:
             else:
                 out.append(Outcome(sql, "partial", f"{left_out['groups']}: {left_out['reason']}"))
     return out
+
+
+def _follows(gateway: Gateway, sql: str, refusal: AuditRefused) -> bool:
+    """Whether following the refusal's advice gets the answer whole: its first
+    suggestion when that is the query with COUNT(*); else the counts it suggests (a
+    breakdown, the groups' own), then the refused query again."""
+    suggestions = list(refusal.detail.get("ask_instead") or [])
+    if not suggestions:
+        return False
+    asked = suggestions[:1] if suggestions[0] == with_count(sql) else [*suggestions, sql]
+    try:
+        for q in asked:
+            release = gateway.query("demo", QueryRequest(q, EPSILON, 0.0, "laplace"))
+    except GatewayError:
+        return False
+    return "audit_left_out" not in release.extra
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -169,8 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             kinds = ("refused", "withheld", "partial")
             counts = {k: sum(o.outcome == k for o in outcomes) for k in kinds}
             errors = sum(o.outcome == "error" for o in outcomes)
+            instead = sum(o.answered_instead for o in outcomes)
             print(
-                f"{name}: {len(outcomes)} questions, {counts['refused']} refused, "
+                f"{name}: {len(outcomes)} questions, {counts['refused']} refused "
+                f"({instead} of them answered once its advice was followed), "
                 f"{counts['withheld']} withheld, {counts['partial']} answered with rows left "
                 f"out, {errors} errors"
             )

@@ -111,7 +111,7 @@ _FIND_REFUSAL = (
         _r.query_key == sa.bindparam("query_key"),
         _r.data_version == sa.bindparam("data_version"),
     )
-    .order_by(_r.id)
+    .order_by(_r.reservation_id.is_(None), _r.id)  # a withheld answer's refusal first
     .limit(1)
 )
 
@@ -119,7 +119,8 @@ _FIND_REFUSAL = (
 def find_refusal(
     conn: Connection, analyst_id: int, query_key: str, data_version: str
 ) -> Refusal | None:
-    """The first refusal of this request (key and data version) for the analyst."""
+    """The first refusal of this request (key and data version) for the analyst: the
+    first after execution (an answer withheld) if there is one, else the first before."""
     params = {"analyst_id": analyst_id, "query_key": query_key, "data_version": data_version}
     r = conn.execute(_FIND_REFUSAL, params).first()
     if r is None:

@@ -257,10 +257,24 @@ class BudgetExhaustedError(OperationalError):
 
 class AuditRefusedError(OperationalError):
     """The auditor refused: with earlier answers this query would single out a
-    small group. Nothing was released and (if refused before execution) nothing spent."""
+    small group. Nothing was released and (if refused before execution) nothing spent.
+    ``groups`` names those groups (WHERE clauses); ``ask_instead`` lists queries to
+    send instead, as they are (the query with COUNT(*) added, each group's own count)."""
 
     code = "audit_refused"
     status = 403
+
+    @property
+    def charged(self) -> bool:
+        return bool(self.detail.get("charged"))
+
+    @property
+    def groups(self) -> list[str]:
+        return [str(g) for g in self.detail.get("groups") or ()]
+
+    @property
+    def ask_instead(self) -> list[str]:
+        return [str(q) for q in self.detail.get("ask_instead") or ()]
 
 
 class NotFoundError(OperationalError):

@@ -144,6 +144,23 @@ def test_rows_left_out_by_the_audit_are_reported(gateway: FakeGateway) -> None:
     assert [dict(g) for g in answer.audit_left_out["groups"]] == left_out["groups"]
 
 
+def test_an_audit_refusal_says_what_to_ask_instead(gateway: FakeGateway) -> None:
+    suggestions = ["SELECT SUM(x) AS s, COUNT(*) AS n FROM t", "SELECT COUNT(*) AS n FROM t"]
+    gateway.routes[("POST", "/v1/query")] = error(
+        403,
+        "audit_refused",
+        "this query would …",
+        charged=False,
+        groups=["smoker = TRUE"],
+        ask_instead=suggestions,
+    )
+    with pytest.raises(errors.AuditRefusedError) as caught:
+        Client(gateway.url, "k").query("SELECT SUM(x) AS s FROM t")
+    refusal = caught.value
+    assert refusal.ask_instead == suggestions
+    assert refusal.groups == ["smoker = TRUE"] and refusal.charged is False
+
+
 def test_history_is_read_from_the_queries_list(gateway: FakeGateway) -> None:
     entry = {"query_id": "q-1", "sql": "SELECT COUNT(*) FROM patients", "outcome": "answered"}
     gateway.routes[("GET", "/v1/queries")] = (200, {"ok": True, "queries": [entry]})

@@ -639,3 +639,25 @@ def test_rows_left_out_by_the_audit_are_named_in_a_notice(
     (left,) = [n for n in notices if "left out by the audit" in n]
     assert "disease = Meningitis" in left and "glucose IS NULL" in left
     assert "Meningitis" not in {r[0] for r in rows}
+
+
+def test_an_audit_refusal_carries_what_to_ask_instead_as_its_hint(
+    wire: tuple[WireServer, int, str],
+) -> None:
+    """psql shows an ErrorResponse's hint under the error: a refusal's suggestions
+    (``detail.ask_instead``) are there, one runnable statement a line, and the first
+    one, sent as it is, is answered."""
+    _, port, key = wire
+    with connect(port, key) as conn:
+        conn.execute("SET dpgate.epsilon = 1")
+        conn.execute("SELECT AVG(income) FROM patients")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
+            conn.execute("SELECT SUM(income) AS s FROM patients WHERE NOT smoker")
+        hint = refused.value.diag.message_hint or ""
+        lines = hint.splitlines()
+        assert lines[0] == "Ask instead:"
+        first = lines[1].strip().rstrip(";")
+        assert first == "SELECT SUM(income) AS s, COUNT(*) AS n FROM patients WHERE NOT smoker"
+        assert "SELECT COUNT(*) AS n FROM patients WHERE smoker = TRUE;" in hint
+        ((_total, n),) = conn.execute(first).fetchall()
+        assert n > 0

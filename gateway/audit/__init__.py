@@ -25,6 +25,7 @@ from gateway.audit.auditor import (
     Auditor,
     AuditPrediction,
     left_out_reason,
+    releases_counts,
 )
 from gateway.audit.confidence import CountNoise
 
@@ -36,4 +37,5 @@ __all__ = [
     "Auditor",
     "CountNoise",
     "left_out_reason",
+    "releases_counts",
 ]

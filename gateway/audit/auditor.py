@@ -79,6 +79,8 @@ class AuditDecision:
     # a post-audit's refusal: for each group found, the audited answer's cells (their
     # positions in it) its estimate needs — leaving one out breaks it (``post_audit_cells``)
     cells: tuple[tuple[int, ...], ...] = ()
+    # a group only SUMs or quantiles describe: a count must size it (``refusal_reason``)
+    uncounted: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,9 @@ class AuditPrediction:
     combined_with: tuple[str, ...] = ()
     # ``answered_in_part``: the group keys of the rows that will be left out
     left_out: tuple[tuple[Any, ...], ...] = ()
+    uncounted: bool = False  # as ``AuditDecision.uncounted``
+    # queries to ask instead, runnable as they are (``gateway/pipeline/audit_advice.py``)
+    ask_instead: tuple[str, ...] = ()
 
 
 ALLOWED = AuditDecision(True, (), "no small group is determined")
@@ -290,7 +295,11 @@ class Auditor:
         )
         if not decision.allowed:
             return AuditPrediction(
-                "refused", decision.reason, decision.groups, decision.combined_with
+                "refused",
+                decision.reason,
+                decision.groups,
+                decision.combined_with,
+                uncounted=decision.uncounted,
             )
         if kept is not None:
             cells = _declared_cells(plan) or []
@@ -681,8 +690,10 @@ class Auditor:
         mine = "" if pre else query_id  # a pre-audit's rows are the query's, unnamed yet
         cells = tuple(tuple(c for q, c in f.cells if q == mine) for f in findings)
         uncounted = any(f.uncounted for f in findings)
-        reason = refusal_reason(combined, groups, uncounted=uncounted)
-        return AuditDecision(False, combined, reason, groups, cells)
+        # (advice to add COUNT(*) only to a query that has none)
+        counts_here = pending_counts if pre else any(r.count is not None for r, _ in rows)
+        reason = refusal_reason(combined, groups, uncounted=uncounted, counts_here=counts_here)
+        return AuditDecision(False, combined, reason, groups, cells, uncounted)
 
 
 def _leaving_out(
@@ -715,7 +726,8 @@ def _leaving_out(
         kept = tuple(i for i in kept if i not in gone)
         decision = audit(kept)
     if not decision.allowed:
-        return decision, (), groups
+        # named: the groups of every round, this one's first (what to ask instead)
+        return replace(decision, groups=tuple(dict.fromkeys(decision.groups + groups))), (), groups
     return decision, (kept if groups else None), groups
 
 
@@ -752,12 +764,17 @@ def left_out_reason(groups: tuple[str, ...]) -> str:
 
 
 def refusal_reason(
-    combined: tuple[str, ...], groups: tuple[str, ...], *, uncounted: bool = False
+    combined: tuple[str, ...],
+    groups: tuple[str, ...],
+    *,
+    uncounted: bool = False,
+    counts_here: bool = False,
 ) -> str:
     """Why a query is refused, in the analyst's terms: the group it would determine (a
     WHERE clause over declared columns, from query texts only), the earlier answers it
     combines with, and what to ask instead. Never a size or a value. ``uncounted``: a
-    group only SUMs or quantiles describe, which a count must size."""
+    group only SUMs or quantiles describe, which a count must size; ``counts_here``:
+    the query releases counts already (adding COUNT(*) to it would change nothing)."""
     names = ", ".join(combined) if combined else "earlier answers"
     if not groups:
         said = "a group"
@@ -767,12 +784,17 @@ def refusal_reason(
         said = "the groups " + "; ".join(f"WHERE {g}" for g in groups[:3])
         said += f" (and {len(groups) - 3} more)" if len(groups) > 3 else ""
     if uncounted:
+        add = (
+            ""
+            if counts_here
+            else "add COUNT(*) to this query — its counts, with the earlier ones, can then "
+            "show the group's size — or "
+        )
         return (
             f"this query would, with {names}, determine the sum or quantile of {said}, and "
             "no count answered shows that group to hold the minimum group size "
-            "(differencing). To go on, add COUNT(*) to this query — its counts, with the "
-            "earlier ones, can then show the group's size — or ask that group's COUNT "
-            "first (a COUNT with that WHERE clause), or use coarser groups."
+            f"(differencing). To go on, {add}ask that group's COUNT first (a COUNT with "
+            "that WHERE clause), or use coarser groups."
         )
     return (
         f"this query would, with {names}, determine {said}, which the noisy answers "

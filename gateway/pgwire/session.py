@@ -154,11 +154,16 @@ class Session(SessionCommands):
         detail = dict(error.detail)
         if request_id:
             detail["request_id"] = request_id
+        instead = detail.get("ask_instead")
         self.send(
             codec.error_response(
                 sqlstate_of(error),
                 error.message,
                 detail=json.dumps({"code": error.code, "detail": detail}, default=str),
+                # psql prints it as HINT: the auditor's suggestions, one per line
+                hint="Ask instead:\n" + "\n".join(f"  {q};" for q in instead)
+                if isinstance(instead, list) and instead
+                else None,
             )
         )
 

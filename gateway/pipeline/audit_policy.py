@@ -37,12 +37,14 @@ from gateway.audit import (
     AuditPrediction,
     CountNoise,
     left_out_reason,
+    releases_counts,
 )
 from gateway.core.config import AuditConfig, TableConfig
 from gateway.core.errors import AuditRefused, GatewayError
 from gateway.core.joins import PublicLookup
 from gateway.core.plan import QueryPlan
 from gateway.ops import metrics
+from gateway.pipeline.audit_advice import ask_instead
 from gateway.pipeline.charges import Charges, ledger_errors
 from gateway.pipeline.lanes import NoLane, ScopeLane
 from gateway.pipeline.noising import audit_cells_from_json
@@ -170,8 +172,7 @@ class AuditPolicy:
         ``flag`` mode the objections to record."""
         if not self.active:
             return PreAudit()
-        if self.mode == "refuse":
-            self._refused_before(analyst, planned.key)
+        earlier = self._refused_before(analyst, planned.key) if self.mode == "refuse" else None
         noise = count_noise(planned)
         now = time.monotonic()
         if self.mode != "refuse":  # flag: the whole query, its objection recorded
@@ -182,12 +183,27 @@ class AuditPolicy:
         )
         if decision.allowed:
             return PreAudit(kept=kept, groups=groups)
-        self._record_refusal(analyst, planned, decision, None)
+        if earlier is None:  # (a repeat refused again is recorded once)
+            self._record_refusal(analyst, planned, decision, None)
         raise AuditRefused(
             f"{decision.reason} Nothing was charged.",
             charged=False,
             combined_with=list(decision.combined_with),
             groups=list(decision.groups),
+            ask_instead=self._advice(planned, decision.groups, decision.uncounted),
+            **({"refused_before": True} if earlier is not None else {}),
+        )
+
+    def _advice(self, planned: PlannedQuery, groups: tuple[str, ...], uncounted: bool) -> list[str]:
+        """What to ask instead (``audit_advice``): queries the gateway would plan."""
+        return ask_instead(
+            planned.request.sql,
+            planned.plan.table,
+            groups,
+            # (a query that releases counts already gains nothing from COUNT(*))
+            uncounted=uncounted and not releases_counts(planned.plan),
+            plans=self.planner.analyze,
+            keys=[g.expression.name for g in planned.plan.group_keys],
         )
 
     def predict(self, analyst: str, planned: PlannedQuery) -> AuditPrediction:
@@ -202,7 +218,7 @@ class AuditPolicy:
                     refusal = self.ledger.find_refusal(
                         planned.key, analyst, self.planner.data_version
                     )
-                if refusal is not None and self._visible(refusal):
+                if refusal is not None and _withheld(refusal) and self._visible(refusal):
                     return AuditPrediction(
                         "refused",
                         f"{refusal.reason} This request was refused before.",
@@ -211,6 +227,9 @@ class AuditPolicy:
             noise = count_noise(planned)
             now = time.monotonic()
             prediction = _predict(lambda: self.auditor.predict(scope, planned.plan, noise, at=now))
+            if prediction.groups and prediction.verdict != "answered":
+                advice = self._advice(planned, prediction.groups, prediction.uncounted)
+                prediction = replace(prediction, ask_instead=tuple(advice))
         if self.mode == "flag" and prediction.verdict != "answered":
             # flag mode answers and records the objection
             return replace(
@@ -277,6 +296,7 @@ class AuditPolicy:
             charged=True,
             combined_with=list(decision.combined_with),
             groups=list(decision.groups),
+            ask_instead=self._advice(planned, decision.groups, decision.uncounted),
         )
 
     def remember(
@@ -301,16 +321,22 @@ class AuditPolicy:
             until = self._refused_until.get(refusal.reservation_id)
         return until is None or until <= time.monotonic()
 
-    def _refused_before(self, analyst: str, key: str) -> None:
-        """Refuse again, free, a request refused before. Called in the scope's lane,
-        whose sync read every refusal recorded before (``_sync``): a request not among
-        them needs no read of the ledger (unless the scope's memo overflowed)."""
+    def _refused_before(self, analyst: str, key: str) -> budget.Refusal | None:
+        """Refuse again, free, a request whose answer was withheld before (a repeat would
+        be charged again, and draw fresh noise for the same decision); return a
+        refusal before execution instead, if there was one: such a request is audited
+        again, since what the analyst asked since (a count the refusal advised) may
+        now size the group. Called in the scope's lane, whose sync read every refusal
+        recorded before (``_sync``): a request not among them needs no read of the
+        ledger (unless the scope's memo overflowed)."""
         known = self._refused.get(self.scope_of(analyst))
         if known is not None and (analyst, key) not in known:
-            return
+            return None
         with ledger_errors():
             refusal = self.ledger.find_refusal(key, analyst, self.planner.data_version)
-        if refusal is not None and self._visible(refusal):
+        if refusal is None or not _withheld(refusal):
+            return refusal
+        if self._visible(refusal):
             raise AuditRefused(
                 f"{refusal.reason} This request was refused before: it is refused again, "
                 "and nothing was charged.",
@@ -318,6 +344,7 @@ class AuditPolicy:
                 combined_with=list(refusal.combined_with),
                 refused_before=True,
             )
+        return None  # (withheld, but not yet at its release moment: as if never asked)
 
     def _record_refusal(
         self,
@@ -433,6 +460,11 @@ def count_noise(planned: PlannedQuery) -> CountNoise | None:
                 n = calibration.noises[j]
                 return CountNoise(n.mechanism, float(n.scale))
     return None
+
+
+def _withheld(refusal: budget.Refusal) -> bool:
+    """A refusal after execution (its answer computed, charged, withheld), not before."""
+    return refusal.reservation_id is not None
 
 
 def _predict(predict: Callable[[], AuditPrediction]) -> AuditPrediction:

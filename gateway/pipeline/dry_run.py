@@ -69,6 +69,8 @@ def audit_json(prediction: AuditPrediction, plan: QueryPlan) -> dict[str, Any]:
         out["groups"] = list(prediction.groups)
     if prediction.combined_with:
         out["combined_with"] = list(prediction.combined_with)
+    if prediction.ask_instead:
+        out["ask_instead"] = list(prediction.ask_instead)
     return out
 
 

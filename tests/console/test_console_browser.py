@@ -87,6 +87,12 @@ def sign_out(w: Watched) -> None:
     assert w.page.evaluate("Object.keys(sessionStorage).length") == 0
 
 
+def write(page: Any, sql: str, epsilon: str) -> None:
+    """Type a query and its ε into the query form."""
+    page.get_by_label("SQL").fill(sql)
+    page.get_by_label("ε for this query").fill(epsilon)
+
+
 def budget(served: Served, key: str) -> dict[str, Any]:
     status, body = served.call("GET", "/v1/budget", key=key)
     assert status == 200, body
@@ -122,8 +128,7 @@ def test_an_analyst_and_the_admin_go_through_the_console(served: Served, watched
     w.shot("02-query")
 
     # Dry run: cost and expected accuracy, nothing spent.
-    page.get_by_label("SQL").fill(GROUP_BY)
-    page.get_by_label("ε for this query").fill("0.5")
+    write(page, GROUP_BY, "0.5")
     page.get_by_role("button", name="Dry run (free)").click()
     dry = page.locator("#dry-run-result")
     dry.wait_for()
@@ -320,8 +325,7 @@ def test_the_gauge_says_how_many_more_queries_fit_and_exactly_that_many_do(
     dave = body["api_key"]
     page = watched.page
     sign_in(watched, served, dave)
-    page.get_by_label("SQL").fill("SELECT COUNT(*) AS n0 FROM patients")
-    page.get_by_label("ε for this query").fill("0.05")
+    write(page, "SELECT COUNT(*) AS n0 FROM patients", "0.05")
     page.get_by_role("button", name="Dry run (free)").click()
     fit = page.locator("#gauge-fit[data-value]")
     fit.wait_for()
@@ -464,6 +468,20 @@ def test_a_table_not_granted_to_the_analyst_is_not_in_the_console(
     watched.assert_clean(key, admin)
 
 
+def analyst_who_asked(served: Served, name: str, sql: str) -> str:
+    """A new analyst (ε 10) who has had ``sql`` answered at ε = 1; their key."""
+    status, made = served.call(
+        "POST",
+        "/v1/admin/analysts",
+        {"name": name, "epsilon": 10.0, "delta": 1e-6},
+        key=served.admin_key,
+    )
+    assert status == 201, made
+    key = str(made["api_key"])
+    assert served.call("POST", "/v1/query", {"sql": sql, "epsilon": 1.0}, key)[0] == 200
+    return key
+
+
 def test_rows_the_audit_left_out_are_named_under_the_answer(
     served: Served, watched: Watched
 ) -> None:
@@ -472,16 +490,10 @@ def test_rows_the_audit_left_out_are_named_under_the_answer(
     the mean glucose by disease, then the count by disease — the 4 Meningitis patients
     without a reading (k = 5, ε = 1) cannot be shown to hold 5, so that row goes."""
     page, admin = watched.page, served.admin_key
-    status, made = served.call(
-        "POST", "/v1/admin/analysts", {"name": "frida", "epsilon": 10.0, "delta": 1e-6}, key=admin
-    )
-    assert status == 201, made
-    key = made["api_key"]
     readings = "SELECT disease, AVG(glucose) AS g FROM patients GROUP BY disease"
-    assert served.call("POST", "/v1/query", {"sql": readings, "epsilon": 1.0}, key)[0] == 200
+    key = analyst_who_asked(served, "frida", readings)
     sign_in(watched, served, key)
-    page.get_by_label("SQL").fill(GROUP_BY)
-    page.get_by_label("ε for this query").fill("1")
+    write(page, GROUP_BY, "1")
     page.get_by_role("button", name="Run", exact=True).click()
     note = page.locator("#result-note")
     note.wait_for()
@@ -491,5 +503,37 @@ def test_rows_the_audit_left_out_are_named_under_the_answer(
     shown = page.locator("#result-table tbody tr").all_inner_texts()
     assert len(shown) < DISEASES and not any(t.startswith("Meningitis") for t in shown)
     watched.shot("15-rows-left-out")
+    sign_out(watched)
+    watched.assert_clean(key, admin)
+
+
+def test_a_refusal_offers_queries_to_ask_instead_and_one_click_puts_one_in_the_editor(
+    served: Served, watched: Watched
+) -> None:
+    """The dry run predicts the refusal and says what to ask instead (the API's
+    ``audit.ask_instead``); so does the refusal itself. "Use" puts a suggestion in the
+    editor, and that query is answered. Its own analyst: the average income of
+    everyone, then the sum over non-smokers (whose other part, the smokers, no count
+    sizes), then the same sum with COUNT(*), as the console suggests."""
+    page, admin = watched.page, served.admin_key
+    key = analyst_who_asked(served, "gabor", "SELECT AVG(income) AS m FROM patients")
+    sign_in(watched, served, key)
+    write(page, "SELECT SUM(income) AS s FROM patients WHERE NOT smoker", "1")
+    page.get_by_role("button", name="Dry run (free)").click()
+    figures = page.locator("#dry-run-figures")
+    figures.wait_for()
+    assert "refused now (free)" in figures.inner_text()
+    assert "smoker = TRUE" in page.locator("#dry-run-audit").inner_text()
+    page.get_by_role("button", name="Run", exact=True).click()
+    refusal = page.get_by_role("alert").filter(has_text="audit_refused")
+    refusal.wait_for()
+    assert "Nothing was spent" in refusal.inner_text() and "Ask instead:" in refusal.inner_text()
+    watched.shot("16-ask-instead")
+    refusal.get_by_role("button", name="Put this query in the editor: SELECT SUM").click()
+    counted = "SELECT SUM(income) AS s, COUNT(*) AS n FROM patients WHERE NOT smoker"
+    assert page.get_by_label("SQL").input_value() == counted
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.locator("#result-table tbody tr").first.wait_for()
+    assert page.locator("#result-table thead").inner_text().split() == ["s", "n"]
     sign_out(watched)
     watched.assert_clean(key, admin)

@@ -162,8 +162,41 @@ function showError(box, error) {
     error.detail && error.detail.request_id
       ? el("p", { class: "detail", text: `request id ${error.detail.request_id}` })
       : null,
+    askInstead(error.detail && error.detail.ask_instead),
   );
   show(box);
+}
+
+// The auditor's suggestions (queries built from the refused one and the groups it
+// names): each button puts one in the editor, to read, change or run.
+function askInstead(queries) {
+  if (!queries || !queries.length) return null;
+  return el(
+    "div",
+    { class: "ask-instead" },
+    el("p", { text: "Ask instead:" }),
+    el(
+      "ul",
+      {},
+      queries.map((q) =>
+        el(
+          "li",
+          {},
+          el("button", {
+            type: "button",
+            text: "Use",
+            "aria-label": `Put this query in the editor: ${q}`,
+            onclick: () => {
+              $("sql").value = q;
+              $("sql").focus();
+            },
+          }),
+          " ",
+          el("code", { class: "sql", text: q }),
+        ),
+      ),
+    ),
+  );
 }
 
 // ---------------------------------------------------------------- signing in and out
@@ -409,6 +442,13 @@ function accuracyText(acc, value, rowIndex) {
   return null;
 }
 
+const AUDIT_VERDICTS = {
+  answered: "answered",
+  answered_in_part: "answered with some rows left out (charged)",
+  may_be_withheld: "may be withheld once it has run (charged)",
+  refused: "refused now (free)",
+};
+
 function renderDryRun(data) {
   const p = data.privacy;
   const fit = data.queries_remaining ?? queriesThatFit(data.budget, p);
@@ -417,6 +457,8 @@ function renderDryRun(data) {
     ["Fits your budget now", data.would_fit ? "yes" : "no"],
     ["Queries like it that fit", fit === null ? "—" : fmt(fit)],
   ];
+  const audit = data.audit;
+  if (audit) items.push(["Audit", AUDIT_VERDICTS[audit.verdict] || audit.verdict]);
   const accRows = Object.entries(data.accuracy || {}).map(([name, acc]) => {
     const inner = acc.ci95_halfwidth !== undefined ? acc : acc.sum ? null : acc;
     const text = inner
@@ -431,6 +473,8 @@ function renderDryRun(data) {
     el("dl", { class: "figures", id: "dry-run-figures" }, items.map(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })])),
     accRows.length ? table("Expected accuracy of each noisy column", ["column", "expected error"], accRows) : null,
     keys ? el("p", { text: `Groups: ${keys}.` }) : null,
+    audit && audit.verdict !== "answered" ? el("p", { class: "note", id: "dry-run-audit", text: audit.reason }) : null,
+    askInstead(audit && audit.ask_instead),
     data.partition_selection && data.partition_selection.note
       ? el("p", { class: "note", text: data.partition_selection.note })
       : plan.partition_selection
