@@ -30,7 +30,8 @@ catalogue decides them). Three checks per session:
 
 A session the product refuses or withholds today although the reference calls it honest
 says why in its ``known_gap:``; its checks 2. and 3. are strict expected failures (they
-fail the suite once the auditor answers it, so that the mark goes). A gap that only some
+fail the suite once the auditor answers it, so that the mark goes), and a refusal in it
+must at least say what to ask instead, a query then answered whole (4.). A gap that only some
 noise draws hit (``gap_by_noise: true``: a real group of more than k people, determined
 and sized through noisy answers) is a strict expected failure of check 2. and a plain one
 of check 3.
@@ -57,8 +58,10 @@ from gateway.audit.confidence import CountNoise, noise_quantile
 from gateway.audit.findings import Sizing
 from gateway.core.config import TableConfig
 from gateway.core.config_load import parse_config
+from gateway.core.errors import AuditRefused
 from gateway.core.plan import QueryPlan, QueryRequest
 from gateway.demo.hospital import PATIENTS, build
+from gateway.pipeline.audit_advice import with_count
 from gateway.pipeline.gateway import Gateway
 from gateway.sql.compile import compile_plan
 from gateway.sql.execute import run_aggregate
@@ -519,3 +522,35 @@ def test_sessions_are_answered_through_the_pipeline(name: str, gateway: Gateway)
         assert release.rows is not None, sql
         # every row: an honest session loses none to the audit either
         assert "audit_left_out" not in release.extra, (sql, release.extra.get("audit_left_out"))
+
+
+REFUSED_SESSIONS = sorted(
+    name for name, s in SESSIONS.items() if s.known_gap is not None and not s.gap_by_noise
+)
+
+
+@pytest.mark.parametrize("name", REFUSED_SESSIONS)
+def test_a_known_gap_is_answered_once_the_refusals_advice_is_followed(
+    name: str, gateway: Gateway
+) -> None:
+    """4. Each refusal of a session with a known gap comes with queries to ask instead
+    (``detail.ask_instead``), and following them at once — the refused query with
+    COUNT(*) when suggested, else the suggested counts and then the query again — gets
+    the answer whole, so the session's question is answered at the price of one free
+    refusal. (Through the noise: the groups these counts size are hundreds of people,
+    whose lower bounds miss k with probability far below 1e-6.)"""
+    gateway.ledger.create_analyst("honest", 100.0, 1e-6)
+    refusals = 0
+    for sql, epsilon in SESSIONS[name].queries:
+        try:
+            gateway.query("honest", QueryRequest(sql, epsilon, 0.0, "laplace"))
+            continue
+        except AuditRefused as refused:
+            assert refused.detail["charged"] is False, sql
+            advice = list(refused.detail["ask_instead"])
+        refusals += 1
+        asked = advice[:1] if advice[0] == with_count(sql) else [*advice, sql]
+        for q in asked:
+            release = gateway.query("honest", QueryRequest(q, epsilon, 0.0, "laplace"))
+        assert release.rows is not None and "audit_left_out" not in release.extra, sql
+    assert refusals > 0, f"{name} is answered: its known_gap can go"
