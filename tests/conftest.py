@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -207,11 +208,25 @@ def postgres_schema_url(base: str) -> tuple[str, str]:
     return f"{base}{sep}options=-csearch_path%3D{schema}", schema
 
 
-def drop_postgres_schema(base: str, schema: str) -> None:
+def drop_postgres_schema(base: str, schema: str, attempts: int = 5) -> None:
+    """Drop a test's schema. A gateway the test left open may still be writing to it (a
+    queued outcome): the DROP then waits for, or deadlocks with, that write. PostgreSQL
+    aborts one of the two; the DROP is tried again (each try waits at most 10 s for its
+    locks), so a test's teardown does not fail on a write it did not wait for."""
     engine = sa.create_engine(base)
-    with engine.begin() as conn:
-        conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-    engine.dispose()
+    try:
+        for attempt in range(attempts):
+            try:
+                with engine.begin() as conn:
+                    conn.exec_driver_sql("SET LOCAL lock_timeout = '10s'")
+                    conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+                return
+            except sa.exc.OperationalError:  # deadlock detected, lock timeout
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.5)
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
