@@ -134,8 +134,8 @@ function explain(error) {
     forbidden: "This key may not do that (an analyst key cannot manage analysts, the admin key cannot query, or the analyst is disabled).",
     budget_exhausted: "Your privacy budget cannot cover this query. Nothing was spent. Ask for a smaller ε, or ask your admin for more budget.",
     audit_refused: charged
-      ? "The answer was withheld: together with your earlier answers it would single out a small group of people. The query was charged because it had already run."
-      : "Refused to protect individuals: together with your earlier answers, this query would pin down a group of too few people. Nothing was spent.",
+      ? "The answer was withheld: together with your earlier answers it would pin down a group that the noisy answers cannot show to hold enough people. The query was charged because it had already run."
+      : "Refused to protect individuals: together with your earlier answers, this query would pin down a group that the noisy answers cannot show to hold enough people. Nothing was spent.",
     sql_syntax: `The SQL has a syntax error${d.line ? ` at line ${d.line}, column ${d.column}` : ""}${d.near ? ` near “${d.near}”` : ""}. Nothing was spent.`,
     unsupported_query: "dpgate cannot answer this kind of query with differential privacy. Nothing was spent.",
     unknown_table: "There is no such table among the published ones (see the schema). Nothing was spent.",
