@@ -209,6 +209,16 @@ def test_a_breakdown_loses_only_the_rows_that_would_single_out_a_group(
     history = client.get("/v1/queries", headers=auth).get_json()
     (entry,) = [q for q in history["queries"] if q["sql"] == sql]
     assert entry["outcome"] == "answered"
+    # what to ask to have every row: one breakdown counting those groups, then their own
+    advice = body["audit_left_out"]["ask_instead"]
+    assert advice[0] == (
+        "SELECT disease, COUNT(*) AS n FROM patients WHERE glucose IS NULL GROUP BY disease"
+    )
+    for suggestion in advice:
+        assert ask(suggestion, epsilon=1.0)[0] == 200, suggestion
+    status, whole = ask(sql, epsilon=0.9)  # (at 1.0, the cache gives back the answer above)
+    assert status == 200 and "audit_left_out" not in whole, whole.get("audit_left_out")
+    assert len(whole["rows"]) == 7
 
 
 def test_rows_known_too_fine_before_the_query_runs_are_left_out_and_a_dry_run_says_so(

@@ -758,8 +758,9 @@ def left_out_reason(groups: tuple[str, ...]) -> str:
         "the audit leaves these rows out: with earlier answers they would determine "
         f"{said or 'a group'}, which the noisy answers cannot show to hold the minimum group "
         "size. The other rows are released as usual; the query's charge is the whole "
-        "query's. Ask that group directly first (a COUNT with that WHERE clause), or use "
-        "coarser groups, to have every row."
+        "query's. To have every row, ask that group directly (a COUNT with that WHERE "
+        "clause) and then this query again at another ε (the identical request gives back "
+        "this answer, free), or use coarser groups."
     )
 
 

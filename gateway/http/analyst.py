@@ -196,11 +196,14 @@ register_schema(
                 "description": "present when the auditor left rows out: with earlier answers "
                 "they would determine a group it cannot show to hold the minimum group size; "
                 "`groups` lists them by their group keys, `reason` names the groups (as WHERE "
-                "clauses) and what to ask instead. The charge is the whole query's",
+                "clauses) and what to ask instead, `ask_instead` gives those queries, to send "
+                "as they are (their counts size the groups: the same query then has every "
+                "row). The charge is the whole query's",
                 "required": ["groups", "reason"],
                 "properties": {
                     "groups": {"type": "array", "items": {"type": "object"}},
                     "reason": {"type": "string"},
+                    "ask_instead": {"type": "array", "items": {"type": "string"}},
                 },
             },
             "partition_selection": {

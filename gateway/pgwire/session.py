@@ -622,7 +622,11 @@ class Session(SessionCommands):
             rows = "; ".join(
                 ", ".join(f"{k} = {v}" for k, v in group.items()) for group in left_out["groups"]
             )
-            notices.append(f"dpgate: rows left out by the audit: {rows} ({left_out['reason']})")
+            said = f"dpgate: rows left out by the audit: {rows} ({left_out['reason']})"
+            instead = left_out.get("ask_instead")
+            if instead:  # the counts that would give every row, to send as they are
+                said += " Ask instead: " + " ".join(f"{q};" for q in instead)
+            notices.append(said)
         return Outcome(columns, list(release.rows), f"SELECT {len(release.rows)}", notices)
 
     # -- cancellation ----------------------------------------------------------------------

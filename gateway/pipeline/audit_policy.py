@@ -279,7 +279,9 @@ class AuditPolicy:
                 return PostAudit()
             groups = tuple(dict.fromkeys((pre.groups if pre is not None else ()) + groups))
             metrics.record_cells_left_out(len(cells) - len(kept))
-            return PostAudit(kept=kept, note=left_out_note(planned.plan, cells, kept, groups))
+            note = left_out_note(planned.plan, cells, kept, groups)
+            advice = self._advice(planned, groups, uncounted=False)
+            return PostAudit(kept=kept, note={**note, "ask_instead": advice} if advice else note)
         self.charges.withheld(
             reservation,
             {"withheld": True, "audit_cells": cells_json},

@@ -530,7 +530,7 @@ async function renderAnswer(data) {
     : null;
   const notes = [leftOut, data.partition_selection && data.partition_selection.note, data.clamped && data.clamped.note];
   const note = notes.filter(Boolean).join(" ");
-  $("result-note").textContent = note || "";
+  fill($("result-note"), note || "", askInstead(data.audit_left_out && data.audit_left_out.ask_instead));
   show($("result-note"), Boolean(note));
   const accuracy = data.accuracy || {};
   const headers = data.columns.map((c) => c.name);
