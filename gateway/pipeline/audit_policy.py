@@ -195,16 +195,21 @@ class AuditPolicy:
         )
 
     def _advice(self, planned: PlannedQuery, groups: tuple[str, ...], uncounted: bool) -> list[str]:
-        """What to ask instead (``audit_advice``): queries the gateway would plan."""
-        return ask_instead(
-            planned.request.sql,
-            planned.plan.table,
-            groups,
-            # (a query that releases counts already gains nothing from COUNT(*))
-            uncounted=uncounted and not releases_counts(planned.plan),
-            plans=self.planner.analyze,
-            keys=[g.expression.name for g in planned.plan.group_keys],
-        )
+        """What to ask instead (``audit_advice``): queries the gateway would plan. Advice
+        is a courtesy: if writing it fails, the refusal goes without it."""
+        try:
+            return ask_instead(
+                planned.request.sql,
+                planned.plan.table,
+                groups,
+                # (a query that releases counts already gains nothing from COUNT(*))
+                uncounted=uncounted and not releases_counts(planned.plan),
+                plans=self.planner.analyze,
+                keys=[g.expression.name for g in planned.plan.group_keys],
+            )
+        except Exception:
+            log.exception("could not write what to ask instead of a refused query")
+            return []
 
     def predict(self, analyst: str, planned: PlannedQuery) -> AuditPrediction:
         """What the audit would do with ``planned`` now, for a dry run (changes nothing,
