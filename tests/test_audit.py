@@ -364,6 +364,30 @@ def test_rewrites_are_one_region(plain: str, rewrite: str, tables: dict[str, Tab
     assert all(d.key.column is not None for d in space.dims)  # no dimension of its own
 
 
+def test_a_leaf_is_read_once_across_asts_and_alike_leaves_only(
+    tables: dict[str, TableConfig],
+) -> None:
+    """The builder remembers a leaf by its whole shape: the same condition in another
+    query's AST is the same formula; a literal's kind or a quoted name keeps it apart."""
+    import sqlglot
+
+    from gateway.audit.predicates import FormulaBuilder
+
+    b = FormulaBuilder(tables["patients"])
+
+    def read(sql: str) -> Any:
+        return b.build(sqlglot.parse_one(sql))
+
+    assert read("age >= 30") is read("age >= 30")
+    assert read("age >= 30 AND smoker").children[0] is read("age >= 30")
+    assert read("sex = 'F'") == FormulaBuilder(tables["patients"]).build(
+        sqlglot.parse_one("sex = 'F'")
+    )
+    assert read("age >= 30") != read("age >= 31")
+    assert read("zip = '30'") != read("zip = 30")
+    assert read('"age" >= 30') == read("age >= 30")  # same column, whatever the quoting
+
+
 def test_a_rewrite_and_its_plain_form_add_nothing(alice: Session) -> None:
     assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE zip = '1051'", 9.0))
     assert not refused(alice.ask("SELECT COUNT(*) FROM patients WHERE LOWER(zip) = '1051'", 9.4))

@@ -512,8 +512,8 @@ def strip_identities(node: exp.Expr, table: TableConfig) -> exp.Expr:
             inner = _identity_operand(n, table)
         return n
 
-    out = node.copy().transform(strip)
-    return out
+    # one copy: ``transform`` would copy the copy again
+    return node.copy().transform(strip, copy=False)
 
 
 def _identity_operand(n: exp.Expr, table: TableConfig) -> exp.Expr | None:

@@ -69,6 +69,9 @@ and through the node's parents the whole query's AST (a few kB) — so the cache
 the pre-audit, post-audit and ``remember`` of the plans in flight and the planner's
 recent plans, not every plan ever audited: at 4096 it held up to ~4,000 dead ASTs per
 table and kind, tens of MB per worker (issue 36)."""
+LEAF_CACHE_SIZE = 1024
+"""Leaf formulas remembered per builder, keyed by the leaf's shape (``_shape``): plain
+tuples of node types and values, which keep no AST alive (a few hundred bytes each)."""
 
 _FLIP = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq"}
 _CMP: dict[type[exp.Expr], str] = {
@@ -148,6 +151,7 @@ class FormulaBuilder:
         self._cells: dict[tuple[str, Any], Formula] = {}
         self._keys: dict[int, tuple[exp.Expr, str]] = {}
         self._counted: dict[int, tuple[exp.Expr, Formula]] = {}
+        self._leaves: dict[tuple[Any, ...], Formula] = {}
 
     # -- dimensions -------------------------------------------------------------------
 
@@ -259,7 +263,24 @@ class FormulaBuilder:
         compared = self._compared_branches(node)
         if compared is not None:
             return compared
-        return self._normaliser.leaf(node)
+        return self._leaf(node)
+
+    def _leaf(self, node: exp.Expr) -> Formula:
+        """The normaliser's reading of one leaf, remembered by the leaf's shape: a pure
+        function of the node's structure and the table's declarations, so the same
+        condition in another query's AST (a new object each time: ``build``'s cache
+        misses it) is read once. A leaf that cannot be read raises each time."""
+        key = _shape(node)
+        try:
+            hit = self._leaves.get(key)
+        except TypeError:  # an argument sqlglot keeps unhashable: read it each time
+            return self._normaliser.leaf(node)
+        if hit is None:
+            hit = self._normaliser.leaf(node)
+            if len(self._leaves) >= LEAF_CACHE_SIZE:
+                self._leaves.clear()
+            self._leaves[key] = hit
+        return hit
 
     def branches(self, node: exp.Case | exp.If, result: Callable[[exp.Expr], Formula]) -> Formula:
         """A CASE (or IF) as the conditions of its branches: branch i is taken where its
@@ -363,6 +384,22 @@ class FormulaBuilder:
             self._cells.clear()
         self._cells[cache_key] = formula
         return formula
+
+
+def _shape(node: exp.Expr) -> tuple[Any, ...]:
+    """The whole structure of an AST node, as a hashable value equal exactly when two
+    nodes are alike: per node its type and, per argument, a child's shape or a value
+    with its type (``1`` and ``True``, quoted and bare names, stay apart). Unlike
+    sqlglot's own hash, equal shapes are equal trees, never a collision."""
+    return (type(node), tuple((k, _arg_shape(v)) for k, v in node.args.items()))
+
+
+def _arg_shape(value: Any) -> Any:
+    if isinstance(value, exp.Expr):
+        return _shape(value)
+    if isinstance(value, list):
+        return tuple(_arg_shape(v) for v in value)
+    return (type(value), value)
 
 
 def canonical(node: exp.Expr) -> str:
