@@ -79,7 +79,6 @@ class TableKnowledge:
 
     def extend(self, rows: Rows, extend_one: ExtendFn) -> tuple[TableKnowledge, list[Extension]]:
         """The knowledge with ``rows`` added, and the components that changed."""
-        self = replace(self, universe_added=False)
         rows = [(r.with_formula(f), f) for r, f in rows]
         used = self.constrained(frozenset(c.dimension for _, f in rows for c in f.conditions()))[0]
         parts = list(self.parts)
@@ -114,6 +113,7 @@ class TableKnowledge:
             dims=tuple(dims),
             constant_rows=constant_rows,
             query_ids=self.query_ids | {r.query_id for r, _ in rows if r.cell >= 0},
+            universe_added=False,  # (set below when it shares a derived everyone-row)
         )
         if out.constant_rows:
             return out, changes
