@@ -12,11 +12,18 @@ free (``tests/test_audit_http.py``).
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
 from flask.testing import FlaskClient
 
+from gateway.core.errors import AuditRefused
+from gateway.core.plan import QueryRequest
 from gateway.pipeline.audit_advice import MAX_GROUPS, ask_instead, breakdown, with_count
+from gateway.pipeline.gateway import Gateway
 from tests.test_audit_http import Ask, refused
 
 DEPARTMENT_SUM = (
@@ -141,3 +148,47 @@ def test_a_refusal_before_execution_is_decided_again_once_the_group_is_counted(
     status, body = ask(DEPARTMENT_SUM, epsilon=1.0)
     assert status == 200, body
     assert "audit_left_out" not in body
+
+
+def _refusal_seen(gateway: Gateway) -> list[dict[str, Any]]:
+    """What the analyst sees of the SUM's refusals (asked twice), query ids blanked."""
+    gateway.ledger.create_analyst("eve", 100.0, 1e-6)
+    for sql in (
+        "SELECT department, COUNT(*) AS n FROM visits GROUP BY department",
+        "SELECT department, AVG(cost) AS mean_cost FROM visits GROUP BY department",
+        "SELECT year, COUNT(*) AS n FROM visits GROUP BY year",
+    ):
+        gateway.query("eve", QueryRequest(sql, 1.0, 0.0, "laplace"))
+    seen = []
+    for _ in range(2):
+        with pytest.raises(AuditRefused) as refused:
+            gateway.query("eve", QueryRequest(DEPARTMENT_SUM, 1.0, 0.0, "laplace"))
+        detail = dict(refused.value.detail)
+        ids = detail.pop("combined_with")
+        message = refused.value.message
+        for query_id in ids:
+            message = message.replace(query_id, "<id>")
+        seen.append({**detail, "message": message, "combined": len(ids)})
+    return seen
+
+
+def test_what_a_refusal_says_and_suggests_is_the_same_on_neighbouring_data(
+    make_gateway: Callable[..., Gateway],
+) -> None:
+    """The attack on the advice: it is written from query texts, the schema and the
+    groups' WHERE clauses, and a refusal before execution is decided again from
+    answers already released — so its status, text, groups, suggestions, charge and
+    ``refused_before`` must not move when one patient (and her visits) is taken out of
+    the data. Deterministic: nothing here depends on a noisy value."""
+
+    def without_one_patient(db: Path) -> None:
+        with sqlite3.connect(db) as conn:
+            (pid,) = conn.execute("SELECT MIN(patient_id) FROM visits").fetchone()
+            conn.execute("DELETE FROM visits WHERE patient_id = ?", (pid,))
+            conn.execute("DELETE FROM patients WHERE patient_id = ?", (pid,))
+
+    seen = _refusal_seen(make_gateway())
+    assert seen == _refusal_seen(make_gateway(prepare=without_one_patient))
+    first, again = seen
+    assert first["charged"] is False and first["ask_instead"]
+    assert "refused_before" not in first and again["refused_before"] is True

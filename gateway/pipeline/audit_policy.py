@@ -185,13 +185,31 @@ class AuditPolicy:
             return PreAudit(kept=kept, groups=groups)
         if earlier is None:  # (a repeat refused again is recorded once)
             self._record_refusal(analyst, planned, decision, None)
-        raise AuditRefused(
-            f"{decision.reason} Nothing was charged.",
+        raise self._refusal(
+            planned,
+            decision,
             charged=False,
+            **({"refused_before": True} if earlier is not None else {}),
+        )
+
+    def _refusal(
+        self, planned: PlannedQuery, decision: AuditDecision, *, charged: bool, **detail: object
+    ) -> AuditRefused:
+        """The error an audit refusal raises: its reason, what it cost (``charged``: after
+        execution, the answer withheld), the earlier queries and groups it names, and
+        what to ask instead."""
+        said = (
+            "The query was charged (its answer was computed) but is withheld."
+            if charged
+            else "Nothing was charged."
+        )
+        return AuditRefused(
+            f"{decision.reason} {said}",
+            charged=charged,
             combined_with=list(decision.combined_with),
             groups=list(decision.groups),
             ask_instead=self._advice(planned, decision.groups, decision.uncounted),
-            **({"refused_before": True} if earlier is not None else {}),
+            **detail,
         )
 
     def _advice(self, planned: PlannedQuery, groups: tuple[str, ...], uncounted: bool) -> list[str]:
@@ -298,13 +316,7 @@ class AuditPolicy:
                 self._refused_until = {r: t for r, t in self._refused_until.items() if t > now}
                 self._refused_until[reservation.id] = visible_at
         self._record_refusal(reservation.analyst, planned, decision, reservation)
-        raise AuditRefused(
-            f"{decision.reason} The query was charged (its answer was computed) but is withheld.",
-            charged=True,
-            combined_with=list(decision.combined_with),
-            groups=list(decision.groups),
-            ask_instead=self._advice(planned, decision.groups, decision.uncounted),
-        )
+        raise self._refusal(planned, decision, charged=True)
 
     def remember(
         self,
