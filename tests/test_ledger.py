@@ -634,6 +634,10 @@ def test_an_outcome_queued_without_waiting_is_read_at_once_here_and_soon_elsewhe
     while other.find_release("k3", "alice", "v1") is None and time.monotonic() < deadline:
         time.sleep(0.01)  # nobody in this process reads or writes: the lingerer writes it
     assert other.find_release("k3", "alice", "v1") == {"rows": [[9]]}
+    # the writer marks the outcome settled just after its commit, which another process
+    # can see first: wait (within the same deadline) for the mark
+    while led._unsettled and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert not led._unsettled
     other.close()
     led.close()
